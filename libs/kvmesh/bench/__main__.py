@@ -1,0 +1,31 @@
+"""``python -m kvmesh.bench <index|worker|router|fleet|failover> [args...]``: each prints one JSON line.
+
+Dispatches to ``kvmesh.bench.<name>.main(argv)``; a benchmark is added by creating that module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = ("index", "worker", "router", "fleet", "failover")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] not in BENCHES:
+        print(f"usage: python -m kvmesh.bench <{'|'.join(BENCHES)}> [args...]", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"kvmesh.bench.{args[0]}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"kvmesh.bench.{args[0]}":
+            raise
+        print(f"benchmark {args[0]!r} is not implemented yet", file=sys.stderr)
+        return 2
+    result = module.main(args[1:])
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Cache-manager logic that is not the index itself: event ingestion, resync, vLLM ZMQ intake, checkpoints."""

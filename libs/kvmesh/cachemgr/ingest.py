@@ -1,0 +1,305 @@
+"""Ingestion state machine: per-worker KV event batches → prefix index, with gap/restart detection.
+
+Pure: no sockets, no clock. The transport (gRPC stream from kvmesh workers, ZMQ from stock vLLM) feeds
+`KvEventBatch`es and dump markers and turns `ResyncRequest`s into replay or full-dump requests.
+
+Per worker the state is (instance_id, next expected sequence, phase, engine→index hash map):
+
+* `seq == next`: apply, `next += 1`, then drain buffered batches that have become contiguous.
+* `seq < next`: duplicate or old (a replay overlapping what was seen) → ignored.
+* `seq > next` (gap): phase REPLAYING, the batch is buffered (bounded) and a replay from `next` is
+  requested. The worker's entries stay as they were at `next - 1` (lagging, never wrong) and nothing past
+  the gap is applied until the gap is filled.
+* A batch of an instance this worker already replaced (late delivery) is ignored.
+* A different, new `instance_id` (worker restart): the engine's cache is gone, so the worker's entries are
+  dropped, `next = 0`, and the batch is handled under the new instance (a gap from 0 asks for a replay).
+* The replay cannot fill the gap (`replay_failed`), the buffer overflows, or an event cannot be applied
+  (a parent unknown, an engine hash mapped to two index hashes): the worker's entries are dropped and a
+  full dump is requested (phase DUMP_NEEDED). `begin_dump` / `apply_dump` / `end_dump(next_sequence)`
+  rebuild the worker from a dump taken at `next_sequence - 1`; live batches that arrive meanwhile are
+  buffered and drained after `end_dump`. Dump events have set semantics (no copy counting): a held block
+  whose ancestors are not held is dumped as a `BlockStored` of the whole chain from the root followed by a
+  `BlockRemoved` of the ancestors that are not held.
+
+Index hashes of `BlockStored` blocks are derived from the token ids, chained after the parent's index hash
+(found through the engine→index map), so the index never depends on an engine's private hash seed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvmesh.cachemgr.enginemap import EngineHashMap
+from kvmesh.cachemgr.types import (
+    BlockHasher,
+    Cleared,
+    IndexWriter,
+    IngestResult,
+    Removed,
+    ResyncRequest,
+    Stored,
+)
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+
+MASK64 = (1 << 64) - 1
+RETIRED_KEEP = 8  # instance ids of earlier incarnations remembered per worker (late batches ignored)
+
+
+class Phase(enum.Enum):
+    """Sync phase of one worker."""
+
+    SYNCED = "synced"
+    REPLAYING = "replaying"
+    DUMP_NEEDED = "dump_needed"
+    DUMPING = "dumping"
+
+
+class InconsistentEvent(Exception):
+    """An event that cannot be applied without guessing (unknown parent, conflicting hashes)."""
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Ingestion state of one worker."""
+
+    worker_id: str
+    instance_id: str
+    next_sequence: int = 0
+    phase: Phase = Phase.SYNCED
+    hashes: EngineHashMap = field(default_factory=EngineHashMap)
+    pending: dict[int, KvEventBatch] = field(default_factory=dict)
+    retired: list[str] = field(default_factory=list)
+    skipped_events: int = 0
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    """Monotonic counters for metrics."""
+
+    batches: int = 0
+    events: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    gaps: int = 0
+    restarts: int = 0
+    resyncs_full: int = 0
+    duplicates: int = 0
+
+
+class Ingestor:
+    """Applies KV event batches of many workers to one prefix index (see module docstring)."""
+
+    def __init__(
+        self, index: IndexWriter, hasher: BlockHasher, block_size: int, max_pending: int = 4096
+    ) -> None:
+        self.index = index
+        self.hasher = hasher
+        self.block_size = block_size
+        self.max_pending = max_pending
+        self.workers: dict[str, WorkerState] = {}
+        self.counters = IngestCounters()
+
+    # ---------------------------------------------------------------- live batches
+    def apply(self, batch: KvEventBatch) -> IngestResult:
+        """Feed one live (or replayed) batch; see the module docstring for the transitions."""
+        res = IngestResult()
+        st = self.workers.get(batch.worker_id)
+        if st is None:
+            st = self.workers[batch.worker_id] = WorkerState(batch.worker_id, batch.instance_id)
+        elif st.instance_id != batch.instance_id:
+            if batch.instance_id in st.retired:
+                self.counters.duplicates += 1
+                res.ignored.append((batch.sequence, "retired instance"))
+                return res
+            self._restart(st, batch.instance_id, res)
+        seq = batch.sequence
+        if seq < st.next_sequence:
+            self.counters.duplicates += 1
+            res.ignored.append((seq, "duplicate"))
+            return res
+        if st.phase in (Phase.DUMP_NEEDED, Phase.DUMPING) or seq > st.next_sequence:
+            return self._buffer(st, batch, res)
+        self._apply_in_order(st, batch, res)
+        return res
+
+    def replay_failed(self, worker_id: str, reason: str = "replay incomplete") -> IngestResult:
+        """The transport could not replay from `next_sequence`: escalate to a full dump."""
+        res = IngestResult()
+        st = self.workers.get(worker_id)
+        if st is not None and st.phase is Phase.REPLAYING:
+            self._need_dump(st, reason, res)
+        return res
+
+    # ---------------------------------------------------------------- full dumps
+    def begin_dump(self, worker_id: str, instance_id: str) -> IngestResult:
+        """A full dump starts: the worker's entries are dropped and rebuilt from the dump's events."""
+        res = IngestResult()
+        st = self.workers.get(worker_id)
+        if st is None:
+            st = self.workers[worker_id] = WorkerState(worker_id, instance_id)
+        elif st.instance_id != instance_id:
+            self._restart(st, instance_id, res)
+        self._drop_entries(st, res)
+        st.phase = Phase.DUMPING
+        return res
+
+    def apply_dump(self, worker_id: str, events: Iterable[KvEvent]) -> IngestResult:
+        """Events of an ongoing dump (normally only `BlockStored`, parents before children)."""
+        res = IngestResult()
+        st = self.workers.get(worker_id)
+        if st is None or st.phase is not Phase.DUMPING:
+            res.ignored.append((-1, "dump events outside a dump"))
+            return res
+        try:
+            for ev in events:
+                self._apply_event(st, ev, res, dump=True)
+        except InconsistentEvent as exc:
+            self._need_dump(st, f"inconsistent dump: {exc}", res)
+        return res
+
+    def end_dump(self, worker_id: str, next_sequence: int) -> IngestResult:
+        """The dump reflects the worker up to `next_sequence - 1`; live batches resume at `next_sequence`."""
+        res = IngestResult()
+        st = self.workers.get(worker_id)
+        if st is None or st.phase is not Phase.DUMPING:
+            res.ignored.append((next_sequence, "dump end outside a dump"))
+            return res
+        st.phase = Phase.SYNCED
+        st.next_sequence = next_sequence
+        for s in [s for s in st.pending if s < next_sequence]:
+            del st.pending[s]
+        self._drain(st, res)
+        return res
+
+    # ---------------------------------------------------------------- queries
+    def pending_resyncs(self) -> list[ResyncRequest]:
+        """Resyncs still outstanding (for the transport to re-issue after a timeout or a recovery)."""
+        out = []
+        for st in self.workers.values():
+            if st.phase is Phase.REPLAYING:
+                out.append(ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, False, "gap"))
+            elif st.phase is Phase.DUMP_NEEDED:
+                out.append(ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, True, "dump"))
+        return out
+
+    def remove_worker(self, worker_id: str) -> IngestResult:
+        """A worker left the fleet: forget its state and its entries."""
+        res = IngestResult()
+        st = self.workers.pop(worker_id, None)
+        if st is not None:
+            self._drop_entries(st, res)
+        return res
+
+    # ---------------------------------------------------------------- internals
+    def _restart(self, st: WorkerState, instance_id: str, res: IngestResult) -> None:
+        self.counters.restarts += 1
+        res.restart = True
+        self._drop_entries(st, res)
+        st.retired = [*st.retired[-(RETIRED_KEEP - 1):], st.instance_id]
+        st.instance_id = instance_id
+        st.next_sequence = 0
+        st.phase = Phase.SYNCED
+        st.pending.clear()
+
+    def _buffer(self, st: WorkerState, batch: KvEventBatch, res: IngestResult) -> IngestResult:
+        if st.phase is Phase.SYNCED:
+            self.counters.gaps += 1
+            res.gap = True
+            st.phase = Phase.REPLAYING
+            res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, False,
+                                       f"gap: expected {st.next_sequence}, got {batch.sequence}")
+        st.pending[batch.sequence] = batch
+        res.buffered.append(batch.sequence)
+        if len(st.pending) > self.max_pending:
+            st.pending.clear()
+            self._need_dump(st, "replay buffer overflow", res)
+        return res
+
+    def _apply_in_order(self, st: WorkerState, batch: KvEventBatch, res: IngestResult) -> None:
+        self._apply_batch(st, batch, res)
+        if st.phase is Phase.SYNCED or st.phase is Phase.REPLAYING:
+            self._drain(st, res)
+
+    def _drain(self, st: WorkerState, res: IngestResult) -> None:
+        while st.phase in (Phase.SYNCED, Phase.REPLAYING) and st.next_sequence in st.pending:
+            self._apply_batch(st, st.pending.pop(st.next_sequence), res)
+        if st.phase is Phase.REPLAYING and not st.pending:
+            st.phase = Phase.SYNCED
+        elif st.phase is Phase.SYNCED and st.pending:
+            st.phase = Phase.REPLAYING
+            res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, False, "gap")
+
+    def _apply_batch(self, st: WorkerState, batch: KvEventBatch, res: IngestResult) -> None:
+        self.counters.batches += 1
+        try:
+            for ev in batch.events:
+                self._apply_event(st, ev, res)
+        except InconsistentEvent as exc:
+            st.pending.clear()
+            self._need_dump(st, f"inconsistent batch {batch.sequence}: {exc}", res)
+            st.next_sequence = batch.sequence + 1
+            return
+        st.next_sequence = batch.sequence + 1
+        res.applied.append(batch.sequence)
+
+    def _apply_event(self, st: WorkerState, ev: KvEvent, res: IngestResult, dump: bool = False) -> None:
+        self.counters.events += 1
+        if isinstance(ev, BlockStored):
+            self._stored(st, ev, res, dump)
+        elif isinstance(ev, BlockRemoved):
+            m = st.hashes
+            gone = [ih for eh in ev.block_hashes if (ih := m.drop(eh & MASK64, dump)) is not None]
+            if gone:
+                self.index.remove(st.worker_id, gone)
+                self.counters.blocks_removed += len(gone)
+                res.deltas.append(Removed(st.worker_id, tuple(gone)))
+        elif isinstance(ev, AllBlocksCleared):
+            self._drop_entries(st, res)
+
+    def _stored(self, st: WorkerState, ev: BlockStored, res: IngestResult, dump: bool) -> None:
+        n = len(ev.block_hashes)
+        if n == 0:
+            return
+        if ev.block_size != self.block_size or len(ev.token_ids) != n * ev.block_size:
+            st.skipped_events += 1  # partial / other-granularity blocks are not prefix-indexable here
+            return
+        parent: int | None = None
+        if ev.parent_block_hash is not None:
+            parent = st.hashes.parent(ev.parent_block_hash & MASK64)
+            if parent is None:
+                raise InconsistentEvent(f"unknown parent block {ev.parent_block_hash:#x}")
+        ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name)
+        new_run: list[int] = []
+        run_parent = prev = parent
+        for eh, ih in zip(ev.block_hashes, ihs, strict=True):
+            added = st.hashes.add(eh & MASK64, ih, count=not dump)
+            if added is None:
+                raise InconsistentEvent(f"engine block {eh:#x} maps to two index hashes")
+            if added:
+                if not new_run:
+                    run_parent = prev
+                new_run.append(ih)
+            elif new_run:  # an already-held block splits the stored runs; each run keeps its own parent
+                self._store(st, run_parent, new_run, res)
+                new_run = []
+            prev = ih
+        if new_run:
+            self._store(st, run_parent, new_run, res)
+
+    def _store(self, st: WorkerState, parent: int | None, hashes: list[int], res: IngestResult) -> None:
+        self.index.store(st.worker_id, parent, hashes)
+        self.counters.blocks_stored += len(hashes)
+        res.deltas.append(Stored(st.worker_id, parent, tuple(hashes)))
+
+    def _drop_entries(self, st: WorkerState, res: IngestResult) -> None:
+        self.index.clear(st.worker_id)
+        st.hashes.clear()
+        res.deltas.append(Cleared(st.worker_id))
+
+    def _need_dump(self, st: WorkerState, reason: str, res: IngestResult) -> None:
+        self.counters.resyncs_full += 1
+        self._drop_entries(st, res)
+        st.phase = Phase.DUMP_NEEDED
+        res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, True, reason)

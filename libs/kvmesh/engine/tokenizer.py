@@ -1,0 +1,53 @@
+"""Tokenizers for engines that do not bring their own: bytes (default for the sim) or a tokenizer.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes: id = byte + 3 (0..2 reserved: pad, bos, eos). Ids above 258 decode to ' w<id>'."""
+
+    OFFSET = 3
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        out: list[str] = []
+        raw = bytearray()
+        for t in token_ids:
+            if self.OFFSET <= t < 256 + self.OFFSET:
+                raw.append(t - self.OFFSET)
+                continue
+            if raw:
+                out.append(raw.decode("utf-8", errors="replace"))
+                raw.clear()
+            if t >= 256 + self.OFFSET:
+                out.append(f" w{t}")
+        if raw:
+            out.append(raw.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class HfTokenizer:
+    """A Hugging Face `tokenizer.json` (e.g. the tiny local model's), loaded with `tokenizers`."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as _Tok
+
+        p = Path(path)
+        self._tok = _Tok.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))

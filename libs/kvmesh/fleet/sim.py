@@ -1,0 +1,365 @@
+"""Discrete-event fleet simulator: N simulated engines, a simulated cache-manager index, one policy.
+
+Virtual clock, one heap of events ``(time, order, seq, kind, arg)``:
+
+* ARRIVAL(i): request i (arrival time ÷ ``load_scale``, or ``think_s`` after the request it follows
+  completes) is hashed, matched against the index (``find_matches``), routed by the policy over one
+  ``WorkerView`` per worker (the engine's ``load_report`` at that instant) and queued on the chosen
+  ``SimEngineCore``; an idle engine starts a step at once.
+* STEP_END(w): the iteration that engine w started ``duration_s`` earlier completes: its KV events are
+  applied to the index (``BlockStored`` → ``store``, ``BlockRemoved`` → ``remove``, ``AllBlocksCleared`` →
+  ``clear``), its outputs timestamp first tokens and completions, and the engine starts its next step if it
+  has work.
+
+The index is fed the engines' hashes: the simulated engine hashes tokens with ``kvmesh.hashing`` and the
+same salt as the requests, so they equal the index hashes the cache-manager derives from token ids (a unit
+test checks this). Nothing reads a wall clock; the same seed gives the same run. Loops are bounded by
+``max_events`` and, optionally, ``max_wall_s`` (a run cut short is flagged ``truncated``).
+With ``stop_when_slo_lost`` a run stops as soon as more requests violated TTFT (or ITL) than the p99 allows
+(``> n − ⌈0.99 n⌉``): the SLO verdict is then certain (used by the capacity bisection).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvmesh.engine.base import EngineRequest, SamplingParams
+from kvmesh.engine.sim.core import SimConfig
+from kvmesh.errors import InvalidArgument, ResourceExhausted
+from kvmesh.fleet.engine import TrustedTokensCore, check_tokens
+from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
+from kvmesh.fleet.policies.base import Policy
+from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
+from kvmesh.hashing import compute_block_hashes
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvmesh.routing.types import RouteRequest, WorkerView
+
+_STEP_END, _ARRIVAL, _WARM = 0, 1, 2
+
+
+class Index(Protocol):
+    def store(self, worker: str, parent: int | None, hashes: Sequence[int]) -> Any: ...
+    def remove(self, worker: str, hashes: Sequence[int]) -> Any: ...
+    def clear(self, worker: str) -> Any: ...
+    def find_matches(self, hashes: Sequence[int]) -> dict[str, int]: ...
+
+
+def default_index() -> Index:
+    from kvmesh.index import PrefixIndex
+
+    idx: Index = PrefixIndex()
+    return idx
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """A simulated fleet. ``num_blocks=None`` sizes each worker's KV pool from the perf model."""
+
+    workers: int = 16
+    block_size: int = 512
+    num_blocks: int | None = None
+    prefill_chunk_tokens: int = 1024
+    max_batched_tokens: int = 8192
+    load_scale: float = 1.0
+    seed: int = 0
+    slo: Slo = Slo()
+    stop_when_slo_lost: bool = False
+    util_bucket_s: float = 60.0
+    gpu_hour_price: float = 3.5
+    max_events: int = 200_000_000
+    max_wall_s: float | None = None
+    vocab_size: int = DEFAULT_VOCAB
+
+    def engine_config(self) -> SimConfig:
+        return SimConfig(
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
+            max_batched_tokens=self.max_batched_tokens,
+            vocab_size=self.vocab_size,
+        )
+
+
+class HashCache:
+    """Full-block hashes of every request of a trace at one block size (computed once, reused by runs)."""
+
+    def __init__(self, trace: Trace, block_size: int, vocab_size: int = DEFAULT_VOCAB) -> None:
+        self.trace = trace
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self._h: list[np.ndarray | None] = [None] * len(trace)
+
+    def tokens(self, i: int) -> np.ndarray:
+        return prompt_tokens(self.trace.requests[i], self.vocab_size)
+
+    def hashes(self, i: int, tokens: np.ndarray | None = None) -> np.ndarray:
+        h = self._h[i]
+        if h is None:
+            toks = self.tokens(i) if tokens is None else tokens
+            h = self._h[i] = compute_block_hashes(toks, self.block_size)
+        return h
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one run measured."""
+
+    policy: str
+    config: FleetConfig
+    records: list[RequestRecord]
+    busy_s: dict[str, float]
+    util_series: dict[str, list[float]]
+    rejected: int = 0
+    stopped_early: bool = False
+    truncated: bool = False
+    events: int = 0
+    wall_s: float = 0.0
+    warm_requests: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class Warmer(Protocol):
+    """Optional warming strategy: asked at start and after every arrival for prefill-only requests."""
+
+    def start(self, sim: FleetSim, now: float) -> None: ...
+    def on_arrival(self, sim: FleetSim, hashes: np.ndarray, tokens: np.ndarray, now: float) -> None: ...
+
+
+class FleetSim:
+    """One run of ``trace`` under ``policy`` on the fleet described by ``config``."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        policy: Policy,
+        config: FleetConfig = FleetConfig(),
+        hashes: HashCache | None = None,
+        index_factory: Callable[[], Index] = default_index,
+        warmer: Warmer | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.cfg = config
+        self.hc = hashes if hashes is not None else HashCache(trace, config.block_size, config.vocab_size)
+        if self.hc.block_size != config.block_size:
+            raise ValueError("hash cache block size differs from the fleet's")
+        self.index = index_factory()
+        self.warmer = warmer
+        self.progress = progress
+        ecfg = config.engine_config()
+        self.ids = [f"w{i:02d}" for i in range(config.workers)]
+        self.engines = [TrustedTokensCore(ecfg, worker_id=w) for w in self.ids]
+        self.slot = {w: i for i, w in enumerate(self.ids)}
+        self._views: list[WorkerView | None] = [None] * config.workers
+        self._busy = [False] * config.workers
+        self._heap: list[tuple[float, int, int, int, Any]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.records: list[RequestRecord | None] = [None] * len(trace)
+        self._children: dict[int, list[int]] = {}
+        for r in trace.requests:
+            if r.follows is not None:
+                self._children.setdefault(r.follows, []).append(r.index)
+        self.busy_s = dict.fromkeys(self.ids, 0.0)
+        self.util: dict[str, list[float]] = {w: [] for w in self.ids}
+        self.rejected = 0
+        self.warm_requests = 0
+        self._warm_seq = 0
+        self._ttft_bad = 0
+        self._itl_bad = 0
+        n = len(trace)
+        self._allowed_bad = n - math.ceil(0.99 * n)
+
+    # ---------------------------------------------------------------- scheduling helpers
+    def _push(self, t: float, kind: int, arg: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, kind, arg))
+
+    def view(self, slot: int) -> WorkerView:
+        v = self._views[slot]
+        if v is None:
+            v = WorkerView(id=self.ids[slot])
+            v.apply_report(self.engines[slot].load_report(self.now))
+            self._views[slot] = v
+        return v
+
+    def views(self) -> list[WorkerView]:
+        return [self.view(i) for i in range(len(self.ids))]
+
+    def _kick(self, slot: int) -> None:
+        """Start a step on an idle engine that has work."""
+        if self._busy[slot] or not self.engines[slot].has_work():
+            return
+        res = self.engines[slot].step(self.now)
+        self._views[slot] = None
+        self._busy[slot] = True
+        w = self.ids[slot]
+        self.busy_s[w] += res.duration_s
+        b = int(self.now // self.cfg.util_bucket_s)
+        series = self.util[w]
+        while len(series) <= b:
+            series.append(0.0)
+        series[b] += res.duration_s
+        self._push(self.now + res.duration_s, _STEP_END, (slot, res))
+
+    def submit_warm(self, slot: int, tokens: np.ndarray) -> bool:
+        """Queue a prefill-only request (warming) on worker ``slot``; False if the engine refuses it."""
+        self._warm_seq += 1
+        check_tokens(tokens, self.cfg.vocab_size)
+        req = EngineRequest(
+            f"warm-{self._warm_seq}",
+            prompt_token_ids=tuple(tokens.tolist()),
+            sampling=SamplingParams(max_tokens=1, seed=self._warm_seq),
+            prefill_only=True,
+        )
+        try:
+            self.engines[slot].add_request(req, self.now)
+        except (ResourceExhausted, InvalidArgument):
+            return False
+        self.warm_requests += 1
+        self._views[slot] = None
+        self._kick(slot)
+        return True
+
+    # ---------------------------------------------------------------- event handlers
+    def _arrival(self, i: int) -> None:
+        r = self.trace.requests[i]
+        toks = self.hc.tokens(i)
+        check_tokens(toks, self.cfg.vocab_size)
+        hs = self.hc.hashes(i, toks)
+        hl = hs.tolist()
+        matches = self.index.find_matches(hs) if hl else {}
+        rid = str(i)
+        rr = RouteRequest(
+            request_id=rid,
+            prompt_tokens=r.input_len,
+            block_hashes=hl,
+            matches=matches,
+            block_size=self.cfg.block_size,
+            session_id=r.session or "",
+            max_tokens=r.output_len,
+        )
+        wid = self.policy.choose(rr, self.views(), self.now)
+        slot = self.slot[wid]
+        rec = RequestRecord(i, wid, self.now, r.input_len, r.output_len)
+        self.records[i] = rec
+        req = EngineRequest(
+            rid,
+            prompt_token_ids=tuple(toks.tolist()),
+            sampling=SamplingParams(max_tokens=r.output_len, ignore_eos=True, seed=i),
+        )
+        try:
+            self.engines[slot].add_request(req, self.now)
+        except (ResourceExhausted, InvalidArgument):
+            self.rejected += 1  # never served: counts as an SLO violation (first_token stays NaN)
+            self._ttft_bad += 1
+            self._itl_bad += 1
+            return
+        self.policy.on_routed(rr, wid, self.now)
+        self._views[slot] = None
+        self._kick(slot)
+        if self.warmer is not None:
+            self.warmer.on_arrival(self, hs, toks, self.now)
+
+    def _apply_events(self, w: str, events: Sequence[KvEvent]) -> None:
+        idx = self.index
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                idx.store(w, ev.parent_block_hash, ev.block_hashes)
+            elif isinstance(ev, BlockRemoved):
+                idx.remove(w, ev.block_hashes)
+            elif isinstance(ev, AllBlocksCleared):
+                idx.clear(w)
+
+    def _step_end(self, slot: int, res: Any) -> None:
+        w = self.ids[slot]
+        self._busy[slot] = False
+        self._views[slot] = None
+        if res.kv_events:
+            self._apply_events(w, res.kv_events)
+        slo = self.cfg.slo
+        for out in res.outputs:
+            rid = out.request_id
+            if rid.startswith("warm-"):
+                continue
+            rec = self.records[int(rid)]
+            assert rec is not None
+            if math.isnan(rec.first_token):
+                rec.first_token = self.now
+                self.policy.on_first_token(rid, w, self.now)
+                if rec.ttft > slo.ttft_s:
+                    self._ttft_bad += 1
+            if out.finished:
+                rec.finish = self.now
+                if out.usage is not None:
+                    rec.cached_tokens = out.usage.cached_tokens
+                self.policy.on_finish(rid, w, self.now)
+                if rec.itl > slo.itl_s:
+                    self._itl_bad += 1
+                for c in self._children.get(rec.index, ()):
+                    self._push(self.now + self.trace.requests[c].think_s, _ARRIVAL, c)
+        self._kick(slot)
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        self.policy.reset(self.ids, cfg.seed)
+        for r in self.trace.requests:
+            if r.follows is None:
+                self._push(r.arrival_s / cfg.load_scale, _ARRIVAL, r.index)
+        if self.warmer is not None:
+            self.warmer.start(self, 0.0)
+        t_wall = time.perf_counter()
+        events = 0
+        stopped = truncated = False
+        arrived = 0
+        n = len(self.trace)
+        while self._heap:
+            if events >= cfg.max_events or (
+                cfg.max_wall_s is not None and events % 4096 == 0
+                and time.perf_counter() - t_wall > cfg.max_wall_s
+            ):
+                truncated = True
+                break
+            t, _, _, kind, arg = heapq.heappop(self._heap)
+            self.now = t
+            events += 1
+            if kind == _STEP_END:
+                self._step_end(*arg)
+            else:
+                self._arrival(arg)
+                arrived += 1
+                if self.progress is not None and arrived % 256 == 0:
+                    self.progress(arrived, n)
+            if cfg.stop_when_slo_lost and (
+                self._ttft_bad > self._allowed_bad or self._itl_bad > self._allowed_bad
+            ):
+                stopped = True
+                break
+        recs = [r for r in self.records if r is not None]
+        res = RunResult(
+            self.policy.name, cfg, recs, self.busy_s,
+            {w: [b / cfg.util_bucket_s for b in s] for w, s in self.util.items()},
+            rejected=self.rejected, stopped_early=stopped, truncated=truncated, events=events,
+            wall_s=time.perf_counter() - t_wall, warm_requests=self.warm_requests,
+        )
+        res.summary = summarize(recs, self.busy_s, cfg.slo, cfg.gpu_hour_price)
+        if stopped:
+            res.summary["meets_slo"] = False
+        res.summary.update(rejected=self.rejected, stopped_early=stopped, truncated=truncated,
+                           warm_requests=self.warm_requests)
+        return res
+
+
+def run_policy(trace: Trace, policy: Policy, config: FleetConfig, hashes: HashCache | None = None,
+               **kw: Any) -> RunResult:
+    """Convenience: build a :class:`FleetSim` and run it."""
+    return FleetSim(trace, policy, config, hashes, **kw).run()

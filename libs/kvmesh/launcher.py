@@ -1,0 +1,113 @@
+"""Service processes: start on port 0, wait for readiness (ready file + gRPC health), stop.
+
+Used by `kvmesh up` and by the tests.
+
+Readiness is event-driven: the service writes its ready file only once it serves, and we then confirm with
+a `grpc.health.v1` check. Every wait is bounded by a deadline; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVICES = {
+    "router": "kvmesh.services.router",
+    "worker": "kvmesh.services.worker",
+    "cache-manager": "kvmesh.services.cache_manager",
+    "failover": "kvmesh.services.failover",
+}
+
+
+@dataclass
+class ServiceProcess:
+    """A started service process and where it listens."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    log_path: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["grpc"])
+
+    @property
+    def http_port(self) -> int:
+        return int(self.info["http_port"])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills after `timeout`)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and reap."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def start_service(name: str, tmp: Path, *args: str, env: dict[str, str] | None = None,
+                  timeout: float = 60.0, wait_healthy: bool = True, port: int = 0,
+                  http_port: int = 0) -> ServiceProcess:
+    """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ready = tmp / f"{name}-{time.monotonic_ns()}.ready.json"
+    log_path = ready.with_suffix(".log")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, "-m", SERVICES[name], "--port", str(port), "--http-port", str(http_port),
+           "--ready-file", str(ready),
+           *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    sp = ServiceProcess(name, proc, ready, log_path)
+    wait_ready(sp, timeout)
+    if wait_healthy:
+        wait_serving(sp.address, timeout)
+    return sp
+
+
+def wait_ready(sp: ServiceProcess, timeout: float) -> None:
+    """Waits for the ready file (inotify-free: a bounded poll of the file system, not of the service's state)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sp.proc.poll() is not None:
+            raise RuntimeError(f"{sp.name} exited with {sp.proc.returncode}:\n{sp.log()[-4000:]}")
+        if sp.ready_file.exists():
+            sp.info = json.loads(sp.ready_file.read_text())
+            return
+        time.sleep(0.02)
+    sp.kill()
+    raise TimeoutError(f"{sp.name} not ready within {timeout}s:\n{sp.log()[-4000:]}")
+
+
+def wait_serving(address: str, timeout: float, service: str = "",
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+    """Blocks until grpc.health.v1 reports SERVING (wait_for_ready, bounded by `timeout`)."""
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    with channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True)
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"{address} is {reply.status}")

@@ -1,0 +1,118 @@
+"""Long/short admission queues: long prompts wait in their own bounded queue with their own concurrency.
+
+    class(r) = "long" if prompt_tokens(r) > long_prompt_tokens (default 2048) else "short"
+
+Each class c has `max_concurrency_c` running slots and a FIFO of at most `max_queue_c` waiting requests.
+`admit` grants a slot if one is free and nobody of that class waits, else queues the request, else raises
+`ResourceExhausted(retry_after_s)` with
+
+    retry_after_s = clip(ewma_service_s_c · (queued_c + 1) / max_concurrency_c, min_retry_s, max_retry_s)
+
+(`ewma_service_s_c` is an exponentially weighted mean of the class's slot-holding times, alpha = 0.2).
+`release` frees a slot and returns the ids that now hold slots, in FIFO order; short requests never wait
+behind long ones because the classes share nothing. Pure: `now` is passed in, the service turns grants into
+awakened futures.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from kvmesh.errors import InvalidArgument, ResourceExhausted
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Limits of one class of requests."""
+
+    max_concurrency: int
+    max_queue: int
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1 or self.max_queue < 0:
+            raise InvalidArgument("queue", "max_concurrency must be >= 1 and max_queue >= 0")
+
+
+@dataclass(slots=True)
+class _Class:
+    limits: QueueLimits
+    running: dict[str, float]
+    waiting: OrderedDict[str, float]
+    ewma_s: float
+
+
+class Admission:
+    """Two independent classes, "short" and "long"; `admit` → True (run now) / False (queued) / raises."""
+
+    ALPHA = 0.2
+
+    def __init__(
+        self,
+        short: QueueLimits,
+        long: QueueLimits,
+        long_prompt_tokens: int = 2048,
+        min_retry_s: float = 1.0,
+        max_retry_s: float = 60.0,
+        initial_service_s: float = 1.0,
+    ) -> None:
+        self.long_prompt_tokens = long_prompt_tokens
+        self.min_retry_s, self.max_retry_s = min_retry_s, max_retry_s
+        self._classes = {
+            "short": _Class(short, {}, OrderedDict(), initial_service_s),
+            "long": _Class(long, {}, OrderedDict(), initial_service_s),
+        }
+        self._class_of: dict[str, str] = {}
+
+    def class_of(self, prompt_tokens: int) -> str:
+        return "long" if prompt_tokens > self.long_prompt_tokens else "short"
+
+    def admit(self, request_id: str, prompt_tokens: int, now: float) -> bool:
+        """True: holds a slot now. False: queued (wait for `release` to return its id). Raises when full."""
+        if request_id in self._class_of:
+            raise InvalidArgument("request_id", f"{request_id!r} is already admitted")
+        name = self.class_of(prompt_tokens)
+        c = self._classes[name]
+        if len(c.running) < c.limits.max_concurrency and not c.waiting:
+            c.running[request_id] = now
+            self._class_of[request_id] = name
+            return True
+        if len(c.waiting) >= c.limits.max_queue:
+            raise ResourceExhausted(
+                f"{name} queue full ({len(c.waiting)} waiting, {len(c.running)} running)",
+                retry_after_s=self.retry_after(name),
+            )
+        c.waiting[request_id] = now
+        self._class_of[request_id] = name
+        return False
+
+    def retry_after(self, name: str) -> float:
+        c = self._classes[name]
+        est = c.ewma_s * (len(c.waiting) + 1) / c.limits.max_concurrency
+        return min(max(est, self.min_retry_s), self.max_retry_s)
+
+    def release(self, request_id: str, now: float) -> list[str]:
+        """The request ended or was cancelled; returns the ids granted a slot by this release."""
+        name = self._class_of.pop(request_id, None)
+        if name is None:
+            return []
+        c = self._classes[name]
+        if request_id in c.waiting:
+            del c.waiting[request_id]
+            return []
+        started = c.running.pop(request_id)
+        c.ewma_s = (1 - self.ALPHA) * c.ewma_s + self.ALPHA * max(now - started, 0.0)
+        granted: list[str] = []
+        while c.waiting and len(c.running) < c.limits.max_concurrency:
+            rid, _ = c.waiting.popitem(last=False)
+            c.running[rid] = now
+            granted.append(rid)
+        return granted
+
+    def is_running(self, request_id: str) -> bool:
+        name = self._class_of.get(request_id)
+        return name is not None and request_id in self._classes[name].running
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """{class: {running, waiting}} for the queue-length gauges."""
+        return {n: {"running": len(c.running), "waiting": len(c.waiting)} for n, c in self._classes.items()}

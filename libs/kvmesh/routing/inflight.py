@@ -1,0 +1,140 @@
+"""The router's own in-flight accounting, so decisions between two load reports see each other.
+
+For each request r assigned to worker w at time t_r with n_r = prompt - overlap_w new tokens:
+
+    inflight_prefill_tokens(w) = Σ n_r          over r on w, still before its first token, with t_r > T_w
+    inflight_decode_tokens(w)  = Σ prompt_r     over r on w, not finished, with t_r > T_w
+    inflight_kv_blocks(w)      = Σ ceil(n_r / block_size)   same set
+    inflight_requests(w)       = #{r on w, not finished}     (all of them, for the anti-herding tie-break)
+
+With R router replicas splitting the traffic, each replica sees only about 1/R of the work assigned since
+the last report; `InflightTracker(replicas=R)` multiplies the three unreported sums by R in `apply`, an
+estimate of what all replicas together added (the report then corrects it). `inflight_requests` is not scaled.
+
+T_w is the timestamp of w's last load report (`on_report`): work assigned before it is already inside the
+report's `prefill_tokens_queued` / `decode_tokens_active`, so it is not counted twice. A request counts in
+decode load from its assignment on, because it will hold that KV while it decodes. Pure: times are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kvmesh.routing.types import WorkerView
+
+
+@dataclass(slots=True)
+class _Entry:
+    worker: str
+    assigned_at: float
+    prefill_tokens: int
+    kv_tokens: int
+    kv_blocks: int
+    prefilling: bool = True
+    reported: bool = False
+
+
+@dataclass(slots=True)
+class _Sums:
+    prefill: int = 0
+    decode: int = 0
+    blocks: int = 0
+    requests: int = 0
+
+
+class InflightTracker:
+    """Per-worker sums of this router's outstanding requests; O(1) per event, O(k) per report."""
+
+    def __init__(self, replicas: int = 1) -> None:
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        self.replicas = replicas
+        self._entries: dict[str, _Entry] = {}
+        self._by_worker: dict[str, set[str]] = {}
+        self._sums: dict[str, _Sums] = {}
+        self._report_ts: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def worker_of(self, request_id: str) -> str | None:
+        e = self._entries.get(request_id)
+        return e.worker if e else None
+
+    def assign(
+        self, request_id: str, worker: str, prefill_tokens: int, kv_tokens: int, block_size: int, now: float
+    ) -> None:
+        """Count request `request_id` on `worker` (re-assigning a known id moves it: a retry or migration)."""
+        if request_id in self._entries:
+            self.finish(request_id)
+        bs = max(block_size, 1)
+        e = _Entry(worker, now, max(prefill_tokens, 0), max(kv_tokens, 0), -(-max(prefill_tokens, 0) // bs))
+        e.reported = now <= self._report_ts.get(worker, float("-inf"))
+        self._entries[request_id] = e
+        self._by_worker.setdefault(worker, set()).add(request_id)
+        s = self._sums.setdefault(worker, _Sums())
+        s.requests += 1
+        if not e.reported:
+            s.prefill += e.prefill_tokens
+            s.decode += e.kv_tokens
+            s.blocks += e.kv_blocks
+
+    def first_token(self, request_id: str) -> None:
+        """The request finished prefill: its prefill tokens leave the worker's in-flight prefill."""
+        e = self._entries.get(request_id)
+        if e is None or not e.prefilling:
+            return
+        e.prefilling = False
+        if not e.reported:
+            self._sums[e.worker].prefill -= e.prefill_tokens
+
+    def finish(self, request_id: str) -> None:
+        """The request ended (done, failed, cancelled): remove it everywhere. Unknown ids are ignored."""
+        e = self._entries.pop(request_id, None)
+        if e is None:
+            return
+        self._by_worker[e.worker].discard(request_id)
+        s = self._sums[e.worker]
+        s.requests -= 1
+        if not e.reported:
+            self._unreport(s, e)
+
+    @staticmethod
+    def _unreport(s: _Sums, e: _Entry) -> None:
+        if e.prefilling:
+            s.prefill -= e.prefill_tokens
+        s.decode -= e.kv_tokens
+        s.blocks -= e.kv_blocks
+
+    def on_report(self, worker: str, report_ts: float) -> None:
+        """A load report taken at `report_ts` arrived: work assigned at or before it is now reported."""
+        if report_ts <= self._report_ts.get(worker, float("-inf")):
+            return
+        self._report_ts[worker] = report_ts
+        s = self._sums.setdefault(worker, _Sums())
+        for rid in self._by_worker.get(worker, ()):
+            e = self._entries[rid]
+            if not e.reported and e.assigned_at <= report_ts:
+                e.reported = True
+                self._unreport(s, e)
+
+    def forget_worker(self, worker: str) -> list[str]:
+        """Drop a worker (left the fleet); returns the request ids that were on it."""
+        ids = list(self._by_worker.pop(worker, ()))
+        for rid in ids:
+            self._entries.pop(rid, None)
+        self._sums.pop(worker, None)
+        self._report_ts.pop(worker, None)
+        return ids
+
+    def apply(self, views: Iterable[WorkerView]) -> None:
+        """Write the current sums into the views' `inflight_*` fields."""
+        zero = _Sums()
+        k = self.replicas
+        for v in views:
+            s = self._sums.get(v.id, zero)
+            v.inflight_prefill_tokens = s.prefill * k
+            v.inflight_decode_tokens = s.decode * k
+            v.inflight_kv_blocks = s.blocks * k
+            v.inflight_requests = s.requests

@@ -1,0 +1,142 @@
+"""Value types of the routing pipeline: what the router knows about a worker, a request, a decision.
+
+Everything here is plain data: no I/O, no clock. A `WorkerView` is the router's snapshot of one worker
+(its last load report plus the router's own in-flight accounting); a `RouteRequest` is one request as the
+pipeline sees it (token count, block hashes, per-worker prefix overlap from the index); a `Decision` is the
+outcome with every scorer's term per candidate, for DEBUG logs and trace spans.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kvmesh.kvevents import LoadReport
+
+
+class CircuitState(enum.StrEnum):
+    """Circuit-breaker state of a worker as the pipeline sees it (see `kvmesh.routing.circuit`)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(slots=True)
+class WorkerView:
+    """The router's view of one worker. Latencies in ms, usage in [0, 1], token counts in tokens.
+
+    `inflight_*` are the router's own assignments not yet visible in the worker's last load report
+    (maintained by `kvmesh.routing.inflight.InflightTracker`); `inflight_requests` counts all of this
+    router's outstanding requests on the worker (used by the anti-herding tie-break).
+    `pool` is "" (any prompt), "long" or "short" (see `filters.pool`).
+    """
+
+    id: str
+    zone: str = ""
+    version: str = ""
+    pool: str = ""
+    healthy: bool = True
+    draining: bool = False
+    circuit: CircuitState = CircuitState.CLOSED
+    # fields of the last load report
+    running: int = 0
+    waiting: int = 0
+    max_queue: int = 0
+    kv_usage: float = 0.0
+    kv_blocks_total: int = 0
+    prefill_tokens_queued: int = 0
+    decode_tokens_active: int = 0
+    decode_latency_p50_ms: float = 0.0
+    decode_latency_p95_ms: float = 0.0
+    prefix_hit_rate: float = 0.0
+    error_rate: float = 0.0
+    report_ts: float = 0.0
+    # the router's own in-flight accounting
+    inflight_prefill_tokens: int = 0
+    inflight_decode_tokens: int = 0
+    inflight_kv_blocks: int = 0
+    inflight_requests: int = 0
+
+    def apply_report(self, report: LoadReport) -> None:
+        """Copy the load-report fields of `report` into this view (in place)."""
+        self.running = report.running
+        self.waiting = report.waiting
+        self.max_queue = report.max_queue
+        self.kv_usage = report.kv_usage
+        self.kv_blocks_total = report.kv_blocks_total
+        self.prefill_tokens_queued = report.prefill_tokens_queued
+        self.decode_tokens_active = report.decode_tokens_active
+        self.decode_latency_p50_ms = report.decode_latency_p50_ms
+        self.decode_latency_p95_ms = report.decode_latency_p95_ms
+        self.prefix_hit_rate = report.prefix_hit_rate
+        self.error_rate = report.error_rate
+        self.report_ts = report.timestamp
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """One request as the pipeline sees it.
+
+    `matches[w]` is the number of leading blocks of `block_hashes` that worker w already caches (from
+    the prefix index); the cached overlap in tokens is `min(matches[w] * block_size, prompt_tokens)`.
+    """
+
+    request_id: str
+    prompt_tokens: int
+    block_hashes: Sequence[int] = ()
+    matches: Mapping[str, int] = field(default_factory=dict)
+    block_size: int = 16
+    session_id: str = ""
+    max_tokens: int = 256
+
+    def overlap_tokens(self, worker_id: str) -> int:
+        """Prompt tokens already cached on `worker_id`: min(matched_blocks * block_size, prompt_tokens)."""
+        m = self.matches.get(worker_id, 0)
+        return min(m * self.block_size, self.prompt_tokens) if m else 0
+
+
+@dataclass(slots=True)
+class Decision:
+    """The pipeline's answer. `worker_id` is None when a filter left no candidate (`rejected_by` names it).
+
+    `candidates[i]` has combined cost `totals[i]` (lower is better) and per-scorer normalised terms
+    `terms[scorer][i]`; `removed` counts the workers each filter removed. Dict views are built lazily so the
+    hot path does not pay for them.
+    """
+
+    request_id: str
+    worker_id: str | None
+    candidates: tuple[str, ...] = ()
+    totals: Sequence[float] = ()
+    terms: dict[str, Sequence[float]] = field(default_factory=dict)
+    removed: dict[str, int] = field(default_factory=dict)
+    rejected_by: str = ""
+    picker: str = ""
+
+    def scores(self) -> dict[str, float]:
+        """Combined cost per candidate worker."""
+        return dict(zip(self.candidates, self.totals, strict=True))
+
+    def chosen_terms(self) -> dict[str, float]:
+        """Every scorer's term and the total for the chosen worker (empty if none was chosen)."""
+        if self.worker_id is None or self.worker_id not in self.candidates:
+            return {}
+        i = self.candidates.index(self.worker_id)
+        out = {name: float(vals[i]) for name, vals in self.terms.items()}
+        if self.totals:
+            out["total"] = float(self.totals[i])
+        return out
+
+    def to_log(self) -> dict[str, object]:
+        """A JSON-able summary for DEBUG logs and span attributes."""
+        return {
+            "request_id": self.request_id,
+            "worker": self.worker_id,
+            "picker": self.picker,
+            "rejected_by": self.rejected_by,
+            "removed": dict(self.removed),
+            "chosen": self.chosen_terms(),
+            "scores": {w: round(t, 6) for w, t in self.scores().items()},
+        }

@@ -1,0 +1,165 @@
+"""Server interceptor applied to every kvmesh RPC: request id, deadline, tracing, metrics, error mapping.
+
+For each call it
+- takes `x-request-id` from metadata (or makes one) and puts it in the logging context and the response
+  trailers;
+- records the call's deadline so outbound calls made on its behalf inherit the remaining time
+  (`kvmesh.telemetry.context.outbound_timeout`) and echoes what it received in the `x-kvmesh-deadline-ms`
+  trailer (observability of deadline propagation);
+- opens a server span under the caller's W3C trace context;
+- counts the call and its latency by final status code;
+- maps `KvmeshError`s to status codes through `kvmesh.rpc.errors` and turns any other exception into
+  INTERNAL with a generic message (the stack trace is logged, never sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+
+from kvmesh.rpc.errors import status_code_for, to_grpc_status
+from kvmesh.telemetry import metrics, tracing
+from kvmesh.telemetry.context import REQUEST_ID_HEADER, deadline_var, new_request_id, request_id_var
+
+log = logging.getLogger(__name__)
+
+DEADLINE_TRAILER = "x-kvmesh-deadline-ms"
+
+
+class _CallScope:
+    """Bookkeeping of one call, shared by the four handler shapes."""
+
+    def __init__(self, service: str, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.service = service
+        self.method = method
+        self.context = context
+        meta = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        self.request_id = meta.get(REQUEST_ID_HEADER) or new_request_id()
+        remaining = context.time_remaining()
+        self.deadline_ms = None if remaining is None else int(remaining * 1000)
+        self.tokens = (
+            request_id_var.set(self.request_id),
+            deadline_var.set(None if remaining is None else time.monotonic() + remaining),
+        )
+        self.span = tracing.tracer("kvmesh.rpc").start_span(
+            f"{service}/{method}", context=tracing.extract(meta), kind=trace.SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.method": method, "kvmesh.request_id": self.request_id},
+        )
+        self.code = grpc.StatusCode.OK
+        self.start = time.perf_counter()
+        metrics.RPC_IN_FLIGHT.labels(service, method).inc()
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        out = [(REQUEST_ID_HEADER, self.request_id)]
+        if self.deadline_ms is not None:
+            out.append((DEADLINE_TRAILER, str(self.deadline_ms)))
+        return tuple(out)
+
+    async def fail(self, exc: BaseException) -> None:
+        """Aborts the call with the mapped status (raises grpc.aio.AbortError)."""
+        self.code = status_code_for(exc)
+        if self.code == grpc.StatusCode.INTERNAL:
+            log.exception("unexpected error in %s/%s", self.service, self.method)
+        else:
+            log.info("%s/%s -> %s: %s", self.service, self.method, self.code.name, exc)
+        status = to_grpc_status(exc, self.request_id)
+        self.span.set_status(trace.Status(trace.StatusCode.ERROR, status.details))
+        await self.context.abort(status.code, status.details, tuple(status.trailing_metadata) + self.trailers())
+
+    def close(self) -> None:
+        if self.context.cancelled() and self.code == grpc.StatusCode.OK:
+            self.code = grpc.StatusCode.CANCELLED
+        elif self.code == grpc.StatusCode.OK:
+            self.context.set_trailing_metadata(self.trailers())
+        metrics.RPC_IN_FLIGHT.labels(self.service, self.method).dec()
+        metrics.RPC_REQUESTS.labels(self.service, self.method, self.code.name).inc()
+        metrics.RPC_LATENCY.labels(self.service, self.method).observe(time.perf_counter() - self.start)
+        self.span.set_attribute("rpc.grpc.status_code", self.code.value[0])
+        self.span.end()
+        request_id_var.reset(self.tokens[0])
+        deadline_var.reset(self.tokens[1])
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler of a server (see the module docstring)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
+        if handler_call_details.method.startswith("/grpc."):  # type: ignore[attr-defined]
+            return handler  # health and reflection: not ours to instrument
+        wrap_unary = _unary_wrapper(self.service, method)
+        wrap_stream = _stream_wrapper(self.service, method)
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )
+
+
+def _unary_wrapper(service: str, method: str) -> Callable[[Any], Any]:
+    """Wraps a handler returning one response (its request may be a message or an iterator)."""
+
+    def wrap(inner: Any) -> Any:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            scope = _CallScope(service, method, context)
+            with trace.use_span(scope.span, end_on_exit=False):
+                try:
+                    return await inner(request, context)
+                except (grpc.aio.AbortError, asyncio.CancelledError):
+                    raise
+                except BaseException as exc:
+                    await scope.fail(exc)
+                finally:
+                    scope.close()
+
+        return handle
+
+    return wrap
+
+
+def _stream_wrapper(service: str, method: str) -> Callable[[Any], Any]:
+    """Wraps a handler yielding a response stream (its request may be a message or an iterator)."""
+
+    def wrap(inner: Any) -> Any:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            scope = _CallScope(service, method, context)
+            with trace.use_span(scope.span, end_on_exit=False):
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+                    raise
+                except BaseException as exc:
+                    await scope.fail(exc)
+                finally:
+                    scope.close()
+
+        return handle
+
+    return wrap

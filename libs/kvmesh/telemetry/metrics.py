@@ -1,0 +1,25 @@
+"""Prometheus metrics shared by every service (RPC-level). Service-specific metrics live with the service.
+
+Metric names follow `kvmesh_<subsystem>_<name>_<unit>`; every service exposes them on `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+RPC_REQUESTS = Counter(
+    "kvmesh_rpc_requests_total", "gRPC calls handled, by final status code", ["service", "method", "code"]
+)
+RPC_LATENCY = Histogram(
+    "kvmesh_rpc_latency_seconds", "gRPC call duration (streams: until the last message)", ["service", "method"],
+    buckets=LATENCY_BUCKETS,
+)
+RPC_IN_FLIGHT = Gauge("kvmesh_rpc_in_flight", "gRPC calls being handled", ["service", "method"])
+SERVICE_INFO = Gauge("kvmesh_service_info", "Static service information (value 1)", ["service", "zone", "version"])
+
+
+def render_latest() -> tuple[bytes, str]:
+    """The Prometheus exposition of the default registry, with its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -1,0 +1,47 @@
+"""OpenTelemetry tracing set-up: a tracer provider per service, OTLP export only when an endpoint is configured.
+
+Context travels in W3C `traceparent` metadata, extracted by the server interceptor and injected by outbound
+calls (`kvmesh.rpc.channel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+_configured = False
+
+
+def setup_tracing(service: str, otlp_endpoint: str | None = None, exporter: SpanExporter | None = None) -> None:
+    """Installs the global tracer provider once. `exporter` (tests) wins over `otlp_endpoint`."""
+    global _configured
+    if _configured:
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": f"kvmesh-{service}"}))
+    if exporter is None and otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=otlp_endpoint, insecure=not otlp_endpoint.startswith("https"))
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+def tracer(name: str) -> trace.Tracer:
+    """A tracer for a module."""
+    return trace.get_tracer(name)
+
+
+def extract(carrier: Mapping[str, str]):  # type: ignore[no-untyped-def]
+    """The trace context of incoming metadata."""
+    return propagate.extract(carrier)
+
+
+def inject(carrier: MutableMapping[str, str]) -> None:
+    """Adds the current trace context to outgoing metadata."""
+    propagate.inject(carrier)

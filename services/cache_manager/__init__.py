@@ -1,0 +1,1 @@
+"""kvmesh cache_manager service."""

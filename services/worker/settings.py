@@ -1,0 +1,23 @@
+"""Settings of the worker service (flags and KVMESH_* env, see kvmesh.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvmesh.config import ServerSettings, setting
+
+
+@dataclass(frozen=True)
+class WorkerSettings(ServerSettings):
+    """kvmesh worker: one inference engine (vLLM or simulated) behind gRPC."""
+
+    engine: str = setting("sim", "engine: sim or vllm")
+    model: str = setting("", "model folder (HF layout) or name; default: the tiny local test model")
+    block_size: int = setting(32, "tokens per KV block (vLLM on CPU needs a multiple of 32)")
+    max_model_len: int = setting(4096, "maximum context length, tokens")
+    cache_manager: str = setting("", "cache-manager gRPC address to push KV events to (empty = none)")
+    kv_blocks: int = setting(4096, "sim engine: KV blocks in the pool")
+    sim_speed: float = setting(1.0, "sim engine: time speed-up (0 = instant, no compute time)")
+    max_queue: int = setting(256, "waiting requests before RESOURCE_EXHAUSTED")
+    zmq_publish: str = setting("", "also publish KV events in vLLM's ZMQ wire format on this endpoint")
+    vllm_args: str = setting("", "extra vLLM engine arguments, e.g. '--tensor-parallel-size 2'")

@@ -1,0 +1,22 @@
+"""circuit-closed filter: CLOSED always, HALF_OPEN only when allowed, OPEN never."""
+
+import pytest
+
+from kvmesh.routing.filters import CircuitClosedFilter
+from kvmesh.routing.types import CircuitState, RouteRequest, WorkerView
+
+pytestmark = pytest.mark.unit
+REQ = RouteRequest("r", prompt_tokens=10)
+WS = [
+    WorkerView("closed"),
+    WorkerView("open", circuit=CircuitState.OPEN),
+    WorkerView("half", circuit=CircuitState.HALF_OPEN),
+]
+
+
+def test_default_allows_half_open_probe() -> None:
+    assert [w.id for w in CircuitClosedFilter().filter(REQ, WS)] == ["closed", "half"]
+
+
+def test_strict_keeps_only_closed() -> None:
+    assert [w.id for w in CircuitClosedFilter(allow_half_open=False).filter(REQ, WS)] == ["closed"]
