@@ -1,11 +1,13 @@
 """Package discovery for the two source roots: `libs/kvmesh` → `kvmesh`, `services` → `kvmesh.services`.
 
 Everything else lives in pyproject.toml; this file exists only because setuptools' declarative
-`packages.find` cannot prefix a second root.
+`packages.find` cannot prefix a second root, and to declare the optional C extension `kvmesh.index._native`.
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 packages = find_packages("libs", include=["kvmesh", "kvmesh.*"])
 packages += ["kvmesh.services"] + [f"kvmesh.services.{p}" for p in find_packages("services")]
-setup(packages=packages)
+# Compiled core of the prefix index and block hasher; optional: kvmesh falls back to its numpy reference.
+native = Extension("kvmesh.index._native", ["libs/kvmesh/index/_native.c"], extra_compile_args=["-O3"], optional=True)
+setup(packages=packages, ext_modules=[native])

@@ -27,10 +27,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SPEC: dict[str, Any] = {
-    "version": 1,
+    "version": 2,
     "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 128,  # head_dim 32: the smallest vLLM CPU attention supports
+    "intermediate_size": 256,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
@@ -118,7 +118,7 @@ def build_model(seed: int, out: Path, vocab: int, bos: int, eos: int) -> None:
         eos_token_id=eos,
         pad_token_id=eos,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
     model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)

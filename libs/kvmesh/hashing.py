@@ -15,6 +15,10 @@ prefix (and salt). The recurrence is evaluated in closed form, without a Python 
     s_i = P^i * (P * s_{-1} + sum_{j<=i} c_j * P^{-j})      (P^{-1} the inverse of P modulo 2^64)
 
 i.e. one matrix-vector product, one cumulative sum and a handful of element-wise uint64 ops (all wrapping).
+That is :func:`compute_block_hashes_numpy`, the reference. :func:`compute_block_hashes` runs the sequential
+recurrence in C (``kvmesh.index._native.hash_blocks``, same outputs, no numpy call overhead, reads Python
+lists directly) when the extension is built, and falls back to the reference otherwise or for inputs the C
+path does not take (non-integer or multi-dimensional arrays).
 
 These are *routing* hashes: fast and non-cryptographic. A collision only sends a request to a worker that
 does not have the prefix (a cache miss). Anything that identifies KV *data* (kv-sync, an offload tier) must
@@ -25,14 +29,28 @@ from __future__ import annotations
 
 import array
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+
+def _load_kernel() -> Callable[[Any, Any, int, Any], None] | None:
+    """The C kernel ``hash_blocks(tokens, K, base, out)``, or None when the extension is not built."""
+    try:
+        from kvmesh.index._native import hash_blocks
+    except ImportError:
+        return None
+    return hash_blocks
+
+
+_hash_blocks = _load_kernel()
+
 __all__ = [
     "BlockHasher",
     "compute_block_hashes",
+    "compute_block_hashes_numpy",
     "finalize",
     "make_salt",
     "sha256_block_ids",
@@ -120,10 +138,20 @@ def _as_token_array(token_ids: Sequence[int] | npt.NDArray[np.integer]) -> npt.N
             token_ids = np.asarray(token_ids, dtype=np.int64)
     kind = token_ids.dtype.kind
     if kind == "u":
-        return token_ids
+        return token_ids  # type: ignore[return-value]
     if kind == "i" and token_ids.dtype.itemsize >= 4:
         return token_ids.view(_UNSIGNED[token_ids.dtype.itemsize])
     return token_ids.astype(np.uint64)
+
+
+def _chain_base(salt: int, parent: int | None) -> int:
+    """P * s_{-1}: s_{-1} = splitmix64(salt ^ R) for a new chain, F^-1(parent) to continue one."""
+    if parent is not None:
+        return (unfinalize(parent & _MASK) * _P) & _MASK
+    base = _ROOTS.get(salt)
+    if base is None:
+        base = _ROOTS[salt] = (_splitmix64((salt ^ _ROOT) & _MASK) * _P) & _MASK
+    return base
 
 
 def compute_block_hashes(
@@ -136,8 +164,28 @@ def compute_block_hashes(
 
     ``parent`` continues an existing chain: ``compute_block_hashes(t[:a*B] + t2, B, salt)[a:]`` equals
     ``compute_block_hashes(t2, B, salt, parent=h[a-1])``. Without a parent the root is ``splitmix64(salt ^ R)``.
-    Token ids must be non-negative (signed arrays are reinterpreted, not copied).
+    Token ids must be non-negative (signed arrays are reinterpreted, not copied). Uses the C kernel when
+    built; equal to :func:`compute_block_hashes_numpy` for every input.
     """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    if _hash_blocks is not None and isinstance(token_ids, list | tuple | np.ndarray):
+        out: U64Array = np.empty(len(token_ids) // block_size, dtype=np.uint64)
+        try:
+            _hash_blocks(token_ids, _TABLES.consts(block_size), _chain_base(salt, parent), out)
+            return out
+        except TypeError:  # e.g. float or 2-d arrays: the numpy path decides
+            pass
+    return compute_block_hashes_numpy(token_ids, block_size, salt, parent)
+
+
+def compute_block_hashes_numpy(
+    token_ids: Sequence[int] | npt.NDArray[np.integer],
+    block_size: int,
+    salt: int = 0,
+    parent: int | None = None,
+) -> U64Array:
+    """The vectorised numpy reference of :func:`compute_block_hashes` (closed form of the recurrence)."""
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     toks = _as_token_array(token_ids)
@@ -146,12 +194,7 @@ def compute_block_hashes(
         return np.empty(0, dtype=np.uint64)
     k = _TABLES.consts(block_size)
     ppow, pinv = _TABLES.powers(n)
-    if parent is None:
-        base = _ROOTS.get(salt)
-        if base is None:
-            base = _ROOTS[salt] = (_splitmix64((salt ^ _ROOT) & _MASK) * _P) & _MASK
-    else:
-        base = (unfinalize(parent & _MASK) * _P) & _MASK
+    base = _chain_base(salt, parent)
     c: U64Array = toks[: n * block_size].reshape(n, block_size) @ k
     c *= pinv[:n]
     c[0] = (int(c[0]) + base) & _MASK
@@ -174,9 +217,7 @@ class BlockHasher:
         self.block_size = block_size
         self.salt = salt
 
-    def hashes(
-        self, token_ids: Sequence[int] | npt.NDArray[np.integer], parent: int | None = None
-    ) -> U64Array:
+    def hashes(self, token_ids: Sequence[int] | npt.NDArray[np.integer], parent: int | None = None) -> U64Array:
         return compute_block_hashes(token_ids, self.block_size, self.salt, parent)
 
 

@@ -2,19 +2,129 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
-from kvmesh.rpc.server import ServiceRunner, run_service
-from kvmesh.services.cache_manager.servicer import CacheManagerServicer
+from kvmesh.cachemgr.core import CacheCore
+from kvmesh.cachemgr.types import IngestResult
+from kvmesh.cachemgr.vllm_zmq import VllmZmqSubscriber
+from kvmesh.kvevents import KvEventBatch
+from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.services.cache_manager import metrics as m
+from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, periodic, refresh_gauges
 from kvmesh.services.cache_manager.settings import CacheManagerSettings
+from kvmesh.services.cache_manager.warming import Warmer
+from kvmesh.store.base import CheckpointStore
+from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
+from kvmesh.warming import WarmingConfig
+
+log = logging.getLogger(__name__)
+
+
+def make_store(s: CacheManagerSettings) -> tuple[CheckpointStore | None, str]:
+    """Redis when configured, else a file store when a directory is given, else none."""
+    if s.redis_url:
+        from kvmesh.store.redis_store import RedisCheckpointStore
+
+        return RedisCheckpointStore.from_url(s.redis_url, s.redis_prefix), f"{s.redis_url}#{s.redis_prefix}"
+    if s.checkpoint_dir:
+        return FileCheckpointStore(s.checkpoint_dir), f"file://{s.checkpoint_dir}"
+    return None, ""
+
+
+class ZmqSink:
+    """Adapter: vLLM ZMQ batches into the core, counted, with the log flushed by the flush loop."""
+
+    def __init__(self, core: CacheCore, wake: asyncio.Event) -> None:
+        self.core, self.wake = core, wake
+
+    def apply(self, batch: KvEventBatch) -> IngestResult:
+        res = self.core.apply(batch)
+        m.EVENTS.inc(len(batch.events))
+        count(res, "zmq")
+        self.wake.set()
+        return res
+
+    def replay_failed(self, worker_id: str, reason: str = "replay incomplete") -> IngestResult:
+        res = self.core.replay_failed(worker_id, reason)
+        count(res, "zmq")
+        self.wake.set()
+        return res
+
+    def is_replaying(self, worker_id: str) -> bool:
+        return self.core.is_replaying(worker_id)
+
+
+def parse_zmq(spec: str) -> tuple[str, str, str | None]:
+    """`worker_id=PUB[;REPLAY]` → (worker_id, pub, replay)."""
+    wid, _, rest = spec.partition("=")
+    pub, _, replay = rest.partition(";")
+    if not wid or not pub:
+        raise ValueError(f"--vllm-zmq entry {spec!r}: expected worker_id=PUB_ENDPOINT[;REPLAY_ENDPOINT]")
+    return wid, pub, replay or None
 
 
 async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
-    """Wires the cache-manager's servicer into the runner."""
-    runner.add_servicer(cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, CacheManagerServicer(),
+    """Wires the cache-manager: store, core, servicer, ZMQ subscribers and periodic loops."""
+    store, location = make_store(settings)
+    core = CacheCore(settings.block_size, settings.model, store, window_s=settings.warm_window_s)
+    cfg = WarmingConfig(threshold=settings.warm_threshold, window_s=settings.warm_window_s,
+                        max_replicas=settings.warm_max_replicas)
+    warmer = Warmer(core, cfg, settings.warm_capacity_blocks, settings.warm_half_life_s)
+    servicer = CacheManagerServicer(core, warmer, runner.stopping, location)
+    runner.add_servicer(cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer,
                         "kvmesh.v1.CacheManagerService")
+    zmq_specs = [parse_zmq(s) for s in settings.vllm_zmq if s]
+    wake = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def flush_loop() -> None:
+        while not runner.stopping.is_set():
+            await wake.wait()
+            wake.clear()
+            await core.persist()
+
+    async def checkpoint() -> None:
+        await core.checkpoint()
+        m.CHECKPOINTS.inc()
+
+    async def gauges() -> None:
+        refresh_gauges(core)
+
+    async def started(_ports: BoundPorts) -> None:
+        if store is not None:
+            rec = await core.restore()
+            log.info("recovered %d pairs (+%d log records) from %s in %.3fs", core.index.num_pairs(),
+                     rec.records, location, rec.load_s + rec.restore_s + rec.replay_s)
+        refresh_gauges(core)
+        sink = ZmqSink(core, wake)
+        for wid, pub, replay in zmq_specs:
+            sub = VllmZmqSubscriber(wid, pub, replay, sink)
+            tasks.append(asyncio.create_task(sub.run(runner.stopping)))
+        tasks.append(asyncio.create_task(flush_loop()))
+        tasks.append(asyncio.create_task(periodic(runner.stopping, 5.0, gauges, "gauges")))
+        if store is not None:
+            tasks.append(asyncio.create_task(
+                periodic(runner.stopping, settings.checkpoint_interval_s, checkpoint, "checkpoint")))
+        tasks.append(asyncio.create_task(
+            periodic(runner.stopping, settings.warm_interval_s, warmer.dynamic_round, "warming")))
+
+    async def stopped() -> None:
+        wake.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if store is not None:
+            await core.persist()
+            await checkpoint()
+            await store.close()
+        await warmer.close()
+
+    runner.on_started.append(started)
+    runner.on_stopped.append(stopped)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,23 +1,233 @@
-"""Cache-manager servicer: proto <-> domain over the prefix index (kvmesh.index) and kvmesh.cachemgr."""
+"""Cache-manager servicer: proto <-> domain over `kvmesh.cachemgr.core.CacheCore`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
 import grpc
-from kvmesh.errors import Unimplemented
+
+from kvmesh.cachemgr.core import CacheCore
+from kvmesh.cachemgr.ingest import Phase
+from kvmesh.cachemgr.types import IngestResult
+from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.rpc.validate import require
-from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
+from kvmesh.services.cache_manager import metrics as m
+from kvmesh.services.cache_manager.convert import batch_from_proto, delta_to_proto, events_from_proto
+from kvmesh.services.cache_manager.warming import Warmer
+from kvmesh.v1 import cache_manager_pb2 as pb
+from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+SNAPSHOT_CHUNK = 65_536  # block hashes per snapshot message
 
 
-def validate_find_matches(request: cache_manager_pb2.FindMatchesRequest) -> None:
+def validate_find_matches(request: pb.FindMatchesRequest) -> None:
     """A query needs tokens or hashes."""
     require(request.WhichOneof("query") is not None, "query", "one of token_ids or block_hashes is required")
+
+
+def count(res: IngestResult, source: str) -> None:
+    """Metrics of one ingestion step."""
+    m.BATCHES.labels(source).inc(len(res.applied))
+    if res.gap:
+        m.GAPS.inc()
+    if res.restart:
+        m.RESTARTS.inc()
+    if res.resync is not None:
+        m.RESYNCS.labels("dump" if res.resync.full_dump else "replay").inc()
 
 
 class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     """The zone's KV prefix index."""
 
+    def __init__(self, core: CacheCore, warmer: Warmer, stopping: asyncio.Event, location: str) -> None:
+        self.core = core
+        self.warmer = warmer
+        self.stopping = stopping
+        self.location = location
+
+    # ---------------------------------------------------------------- ingestion
+    def _ack(self, worker_id: str, res: IngestResult | None) -> pb.PublishKvEventsResponse:
+        st = self.core.ingestor.workers.get(worker_id)
+        need = st is not None and st.phase is Phase.DUMP_NEEDED
+        reason = res.resync.reason if res is not None and res.resync is not None else ("dump" if need else "")
+        return pb.PublishKvEventsResponse(next_sequence=st.next_sequence if st else 0, resync_required=need,
+                                          reason=reason)
+
+    async def PublishKvEvents(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[pb.PublishKvEventsRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.PublishKvEventsResponse]:
+        worker_id = instance_id = ""
+        async for req in request_iterator:
+            if req.HasField("hello"):
+                worker_id, instance_id = req.hello.worker_id, req.hello.instance_id
+                require(bool(worker_id), "hello.worker_id", "required")
+                if req.hello.block_size and req.hello.block_size != self.core.block_size:
+                    raise InvalidArgument("hello.block_size", f"cache-manager indexes blocks of "
+                                          f"{self.core.block_size} tokens, worker sends {req.hello.block_size}")
+                self.warmer.register(worker_id, req.hello.address)
+                if not req.HasField("batch"):
+                    yield self._ack(worker_id, None)
+                    continue
+            require(bool(worker_id or req.batch.worker_id), "hello", "the first message must carry a hello")
+            wid = req.batch.worker_id or worker_id
+            res = self._apply(req, wid, instance_id)
+            await self.core.persist()
+            yield self._ack(wid, res)
+
+    def _apply(self, req: pb.PublishKvEventsRequest, wid: str, instance_id: str) -> IngestResult:
+        kind = req.kind
+        core = self.core
+        if kind in (common_pb2.KV_STREAM_KIND_LIVE, common_pb2.KV_STREAM_KIND_UNSPECIFIED):
+            batch = batch_from_proto(req.batch, wid, instance_id)
+            res = core.apply(batch)
+            m.EVENTS.inc(len(batch.events))
+            if res.resync is not None and not res.resync.full_dump:
+                # a gRPC stream is ordered and reliable: a gap means the worker reconnected after a loss,
+                # and kvmesh workers resync by a full dump (PublishKvEventsResponse.resync_required)
+                res.merge(core.replay_failed(wid, res.resync.reason))
+        elif kind == common_pb2.KV_STREAM_KIND_DUMP_BEGIN:
+            res = core.begin_dump(wid, req.batch.instance_id or instance_id)
+            res.merge(core.apply_dump(wid, events_from_proto(req.batch)))
+        elif kind == common_pb2.KV_STREAM_KIND_DUMP_CHUNK:
+            res = core.apply_dump(wid, events_from_proto(req.batch))
+        elif kind == common_pb2.KV_STREAM_KIND_DUMP_END:
+            res = core.apply_dump(wid, events_from_proto(req.batch))
+            res.merge(core.end_dump(wid, req.batch.sequence + 1))
+        else:
+            raise InvalidArgument("kind", f"unknown stream kind {kind}")
+        count(res, "grpc")
+        return res
+
+    # ---------------------------------------------------------------- queries
     async def FindMatches(  # type: ignore[override]
-        self, request: cache_manager_pb2.FindMatchesRequest, context: grpc.aio.ServicerContext
-    ) -> cache_manager_pb2.FindMatchesResponse:
+        self, request: pb.FindMatchesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FindMatchesResponse:
         validate_find_matches(request)
-        raise Unimplemented("the index is not wired yet")
+        core = self.core
+        tokens = None
+        if request.WhichOneof("query") == "token_ids":
+            tokens = list(request.token_ids.ids)
+            hashes = core.hashes_of(tokens, request.model, request.lora_name or None, request.tenant or None)
+        else:
+            hashes = list(request.block_hashes.hashes)
+        t0 = time.perf_counter()
+        matches = core.find_matches(hashes, time.time(), tokens)
+        m.QUERY_LATENCY.observe(time.perf_counter() - t0)
+        m.HIT_RATIO.set(core.queries.hit_ratio)
+        m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
+        ordered = sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
+        return pb.FindMatchesResponse(
+            matches=[pb.WorkerMatch(worker_id=w, matched_blocks=n) for w, n in ordered],
+            total_blocks=len(hashes), block_size=core.block_size)
+
+    async def WatchIndex(  # type: ignore[override]
+        self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchIndexResponse]:
+        watcher, rev, snap = self.core.watch(request.worker_ids)
+        m.WATCHERS.inc()
+        stopper = asyncio.ensure_future(self.stopping.wait())
+        try:
+            msgs = []
+            for s in snap:
+                hs = list(s.hashes)
+                for i in range(0, max(len(hs), 1), SNAPSHOT_CHUNK):
+                    msgs.append(pb.IndexDelta(worker_id=s.worker, cleared=(i == 0),
+                                              stored=hs[i:i + SNAPSHOT_CHUNK]))
+            for i, d in enumerate(msgs):
+                yield pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=rev,
+                                            snapshot_done=(i == len(msgs) - 1))
+            if not msgs:
+                yield pb.WatchIndexResponse(snapshot=True, snapshot_done=True, revision=rev)
+            while not self.stopping.is_set():
+                get = asyncio.ensure_future(watcher.queue.get())
+                done, _ = await asyncio.wait({get, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if get not in done:
+                    get.cancel()
+                    break
+                item = get.result()
+                if item is None:
+                    raise FailedPrecondition("watch fell behind or the index was restored: re-subscribe")
+                revision, deltas = item
+                yield pb.WatchIndexResponse(deltas=[delta_to_proto(d) for d in deltas], revision=revision)
+        finally:
+            stopper.cancel()
+            self.core.fanout.remove(watcher)
+            m.WATCHERS.dec()
+
+    # ---------------------------------------------------------------- warming
+    async def WarmPrefixes(  # type: ignore[override]
+        self, request: pb.WarmPrefixesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WarmPrefixesResponse:
+        prompts = [list(p.ids) for p in request.prompts]
+        require(bool(prompts), "prompts", "at least one prompt")
+        n = await self.warmer.warm_now(prompts, request.replicas)
+        return pb.WarmPrefixesResponse(requests_issued=n)
+
+    async def SetWarmingPolicy(  # type: ignore[override]
+        self, request: pb.SetWarmingPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetWarmingPolicyResponse:
+        p = request.policy
+        require(not p.lfu_weight or 0.0 <= p.lfu_weight <= 1.0, "policy.lfu_weight", "must be in [0, 1]")
+        return pb.SetWarmingPolicyResponse(policy=self.warmer.set_policy(p))
+
+    # ---------------------------------------------------------------- checkpoints and stats
+    async def Checkpoint(  # type: ignore[override]
+        self, request: pb.CheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CheckpointResponse:
+        if self.core.store is None:
+            raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
+        t0 = time.perf_counter()
+        pairs, size = await self.core.checkpoint()
+        m.CHECKPOINTS.inc()
+        m.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
+        return pb.CheckpointResponse(location=self.location, pairs=pairs, bytes=size)
+
+    async def Restore(  # type: ignore[override]
+        self, request: pb.RestoreRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RestoreResponse:
+        if self.core.store is None:
+            raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
+        t0 = time.perf_counter()
+        rec = await self.core.restore()
+        return pb.RestoreResponse(pairs=self.core.index.num_pairs(), events_replayed=rec.records,
+                                  seconds=time.perf_counter() - t0)
+
+    async def GetStats(  # type: ignore[override]
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatsResponse:
+        core = self.core
+        c = core.ingestor.counters
+        refresh_gauges(core)
+        return pb.GetStatsResponse(
+            workers=len(core.index.workers()), blocks=core.index.num_entries(), pairs=core.index.num_pairs(),
+            batches_total=c.batches, gaps_total=c.gaps, resyncs_total=c.resyncs_full,
+            hit_ratio=core.queries.hit_ratio, warming_actions_total=self.warmer.actions_total)
+
+
+def refresh_gauges(core: CacheCore) -> None:
+    """Index-size gauges (O(index) popcount: called on GetStats and by the periodic loop)."""
+    st = core.index.stats()
+    m.INDEX_BLOCKS.set(st["blocks"])
+    m.INDEX_PAIRS.set(st["pairs"])
+    m.INDEX_BYTES.set(st["bytes"])
+    m.WORKERS.set(st["workers"])
+
+
+async def periodic(stopping: asyncio.Event, interval_s: float, fn: object, what: str) -> None:
+    """Run `await fn()` every `interval_s` until `stopping` (errors logged, loop continues)."""
+    if interval_s <= 0:
+        return
+    while not stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), interval_s)
+        if stopping.is_set():
+            return
+        try:
+            await fn()  # type: ignore[operator]
+        except Exception:
+            log.exception("periodic %s failed", what)

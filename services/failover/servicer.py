@@ -1,28 +1,140 @@
-"""Failover servicer: proto <-> domain over kvmesh.discovery."""
+"""Failover servicer: proto <-> domain over kvmesh.discovery (logic lives in engine.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 import grpc
-from kvmesh.errors import Unimplemented
-from kvmesh.rpc.validate import in_range, require
-from kvmesh.v1 import failover_pb2, failover_pb2_grpc
+
+from kvmesh.discovery.model import Health, Role, ServiceInstance
+from kvmesh.discovery.registry import CheckSpec, Registry
+from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvmesh.services.failover.engine import FailoverEngine
+from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
+
+ROLE_TO_PB = {
+    Role.ROUTER: common_pb2.SERVICE_ROLE_ROUTER, Role.WORKER: common_pb2.SERVICE_ROLE_WORKER,
+    Role.CACHE_MANAGER: common_pb2.SERVICE_ROLE_CACHE_MANAGER, Role.FAILOVER: common_pb2.SERVICE_ROLE_FAILOVER,
+}
+PB_TO_ROLE = {v: k for k, v in ROLE_TO_PB.items()}
+HEALTH_TO_PB = {
+    Health.PASSING: common_pb2.HEALTH_STATE_PASSING, Health.WARNING: common_pb2.HEALTH_STATE_WARNING,
+    Health.CRITICAL: common_pb2.HEALTH_STATE_CRITICAL,
+}
 
 
-def validate_weight_map(weights: dict[str, float], field: str) -> None:
-    """Non-negative finite weights with a positive total (an empty map means "unchanged")."""
-    if not weights:
-        return
-    for key, value in weights.items():
-        in_range(value, f"{field}[{key}]", 0.0)
-    require(sum(weights.values()) > 0, field, "weights must have a positive total")
+def endpoint_pb(i: ServiceInstance) -> common_pb2.Endpoint:
+    return common_pb2.Endpoint(id=i.id, role=ROLE_TO_PB[i.role], address=i.target, zone=i.zone,
+                               version=i.version, health=HEALTH_TO_PB[i.health], meta=dict(i.meta))
+
+
+def instance_from_pb(e: common_pb2.Endpoint) -> ServiceInstance:
+    if e.role not in PB_TO_ROLE:
+        raise InvalidArgument("endpoint.role", "must be set")
+    host, sep, port = e.address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgument("endpoint.address", f"expected host:port, got {e.address!r}")
+    meta = dict(e.meta)
+    try:
+        capacity = float(meta.pop("capacity", "1"))
+    except ValueError as exc:
+        raise InvalidArgument("endpoint.meta[capacity]", "not a number") from exc
+    return ServiceInstance(e.id, PB_TO_ROLE[e.role], e.zone, e.version or "v1", host, int(port),
+                           capacity=capacity, meta=meta)
 
 
 class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     """Discovery, zone health and traffic weights."""
 
+    def __init__(self, engine: FailoverEngine, registry: Registry | None, stopping: asyncio.Event) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.stopping = stopping
+
+    def endpoints_response(self, roles: set[Role]) -> failover_pb2.WatchEndpointsResponse:
+        d = self.engine.decision
+        zones = []
+        for z, v in sorted(d.views.items()):
+            items = [i for i in (*v.routers, *v.cache_managers, *v.workers, *v.failovers)
+                     if not roles or i.role in roles]
+            zones.append(failover_pb2.ZoneEndpoints(
+                zone=z, healthy=d.states[z].healthy, weight=d.zone_weights.get(z, 0.0),
+                endpoints=[endpoint_pb(i) for i in items]))
+        return failover_pb2.WatchEndpointsResponse(
+            zones=zones, version_weights=self.engine.version_weights(), revision=self.engine.revision,
+            stale=self.engine.stale)
+
+    async def WatchEndpoints(  # type: ignore[override]
+        self, request: failover_pb2.WatchEndpointsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[failover_pb2.WatchEndpointsResponse]:
+        roles = {PB_TO_ROLE[r] for r in request.roles if r in PB_TO_ROLE}
+        sent = -1
+        while not self.stopping.is_set():
+            rev = await self.engine.wait_revision(sent, 0.5)
+            if rev != sent:
+                sent = rev
+                yield self.endpoints_response(roles)
+
+    def _registry(self) -> Registry:
+        if self.registry is None:
+            raise FailedPrecondition("no registry configured (set --registry-file or --consul-url)")
+        return self.registry
+
+    async def Register(  # type: ignore[override]
+        self, request: failover_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.RegisterResponse:
+        inst = instance_from_pb(request.endpoint)
+        if request.check_interval_s < 0:
+            raise InvalidArgument("check_interval_s", "must be >= 0")
+        interval = request.check_interval_s or 1.0
+        await self._registry().register(inst, CheckSpec(interval_s=interval, timeout_s=interval))
+        return failover_pb2.RegisterResponse()
+
+    async def Deregister(  # type: ignore[override]
+        self, request: failover_pb2.DeregisterRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.DeregisterResponse:
+        try:
+            await self._registry().deregister(request.id)
+        except NotFound:
+            return failover_pb2.DeregisterResponse(removed=False)
+        return failover_pb2.DeregisterResponse(removed=True)
+
+    def _weights(self) -> failover_pb2.TrafficWeights:
+        return failover_pb2.TrafficWeights(
+            zone_weights=dict(self.engine.policy.zone_plan.weights),
+            version_weights=dict(self.engine.policy.version_plan.weights))
+
     async def SetTrafficWeights(  # type: ignore[override]
         self, request: failover_pb2.SetTrafficWeightsRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.SetTrafficWeightsResponse:
-        validate_weight_map(dict(request.weights.zone_weights), "weights.zone_weights")
-        validate_weight_map(dict(request.weights.version_weights), "weights.version_weights")
-        raise Unimplemented("traffic weights are not implemented yet")
+        zw, vw = dict(request.weights.zone_weights), dict(request.weights.version_weights)
+        if not zw and not vw:
+            raise InvalidArgument("weights", "set zone_weights and/or version_weights")
+        await self.engine.set_weights(zw, vw)
+        return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
+
+    async def GetTrafficWeights(  # type: ignore[override]
+        self, request: failover_pb2.GetTrafficWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.GetTrafficWeightsResponse:
+        return failover_pb2.GetTrafficWeightsResponse(weights=self._weights())
+
+    async def RollbackTrafficWeights(  # type: ignore[override]
+        self, request: failover_pb2.RollbackTrafficWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.RollbackTrafficWeightsResponse:
+        await self.engine.rollback()
+        return failover_pb2.RollbackTrafficWeightsResponse(weights=self._weights())
+
+    async def GetZoneHealth(  # type: ignore[override]
+        self, request: failover_pb2.GetZoneHealthRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.GetZoneHealthResponse:
+        d = self.engine.decision
+        zones = [
+            failover_pb2.ZoneHealth(
+                zone=z, healthy=d.states[z].healthy, reason="; ".join(v.reasons),
+                routers=len(v.routers), cache_managers=len(v.cache_managers), workers=len(v.workers),
+                since=d.states[z].since)
+            for z, v in sorted(d.views.items())
+        ]
+        return failover_pb2.GetZoneHealthResponse(
+            zones=zones, registry_reachable=self.engine.watcher.reachable is True)

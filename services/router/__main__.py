@@ -2,21 +2,87 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from kvmesh.rpc.server import ServiceRunner, run_service
+from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
+from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.services.router.auth import ApiKeys, RateLimiter
+from kvmesh.services.router.core import CoreLimits, RouterCore
+from kvmesh.services.router.frontend import Frontend
+from kvmesh.services.router.http_api import HttpApi
+from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer
 from kvmesh.services.router.settings import RouterSettings
+from kvmesh.services.router.tokenize import RouterTokenizer
+from kvmesh.services.router.workers import WorkerPool
 from kvmesh.v1 import router_pb2_grpc
+
+
+def build_frontend(settings: RouterSettings) -> Frontend:
+    """Everything but the servers: profile, pool, index replica, admission, core, tokenizer, auth."""
+    s = settings
+    profile = Profile.from_yaml(Path(s.policy_file).read_text()) if s.policy_file else Profile.default()
+    tracker = InflightTracker(replicas=max(s.router_replicas, 1))
+    breaker = BreakerConfig(
+        p95_threshold_ms=s.breaker_p95_ms, error_rate_threshold=s.breaker_error_rate, cooldown_s=s.breaker_cooldown_s
+    )
+    pool = WorkerPool(
+        list(s.workers), s, tracker, breaker, load_interval_ms=s.load_interval_ms, stale_after_s=s.worker_stale_s
+    )
+    index = IndexReplica(s.cache_manager, s)
+    admission = Admission(
+        short=QueueLimits(s.short_concurrency, s.short_queue),
+        long=QueueLimits(s.long_concurrency, s.long_queue),
+        long_prompt_tokens=s.long_prompt_tokens,
+    )
+    limits = CoreLimits(
+        block_size=s.block_size,
+        max_prompt_tokens=s.max_prompt_tokens,
+        default_max_tokens=s.default_max_tokens,
+        max_tokens_limit=s.max_tokens_limit,
+        max_retries=s.max_retries,
+        max_migrations=s.max_migrations,
+        queue_timeout_s=s.queue_timeout_s,
+    )
+    tok = RouterTokenizer(s.model)
+    model_name = s.model_name or tok.name
+    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model or model_name)
+    keys = ApiKeys.load(s.api_keys_file)
+    return Frontend(core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name)
 
 
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
     """Wires the router's servicers into the runner."""
-    runner.add_servicer(router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(),
-                        "kvmesh.v1.RouterService")
-    runner.add_servicer(router_pb2_grpc.add_RouterAdminServiceServicer_to_server, RouterAdminServicer(),
-                        "kvmesh.v1.RouterAdminService")
+    front = build_frontend(settings)
+    runner.add_servicer(
+        router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(front), "kvmesh.v1.RouterService"
+    )
+    runner.add_servicer(
+        router_pb2_grpc.add_RouterAdminServiceServicer_to_server,
+        RouterAdminServicer(front),
+        "kvmesh.v1.RouterAdminService",
+    )
+    HttpApi(front, settings.max_request_bytes).install(runner.http_app)
+
+    async def started(_ports: BoundPorts) -> None:
+        await front.core.index.start()
+        await front.core.pool.start()
+        # the ready file is written after this hook: wait (bounded) for the first load reports and index sync
+        await front.core.pool.wait_ready(5.0)
+        if settings.cache_manager:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(front.core.index.synced.wait(), 5.0)
+
+    async def stopped() -> None:
+        await front.core.pool.stop()
+        await front.core.index.stop()
+
+    runner.on_started.insert(0, started)
+    runner.on_stopped.append(stopped)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,51 +1,97 @@
-"""Router servicers: proto <-> domain. Routing itself lives in kvmesh.routing (pure)."""
+"""Router servicers: proto <-> domain. Routing itself lives in kvmesh.routing (pure), the request path in core."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import grpc
-from kvmesh.errors import Unimplemented
-from kvmesh.rpc.validate import in_range, non_empty, require
-from kvmesh.v1 import router_pb2, router_pb2_grpc
+
+from kvmesh.rpc.validate import non_empty, require
+from kvmesh.services.router import metrics as m
+from kvmesh.services.router.core import GenRequest
+from kvmesh.services.router.frontend import Frontend
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 
-def validate_generate(request: router_pb2.RouterServiceGenerateRequest) -> None:
-    """Checks a client request before any work is done."""
-    require(request.WhichOneof("prompt") is not None, "prompt", "one of text, token_ids or chat is required")
-    in_range(request.sampling.temperature, "sampling.temperature", 0.0, 10.0)
-    in_range(request.sampling.top_p, "sampling.top_p", 0.0, 1.0)
-
-
-def validate_weights(prefill_weight: float, decode_weight: float) -> None:
-    """Routing weights are non-negative with a positive total."""
-    in_range(prefill_weight, "prefill_weight", 0.0)
-    in_range(decode_weight, "decode_weight", 0.0)
-    require(prefill_weight + decode_weight > 0, "prefill_weight", "prefill_weight + decode_weight must be > 0")
+def api_key_from(context: grpc.aio.ServicerContext) -> str | None:
+    """`authorization: Bearer <key>` or `x-api-key: <key>` metadata."""
+    for k, v in context.invocation_metadata() or ():
+        if k == "authorization" and isinstance(v, str) and v.lower().startswith("bearer "):
+            return v[7:].strip()
+        if k == "x-api-key" and isinstance(v, str):
+            return v.strip()
+    return None
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
     """Client-facing generation."""
 
+    def __init__(self, front: Frontend) -> None:
+        self.front = front
+
     async def Generate(  # type: ignore[override]
         self, request: router_pb2.RouterServiceGenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.RouterServiceGenerateResponse]:
-        validate_generate(request)
-        raise Unimplemented("routing is not implemented yet")
-        yield  # pragma: no cover - makes this an async generator
+        f = self.front
+        outcome = "error"
+        try:
+            f.authorize(api_key_from(context))
+            which = request.WhichOneof("prompt")
+            require(which is not None, "prompt", "one of text, token_ids or chat is required")
+            f.check_sampling(request.sampling)
+            if which == "text":
+                prompt = common_pb2.TokenIds(ids=f.tokenize_text(request.text))
+            elif which == "token_ids":
+                prompt = request.token_ids
+            else:
+                prompt = common_pb2.TokenIds(
+                    ids=f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
+                )
+            non_empty(prompt.ids, "prompt")
+            rid = request.request_id or uuid.uuid4().hex
+            req = GenRequest(
+                rid, prompt, request.sampling, request.session_id, request.tenant, list(request.resume_token_ids)
+            )
+            async for c in f.core.generate(req):
+                resp = router_pb2.RouterServiceGenerateResponse(
+                    token_ids=c.token_ids,
+                    text=c.text,
+                    finish_reason=c.finish_reason,
+                    worker_id=c.worker_id,  # type: ignore[arg-type]
+                    migrations=c.migrations,
+                    request_id=rid,
+                )
+                if c.usage is not None:
+                    resp.usage.CopyFrom(c.usage)
+                yield resp
+            outcome = "ok"
+        finally:
+            m.REQUESTS.labels("grpc", outcome).inc()
 
 
 class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
     """Operator controls."""
 
+    def __init__(self, front: Frontend) -> None:
+        self.front = front
+
     async def Rebalance(  # type: ignore[override]
         self, request: router_pb2.RebalanceRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RebalanceResponse:
-        validate_weights(request.prefill_weight, request.decode_weight)
-        raise Unimplemented("rebalance is not implemented yet")
+        self.front.keys.check(api_key_from(context))
+        p, d = self.front.rebalance(request.prefill_weight, request.decode_weight)
+        return router_pb2.RebalanceResponse(prefill_weight=p, decode_weight=d)
+
+    async def ListWorkers(  # type: ignore[override]
+        self, request: router_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListWorkersResponse:
+        self.front.keys.check(api_key_from(context))
+        return self.front.list_workers()
 
     async def DrainWorker(  # type: ignore[override]
         self, request: router_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.DrainWorkerResponse:
+        self.front.keys.check(api_key_from(context))
         non_empty(request.worker_id, "worker_id")
-        raise Unimplemented("drain is not implemented yet")
+        return router_pb2.DrainWorkerResponse(in_flight=self.front.drain(request.worker_id, request.drain))

@@ -5,16 +5,54 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kvmesh.rpc.server import ServiceRunner, run_service
+from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.services.worker.app import WorkerApp
+from kvmesh.services.worker.engine_factory import build_engine, model_name
+from kvmesh.services.worker.openai_http import OpenAIApi
+from kvmesh.services.worker.pusher import CacheManagerPusher
 from kvmesh.services.worker.servicer import WorkerServicer
 from kvmesh.services.worker.settings import WorkerSettings
+from kvmesh.services.worker.zmq_pub import ZmqKvPublisher
 from kvmesh.v1 import worker_pb2_grpc
 
 
 async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
-    """Wires the worker's servicer into the runner."""
-    runner.add_servicer(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(),
-                        "kvmesh.v1.WorkerService")
+    """Engine first (vLLM takes seconds), then the servicer, the OpenAI routes and the KV event sinks."""
+    engine = build_engine(settings)
+    await engine.start()
+    app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
+    runner.add_servicer(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings),
+                        "kvmesh.v1.WorkerService")  # fmt: skip
+    OpenAIApi(engine, model_name(settings)).add_routes(runner.http_app)
+    pusher = CacheManagerPusher(app, settings.cache_manager, settings) if settings.cache_manager else None
+    zpub: list[ZmqKvPublisher] = []
+
+    async def started(ports: BoundPorts) -> None:
+        app.set_worker_id(runner.service_id)
+        app.address = ports.grpc_address
+        if settings.zmq_publish:
+            pub = ZmqKvPublisher(settings.zmq_publish, settings.zmq_replay, settings.zmq_topic,
+                                 settings.kv_event_buffer)  # fmt: skip
+            zpub.append(pub)
+            app.sinks.append(pub.publish)
+        app.start()
+        if pusher is not None:
+            pusher.start()
+
+    async def stopping() -> None:
+        app.stopping.set()
+
+    async def stopped() -> None:
+        if pusher is not None:
+            await pusher.stop()
+        await app.stop()
+        for pub in zpub:
+            await pub.close()
+        await engine.stop()
+
+    runner.on_started.append(started)
+    runner.on_stopping.append(stopping)
+    runner.on_stopped.append(stopped)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import grpc
-from kvmesh.errors import Unimplemented
+
 from kvmesh.rpc.validate import in_range, non_empty, require
-from kvmesh.v1 import worker_pb2, worker_pb2_grpc
+from kvmesh.services.worker import metrics as m
+from kvmesh.services.worker.app import WorkerApp
+from kvmesh.services.worker.convert import (
+    batch_to_proto,
+    dump_messages,
+    load_to_proto,
+    output_to_proto,
+    request_from_proto,
+)
+from kvmesh.services.worker.kvlog import Cursor
+from kvmesh.services.worker.settings import WorkerSettings
+from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+LIVE = common_pb2.KV_STREAM_KIND_LIVE
 
 
 def validate_generate(request: worker_pb2.GenerateRequest) -> None:
@@ -21,18 +37,118 @@ def validate_generate(request: worker_pb2.GenerateRequest) -> None:
     in_range(request.sampling.top_p, "sampling.top_p", 0.0, 1.0)
 
 
+async def next_or_stop(
+    cursor: Cursor, stopping: asyncio.Event, ended: asyncio.Future[object] | None = None
+) -> common_pb2.KvEventBatch | None:
+    """The cursor's next batch as proto, or None once `stopping` is set or `ended` (e.g. the peer's call
+    terminating) completes."""
+    get = asyncio.ensure_future(cursor.queue.get())
+    stop = asyncio.ensure_future(stopping.wait())
+    waits: set[asyncio.Future[object]] = {get, stop}  # type: ignore[arg-type]
+    if ended is not None:
+        waits.add(ended)
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        return batch_to_proto(get.result()) if get in done else None
+    finally:
+        for f in (get, stop):
+            if not f.done():
+                f.cancel()
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     """One engine behind gRPC."""
+
+    def __init__(self, app: WorkerApp, settings: WorkerSettings) -> None:
+        self.app = app
+        self.settings = settings
 
     async def Generate(  # type: ignore[override]
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """Streams deltas; cancellation or the deadline closes the engine stream, which aborts the request."""
         validate_generate(request)
-        raise Unimplemented("no engine is wired yet")
-        yield  # pragma: no cover
+        req = request_from_proto(request)
+        timer = m.StreamTimer(time.monotonic())
+        stream = self.app.engine.generate(req)
+        try:
+            async for out in stream:
+                timer.tokens(time.monotonic(), len(out.token_ids))
+                if out.finished:
+                    m.observe_finished(out.usage, out.finish_reason)
+                yield output_to_proto(out, self.app.worker_id, request.detokenize)
+        finally:
+            await stream.aclose()
 
     async def Abort(  # type: ignore[override]
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.AbortResponse:
         non_empty(request.request_id, "request_id")
-        raise Unimplemented("no engine is wired yet")
+        return worker_pb2.AbortResponse(aborted=await self.app.engine.abort(request.request_id))
+
+    async def StreamLoad(  # type: ignore[override]
+        self, request: worker_pb2.StreamLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StreamLoadResponse]:
+        interval = (request.interval_ms or self.settings.load_interval_ms) / 1000.0
+        stopping = self.app.stopping
+        while not stopping.is_set():
+            yield worker_pb2.StreamLoadResponse(report=load_to_proto(self.app.load()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), interval)
+
+    async def StreamKvEvents(  # type: ignore[override]
+        self, request: worker_pb2.StreamKvEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StreamKvEventsResponse]:
+        """Replay from start_sequence when this instance still buffers it, else a full dump first; then live
+        batches. A consumer that falls behind gets a fresh dump in-stream."""
+        log = self.app.log
+        cursor = log.open_cursor()
+        try:
+            replay = None
+            if request.start_sequence and request.instance_id == log.instance_id:
+                replay = log.replay(request.start_sequence)
+            sent = 0
+            if replay is None:
+                sent = log.last_seq  # the dump is the state after this batch
+                for msg in self._dump():
+                    yield msg
+            else:
+                sent = request.start_sequence - 1
+                for b in replay:
+                    yield worker_pb2.StreamKvEventsResponse(kind=LIVE, batch=batch_to_proto(b))
+                    sent = b.sequence
+            while not self.app.stopping.is_set():
+                if cursor.lost:
+                    log.close_cursor(cursor)
+                    cursor = log.open_cursor()
+                    sent = log.last_seq
+                    for msg in self._dump():
+                        yield msg
+                batch = await next_or_stop(cursor, self.app.stopping)
+                if batch is None:
+                    return
+                if batch.sequence <= sent:
+                    continue
+                yield worker_pb2.StreamKvEventsResponse(kind=LIVE, batch=batch)
+                sent = batch.sequence
+        finally:
+            log.close_cursor(cursor)
+
+    def _dump(self) -> list[worker_pb2.StreamKvEventsResponse]:
+        log = self.app.log
+        seq, blocks = log.dump()
+        return [
+            worker_pb2.StreamKvEventsResponse(kind=kind, batch=b)
+            for kind, b in dump_messages(log.worker_id, log.instance_id, seq, blocks, time.time())
+        ]
+
+    async def GetInfo(  # type: ignore[override]
+        self, request: worker_pb2.GetInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetInfoResponse:
+        eng = self.app.engine
+        return worker_pb2.GetInfoResponse(
+            worker_id=self.app.worker_id, engine=self.app.engine_kind, model=eng.model_name,
+            block_size=eng.block_size, kv_blocks_total=eng.load_report().kv_blocks_total,
+            max_model_len=eng.max_model_len, instance_id=self.app.instance_id, zone=self.settings.zone,
+            version=self.settings.version,
+        )  # fmt: skip

@@ -23,9 +23,12 @@ async def serve(args: argparse.Namespace) -> None:
     runner.start()
     app_runner = web.AppRunner(StandinConsul(state).app(), access_log=None)
     await app_runner.setup()
-    site = web.TCPSite(app_runner, args.host, args.port, reuse_address=True)
+    hosts = args.host or ["127.0.0.1"]
+    site = web.TCPSite(app_runner, hosts[0], args.port, reuse_address=True)
     await site.start()
     port = app_runner.addresses[0][1]
+    for h in hosts[1:]:  # the same port on further addresses (e.g. veth ends of test namespaces)
+        await web.TCPSite(app_runner, h, port, reuse_address=True).start()
     print(json.dumps({"port": port}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -38,7 +41,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tests.consul_standin", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", action="append", help="address to listen on (repeatable; default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8500)
     p.add_argument("--node", default="standin-node")
     p.add_argument("--dc", default="dc1")

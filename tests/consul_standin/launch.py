@@ -45,9 +45,12 @@ class StandinProcess:
 
 
 def start_standin(
-    port: int = 0, data_dir: Path | None = None, reap_interval_s: float = 30.0, timeout_s: float = 20.0
+    port: int = 0, data_dir: Path | None = None, reap_interval_s: float = 30.0, timeout_s: float = 20.0,
+    hosts: tuple[str, ...] = ("127.0.0.1",),
 ) -> StandinProcess:
     args = ["--port", str(port), "--reap-interval", str(reap_interval_s)]
+    for h in hosts:
+        args += ["--host", h]
     if data_dir is not None:
         args += ["--data-dir", str(data_dir)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.rpc.interceptors import DEADLINE_TRAILER
 from kvmesh.v1 import (
@@ -24,7 +25,6 @@ from kvmesh.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-
 from tests.support.certs import make_pki
 from tests.support.procs import ServiceProcess, wait_serving
 

@@ -6,6 +6,7 @@ Installs redis-server with `scripts/install_redis.sh` when it is missing. Readin
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -79,10 +80,8 @@ def start_redis(tmp: Path, timeout_s: float = 20.0) -> RedisServer:
 
 def proc_wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """Block up to `timeout` on the process exiting (a bounded wait between connection attempts)."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def stop_redis(server: RedisServer) -> None:

@@ -25,7 +25,7 @@ async def test_register_deregister_roundtrip_through_the_file(tmp_path: Path) ->
     a, b = StaticRegistry(path), StaticRegistry(path)  # two processes sharing one file
     await a.register(inst("w1"))
     await a.register(inst("r1", Role.ROUTER))
-    idx, snap = await b.snapshot()
+    _, snap = await b.snapshot()
     assert sorted(snap.by_id()) == ["r1", "w1"]
     assert snap.by_id()["w1"] == inst("w1")
     await b.deregister("w1")

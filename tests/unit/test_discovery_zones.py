@@ -202,3 +202,9 @@ def test_zone_weights_unknown_zone_in_base_ignored() -> None:
     views = build_zone_views(snap(fleet("a")), pol)
     s, _ = step_zone(None, views["a"], pol, 0.0)
     assert zone_weights({"a": s}, views, {"a": 1.0, "zz": 3.0}, pol, 0.0) == {"a": 1.0}
+
+
+def test_cache_manager_requirement_can_be_switched_off() -> None:
+    s = snap(fleet("a", cm=Health.CRITICAL))
+    assert not build_zone_views(s, ZonePolicy())["a"].healthy
+    assert build_zone_views(s, ZonePolicy(require_cache_manager=False))["a"].healthy

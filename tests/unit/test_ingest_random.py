@@ -11,9 +11,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvmesh.cachemgr.ingest import Ingestor, Phase
 from kvmesh.kvevents import KvEventBatch
-
 from tests.unit.test_ingest_state import BS, SetIndex, ToyEngine, make_hasher
 
 

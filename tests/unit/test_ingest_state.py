@@ -302,3 +302,18 @@ def test_real_hasher_chain_equals_full_prefix_hashes() -> None:
     assert head + h.chain(head[-1], toks[12:], BS, None) == full
     assert h.chain(None, toks, BS, "lora-a") != full  # the adapter salts the chain
     assert isinstance(make_hasher(), IndexHasher)
+
+
+@pytest.mark.unit
+def test_cache_reset_is_a_resync_point_for_engines_without_dumps(setup: tuple) -> None:
+    idx, ing, eng = setup
+    ing.apply(eng.prompt(list(range(20))))
+    eng.prompt(list(range(40, 60)))  # lost
+    ing.apply(eng.prompt(list(range(60, 64))))
+    assert ing.replay_failed("w1").resync.full_dump  # type: ignore[union-attr]
+    r = ing.apply(eng.prompt(list(range(80, 88))))  # still no dump: buffered, not applied
+    assert r.buffered and held(idx) == set()
+    r = ing.apply(eng.clear())  # the engine reset its cache (vLLM: /reset_prefix_cache)
+    assert r.applied and ing.workers["w1"].phase is Phase.SYNCED
+    ing.apply(eng.prompt(list(range(8))))
+    assert held(idx) == eng.truth() and len(held(idx)) == 2

@@ -9,13 +9,13 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore, StepResult
 from kvmesh.engine.sim.perf import decode_step_time, step_time
 from kvmesh.errors import InvalidArgument, ResourceExhausted
 from kvmesh.hashing import compute_block_hashes
 from kvmesh.kvevents import BlockRemoved, BlockStored
-
 from tests.unit.test_sim_pool import replay
 
 pytestmark = pytest.mark.unit
@@ -55,9 +55,7 @@ def test_prefix_hit_reports_cached_tokens_and_events_carry_tokens_and_hashes() -
     core.add_request(req("b", [*shared, 77, 78], max_tokens=2), now)
     _, steps_b = run(core, now)
     out = finals(steps_b)["b"]
-    assert (
-        out.usage is not None and out.usage.cached_tokens == 5 * BS and out.usage.prompt_tokens == 5 * BS + 2
-    )
+    assert out.usage is not None and out.usage.cached_tokens == 5 * BS and out.usage.prompt_tokens == 5 * BS + 2
     assert replay(events + [e for s in steps_b for e in s.kv_events]) == core.pool.cached_hashes()
 
 
@@ -124,9 +122,24 @@ def test_admission_waits_above_95_percent_and_refuses_when_queue_full() -> None:
     with pytest.raises(ResourceExhausted) as ei:
         core.add_request(req("q3", [1, 2, 3]), now)
     assert ei.value.retry_after_s > 0
+    assert core.load_report(now).error_rate == pytest.approx(1 / 4)  # 3 accepted, 1 refused
     _, steps = run(core, now)
     assert set(finals(steps)) == {"big", "next", "q2"}
     assert core.pool.num_used == 0
+
+
+def test_tenants_and_adapters_never_share_blocks() -> None:
+    core = SimEngineCore(SimConfig(block_size=BS, num_blocks=256))
+    p = list(range(1, 1 + 4 * BS + 1))
+    now = 0.0
+    hits = {}
+    for rid, tenant, lora in [("a1", "A", None), ("b1", "B", None), ("a2", "A", None), ("n1", None, None),
+                              ("l1", "A", "ad1")]:  # fmt: skip
+        core.add_request(EngineRequest(rid, tuple(p), sampling=SamplingParams(max_tokens=1), tenant=tenant,
+                                       lora_name=lora), now)  # fmt: skip
+        now, steps = run(core, now)
+        hits[rid] = finals(steps)[rid].usage.cached_tokens  # type: ignore[union-attr]
+    assert hits == {"a1": 0, "b1": 0, "a2": 4 * BS, "n1": 0, "l1": 0}
 
 
 def test_invalid_arguments() -> None:

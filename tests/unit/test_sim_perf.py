@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvmesh.engine.sim.perf import (
     H200_LLAMA70B_FP8 as M,
 )

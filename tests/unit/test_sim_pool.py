@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvmesh.engine.sim.pool import BlockPool
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 

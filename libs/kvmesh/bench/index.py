@@ -7,7 +7,8 @@ prefix followed by ``L/2`` unique random tokens. Sequences are drawn for each wo
 events of up to 32 blocks, and the events of all workers are interleaved round-robin. Queries: per length,
 90 % are stored sequences, 10 % random token streams that miss from the first block.
 
-Prints one JSON line: ``build``, ``find_matches.<L>``, ``hashing.<L>``, ``bytes_per_worker_block``, ``churn``,
+Prints one JSON line: ``build``, ``find_matches.<L>``, ``hashing.<L>`` (tokens as the adapter's native input:
+a numpy array for kvmesh), ``hashing_list.<L>`` (tokens as a Python list), ``bytes_per_worker_block``, ``churn``,
 ``recovery_s_per_million_pairs`` (see docs/benchmarks.md). The same workload drives the Dynamo comparison
 (``scripts/compare_dynamo_index.py``) through the :class:`Adapter` interface.
 """
@@ -28,16 +29,16 @@ import numpy as np
 import numpy.typing as npt
 
 from kvmesh.hashing import compute_block_hashes, make_salt
-from kvmesh.index import PrefixIndex
+from kvmesh.index import NativePrefixIndex, NumpyPrefixIndex, PrefixIndex
 
 GROUPS = 32
 LENGTHS = (1024, 8192, 102400)
 WEIGHTS = (0.6, 0.3, 0.1)
 VOCAB = 128_000
 EVENT_BLOCKS = 32
-QUERIES = {1024: 300, 8192: 150, 102400: 40}
+QUERIES = {1024: 600, 8192: 300, 102400: 120}  # per length, 10 % misses; many samples: shared-CPU noise
 HASH_CALLS = {1024: 2000, 8192: 400, 102400: 40}
-CHURN_EVENTS = 2000
+CHURN_EVENTS = 2000  # leaf events evicted and re-stored
 SALT = make_salt("bench-model")
 
 
@@ -127,9 +128,11 @@ class Adapter(Protocol):
 class KvmeshAdapter:
     name = "kvmesh"
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, index_cls: Any = PrefixIndex) -> None:
         self.block_size = block_size
-        self.index = PrefixIndex()
+        self.index_cls = index_cls
+        self.index = index_cls()
+        self.name = "kvmesh-" + ("native" if index_cls is NativePrefixIndex else "numpy")
 
     def hash_input(self, tokens: npt.NDArray[np.int64]) -> Any:
         return tokens
@@ -173,7 +176,7 @@ class KvmeshAdapter:
     def recovery_seconds(self) -> float:
         data = self.index.snapshot()
         t0 = time.perf_counter()
-        restored = PrefixIndex.restore(data)
+        restored = self.index_cls.restore(data)
         dt = time.perf_counter() - t0
         assert restored.num_pairs() == self.index.num_pairs()
         return dt
@@ -249,27 +252,31 @@ def run(adapter: Adapter, wl: Workload) -> dict[str, Any]:
             "hit_queries": matched,
         }
     result["find_matches"] = fm
-    # --- hashing: tokens -> block hashes
-    hashing: dict[str, Any] = {}
-    for length in LENGTHS:
-        pool = wl.seqs_of_length(length)[:8]
-        inputs = [adapter.hash_input(wl.tokens(s)) for s in pool] or [
-            adapter.hash_input(t) for t in wl.misses[length]
-        ]
-        for x in inputs:
-            adapter.hash(x)
-        lat = []
-        for i in range(HASH_CALLS[length]):
-            x = inputs[i % len(inputs)]
-            t0n = time.perf_counter_ns()
-            adapter.hash(x)
-            lat.append((time.perf_counter_ns() - t0n) / 1e3)
-        hashing[str(length)] = {"ops_per_s": 1e6 * len(lat) / sum(lat), "p50_us": _pct(lat, 50)}
-    result["hashing"] = hashing
-    # --- churn: remove random events, then store them again (build order keeps parents before children)
-    k = min(CHURN_EVENTS, len(wl.events))
-    picked = sorted(rng.choice(len(wl.events), size=k, replace=False).tolist())
-    evs = [wl.events[i] for i in picked]
+    # --- hashing: tokens -> block hashes, from the adapter's preferred input and from a Python list
+    for key, prep in (("hashing", adapter.hash_input), ("hashing_list", lambda t: t.tolist())):
+        hashing: dict[str, Any] = {}
+        for length in LENGTHS:
+            pool = wl.seqs_of_length(length)[:8]
+            toks = [wl.tokens(s) for s in pool] or wl.misses[length]
+            inputs = [prep(t) for t in toks]
+            for x in inputs:
+                adapter.hash(x)
+            lat = []
+            for i in range(HASH_CALLS[length]):
+                x = inputs[i % len(inputs)]
+                t0n = time.perf_counter_ns()
+                adapter.hash(x)
+                lat.append((time.perf_counter_ns() - t0n) / 1e3)
+            hashing[str(length)] = {"ops_per_s": 1e6 * len(lat) / sum(lat), "p50_us": _pct(lat, 50)}
+        result[key] = hashing
+    # --- churn: evict the last event (a leaf: up to 32 tail blocks) of random stored sequences, then store
+    # them again. Leaves only, because a radix tree (Dynamo) drops a removed block's descendants too.
+    last: dict[tuple[int, int], Event] = {}
+    for ev in wl.events:
+        last[(ev.worker, ev.seq)] = ev
+    leaves = list(last.values())
+    k = min(CHURN_EVENTS, len(leaves))
+    evs = [leaves[i] for i in sorted(rng.choice(len(leaves), size=k, replace=False).tolist())]
     nchurn = sum(ev.b1 - ev.b0 for ev in evs)
     removes = adapter.remove_payloads(wl, evs)
     stores = adapter.store_payloads(wl, evs)
@@ -295,11 +302,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--blocks-per-worker", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--impl", choices=("auto", "native", "numpy"), default="auto", help="index core (auto: native when built)"
+    )
     return ap.parse_args(list(argv))
 
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     wl = make_workload(args.workers, args.block_size, args.blocks_per_worker, args.seed)
-    print(json.dumps(run(KvmeshAdapter(args.block_size), wl)), flush=True)
+    cls = {"auto": PrefixIndex, "native": NativePrefixIndex, "numpy": NumpyPrefixIndex}[args.impl]
+    if cls is None:
+        raise SystemExit("--impl native: kvmesh.index._native is not built (pip install -e . compiles it)")
+    print(json.dumps(run(KvmeshAdapter(args.block_size, cls), wl)), flush=True)
     return 0

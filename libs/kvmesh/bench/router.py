@@ -1,4 +1,14 @@
-"""Router benchmarks: ``python -m kvmesh.bench router decision [--workers 16,256] [--iterations N]``.
+"""Router benchmarks; each prints one JSON line.
+
+``python -m kvmesh.bench router --workers 16 --prompt-tokens 1024,8192,102400 --requests 2000 --concurrency 32``
+starts W real worker processes with the simulated engine at ``--sim-speed 0`` (an instant engine: zero compute
+time) and a real router process in front of them, all on 127.0.0.1, then for each prompt size measures
+``c1_p50_ms`` / ``c1_p99_ms`` (one request at a time, ``max_tokens=1``, latency to the end of the stream) and
+``c32_rps`` (``--concurrency`` requests in flight) through the router (``router.<P>.*``) and straight to the
+workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router − direct at concurrency 1.
+Prompts are random token ids (64 distinct prompts per size, cycled); the client is grpc.aio in this process.
+
+``python -m kvmesh.bench router decision [--workers 16,256] [--iterations N]``:
 
 ``decision`` measures the routing decision on its own — the hot path of every request — with the default
 profile (5 filters, cost + session-affinity scorers, min-cost picker) over W workers with varied load
@@ -110,19 +120,21 @@ def bench_decision(workers: int, iterations: int, seed: int = 0) -> dict[str, ob
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvmesh.bench router")
-    sub = ap.add_subparsers(dest="mode", required=True)
-    dp = sub.add_parser("decision", help="routing decision latency (pure pipeline)")
-    dp.add_argument("--workers", default="16,256", help="comma-separated worker counts")
-    dp.add_argument("--iterations", type=int, default=20000)
-    dp.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.mode == "decision":
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "decision":
+        dp = argparse.ArgumentParser(prog="python -m kvmesh.bench router decision")
+        dp.add_argument("--workers", default="16,256", help="comma-separated worker counts")
+        dp.add_argument("--iterations", type=int, default=20000)
+        dp.add_argument("--seed", type=int, default=0)
+        a = dp.parse_args(args[1:])
         out: dict[str, object] = {"bench": "router.decision", "python": platform.python_version()}
-        for w in (int(x) for x in args.workers.split(",")):
-            out[str(w)] = bench_decision(w, args.iterations, args.seed)
+        for w in (int(x) for x in a.workers.split(",")):
+            out[str(w)] = bench_decision(w, a.iterations, a.seed)
         print(json.dumps(out, sort_keys=True))
-    return 0
+        return 0
+    from kvmesh.bench.router_service import main as service_main
+
+    return service_main(args)
 
 
 if __name__ == "__main__":

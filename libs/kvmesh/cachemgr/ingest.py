@@ -19,7 +19,9 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
   rebuild the worker from a dump taken at `next_sequence - 1`; live batches that arrive meanwhile are
   buffered and drained after `end_dump`. Dump events have set semantics (no copy counting): a held block
   whose ancestors are not held is dumped as a `BlockStored` of the whole chain from the root followed by a
-  `BlockRemoved` of the ancestors that are not held.
+  `BlockRemoved` of the ancestors that are not held. While a dump is needed, a batch that contains
+  `AllBlocksCleared` (an engine cache reset, e.g. requested by the transport of an engine that cannot
+  dump) is a resync point too: the worker's state after it is fully known, so ingestion resumes there.
 
 Index hashes of `BlockStored` blocks are derived from the token ids, chained after the parent's index hash
 (found through the engine→index map), so the index never depends on an engine's private hash seed.
@@ -119,6 +121,12 @@ class Ingestor:
             self.counters.duplicates += 1
             res.ignored.append((seq, "duplicate"))
             return res
+        if st.phase is Phase.DUMP_NEEDED and any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            # the engine emptied its cache: the state after this batch is known without a dump
+            st.phase = Phase.SYNCED
+            st.next_sequence = seq
+            for s in [s for s in st.pending if s <= seq]:
+                del st.pending[s]
         if st.phase in (Phase.DUMP_NEEDED, Phase.DUMPING) or seq > st.next_sequence:
             return self._buffer(st, batch, res)
         self._apply_in_order(st, batch, res)
@@ -183,6 +191,11 @@ class Ingestor:
             elif st.phase is Phase.DUMP_NEEDED:
                 out.append(ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, True, "dump"))
         return out
+
+    def is_replaying(self, worker_id: str) -> bool:
+        """True while a gap of this worker waits to be filled by a replay."""
+        st = self.workers.get(worker_id)
+        return st is not None and st.phase is Phase.REPLAYING
 
     def remove_worker(self, worker_id: str) -> IngestResult:
         """A worker left the fleet: forget its state and its entries."""

@@ -1,1 +1,12 @@
+"""kvmesh client library: follows the failover service's endpoint sets, picks a router by weight,
+retries before the first token and resumes broken streams (`AsyncClient`, `Client`); `mesh` gives a
+plain gRPC service-config channel for clients that only know a DNS name."""
 
+from kvmesh.client.aio import AsyncClient
+from kvmesh.client.endpoints import EndpointSet
+from kvmesh.client.mesh import mesh_aio_channel, mesh_channel, service_config
+from kvmesh.client.sync import Client
+from kvmesh.client.watch import EndpointWatcher
+
+__all__ = ["AsyncClient", "Client", "EndpointSet", "EndpointWatcher", "mesh_aio_channel", "mesh_channel",
+           "service_config"]

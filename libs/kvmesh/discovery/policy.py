@@ -67,6 +67,7 @@ class FailoverPolicy:
     zone_plan: TrafficPlan
     version_plan: TrafficPlan
     zones: tuple[str, ...] = ()
+    default_zone_weight: float = 0.0
     states: dict[str, ZoneState] = field(default_factory=dict)
     snapshot: CatalogSnapshot = field(default_factory=CatalogSnapshot)
 
@@ -76,12 +77,15 @@ class FailoverPolicy:
         zone_weights: Mapping[str, float],
         version_weights: Mapping[str, float],
         zones: Iterable[str] = (),
+        default_zone_weight: float = 0.0,
     ) -> FailoverPolicy:
+        """`default_zone_weight`: base weight of a zone absent from `zone_weights` (0 = standby)."""
         return FailoverPolicy(
             policy,
             TrafficPlan.initial("zone_weights", zone_weights),
             TrafficPlan.initial("version_weights", version_weights),
             tuple(sorted(set(zones) | set(zone_weights))),
+            default_zone_weight,
         )
 
     def observe(self, snapshot: CatalogSnapshot, now: float) -> Decision:
@@ -114,7 +118,9 @@ class FailoverPolicy:
     def _decide(
         self, views: Mapping[str, ZoneView], now: float, transitions: tuple[ZoneTransition, ...]
     ) -> Decision:
-        zw = zone_weights(self.states, views, self.zone_plan.weights, self.policy, now)
+        zw = zone_weights(
+            self.states, views, self.zone_plan.weights, self.policy, now, self.default_zone_weight
+        )
         rw = router_weights(views, zw, self.version_plan.weights)
         return Decision(
             now, dict(views), dict(self.states), zw, rw, transitions,

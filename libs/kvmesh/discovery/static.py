@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from kvmesh.discovery.model import CatalogSnapshot, ServiceInstance, instance_from_mapping
+from kvmesh.discovery.model import CatalogSnapshot, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe
 from kvmesh.errors import InvalidArgument, KvmeshError, NotFound
 

@@ -2,7 +2,8 @@
 
 1. **Endpoint sets.** An instance is *up* when its health is passing (or warning, with
    ``warning_is_up``). Each zone's view lists its up routers, cache-managers, workers, failovers.
-2. **Raw zone health.** A zone is healthy iff it has >= 1 up router, >= 1 up cache-manager and
+2. **Raw zone health.** A zone is healthy iff it has >= 1 up router, >= 1 up cache-manager (unless
+   ``require_cache_manager`` is off) and
    ``up_capacity / total_capacity >= min_worker_fraction`` where ``total_capacity =
    max(sum of registered worker capacity in the zone, expected_capacity[zone])``.
 3. **Hysteresis.** The effective state flips only after the raw state has disagreed with it for
@@ -33,6 +34,7 @@ class ZonePolicy:
     """Tunables of the zone policy; see the module docstring for the formulas."""
 
     min_worker_fraction: float = 0.5
+    require_cache_manager: bool = True
     warning_is_up: bool = True
     down_observations: int = 1
     down_hold_s: float = 0.0
@@ -97,7 +99,7 @@ def build_zone_views(
         reasons: list[str] = []
         if not of(Role.ROUTER):
             reasons.append("no passing router")
-        if not of(Role.CACHE_MANAGER):
+        if policy.require_cache_manager and not of(Role.CACHE_MANAGER):
             reasons.append("no passing cache-manager")
         if cap_total <= 0:
             reasons.append("no workers registered")
@@ -183,10 +185,14 @@ def zone_weights(
     base: Mapping[str, float],
     policy: ZonePolicy,
     now: float,
+    default_base: float = 0.0,
 ) -> dict[str, float]:
-    """Effective zone weights (sum 1, or all 0 when nothing can serve); see the module docstring."""
+    """Effective zone weights (sum 1, or all 0 when nothing can serve); see the module docstring.
+
+    A zone missing from `base` has base weight `default_base` (0: standby).
+    """
     zones = sorted(states)
-    eff = {z: base.get(z, 0.0) * ramp_factor(states[z], policy, now) for z in zones}
+    eff = {z: base.get(z, default_base) * ramp_factor(states[z], policy, now) for z in zones}
     total = sum(eff.values())
     if total > 0:
         return {z: w / total for z, w in eff.items()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -48,6 +48,7 @@ class EngineRequest:
     prefill_only: bool = False
     lora_name: str | None = None
     priority: int = 0
+    tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ class EngineOutput:
     finished: bool = False
     finish_reason: str | None = None
     usage: Usage | None = None
+    time_s: float | None = None  # engine-clock time it became available (sim: virtual now + step duration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,7 @@ class Engine(Protocol):
     async def stop(self) -> None:
         """Abort everything in flight and release resources."""
 
-    def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
+    def generate(self, req: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream deltas; the last output has `finished=True`. Invalid input raises `InvalidArgument`
         before the first output; a full queue raises `ResourceExhausted`. Closing the iterator aborts."""
         ...
@@ -119,7 +121,7 @@ class Engine(Protocol):
         """Current load (running, waiting, KV usage, latencies, prefix hit rate)."""
         ...
 
-    def kv_event_batches(self) -> AsyncIterator[list[KvEvent]]:
+    def kv_event_batches(self) -> AsyncGenerator[list[KvEvent], None]:
         """KV events in engine order, one list per engine step; every subscriber sees every batch."""
         ...
 

@@ -16,6 +16,7 @@ class ByteTokenizer:
     """UTF-8 bytes: id = byte + 3 (0..2 reserved: pad, bos, eos). Ids above 258 decode to ' w<id>'."""
 
     OFFSET = 3
+    vocab_size = 259
 
     def encode(self, text: str) -> list[int]:
         return [b + self.OFFSET for b in text.encode("utf-8")]
@@ -45,6 +46,7 @@ class HfTokenizer:
 
         p = Path(path)
         self._tok = _Tok.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
+        self.vocab_size = int(self._tok.get_vocab_size())
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)

@@ -32,6 +32,7 @@ import numpy as np
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
 from kvmesh.engine.sim.core import SimConfig
+from kvmesh.engine.sim.perf import chunked_prefill_time
 from kvmesh.errors import InvalidArgument, ResourceExhausted
 from kvmesh.fleet.engine import TrustedTokensCore, check_tokens
 from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
@@ -48,7 +49,7 @@ class Index(Protocol):
     def store(self, worker: str, parent: int | None, hashes: Sequence[int]) -> Any: ...
     def remove(self, worker: str, hashes: Sequence[int]) -> Any: ...
     def clear(self, worker: str) -> Any: ...
-    def find_matches(self, hashes: Sequence[int]) -> dict[str, int]: ...
+    def find_matches(self, hashes: Sequence[int] | np.ndarray) -> dict[str, int]: ...
 
 
 def default_index() -> Index:
@@ -95,9 +96,17 @@ class HashCache:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self._h: list[np.ndarray | None] = [None] * len(trace)
+        self._iso: dict[tuple[int, int], float] = {}
 
     def tokens(self, i: int) -> np.ndarray:
         return prompt_tokens(self.trace.requests[i], self.vocab_size)
+
+    def isolated_ttft(self, i: int, chunk: int) -> float:
+        """Prefill time of request i alone on an idle engine with an empty cache (perf model)."""
+        t = self._iso.get((i, chunk))
+        if t is None:
+            t = self._iso[(i, chunk)] = chunked_prefill_time(self.trace.requests[i].input_len, 0, chunk)
+        return t
 
     def hashes(self, i: int, tokens: np.ndarray | None = None) -> np.ndarray:
         h = self._h[i]
@@ -115,7 +124,7 @@ class RunResult:
     config: FleetConfig
     records: list[RequestRecord]
     busy_s: dict[str, float]
-    util_series: dict[str, list[float]]
+    util_series: dict[str, list[float]]  # compute utilisation per worker per util_bucket_s
     rejected: int = 0
     stopped_early: bool = False
     truncated: bool = False
@@ -169,6 +178,9 @@ class FleetSim:
             if r.follows is not None:
                 self._children.setdefault(r.follows, []).append(r.index)
         self.busy_s = dict.fromkeys(self.ids, 0.0)
+        self.work_s = dict.fromkeys(self.ids, 0.0)
+        perf = ecfg.perf
+        self._s_per_token = 2.0 * perf.n_params / perf.effective_flops
         self.util: dict[str, list[float]] = {w: [] for w in self.ids}
         self.rejected = 0
         self.warm_requests = 0
@@ -203,12 +215,18 @@ class FleetSim:
         self._busy[slot] = True
         w = self.ids[slot]
         self.busy_s[w] += res.duration_s
+        work = (res.prefill_tokens + res.decode_tokens) * self._s_per_token
+        self.work_s[w] += work
         b = int(self.now // self.cfg.util_bucket_s)
         series = self.util[w]
         while len(series) <= b:
             series.append(0.0)
-        series[b] += res.duration_s
+        series[b] += work
         self._push(self.now + res.duration_s, _STEP_END, (slot, res))
+
+    def hc_hashes_of(self, tokens: np.ndarray) -> np.ndarray:
+        """Full-block hashes of arbitrary tokens at the fleet's block size."""
+        return compute_block_hashes(tokens, self.cfg.block_size)
 
     def submit_warm(self, slot: int, tokens: np.ndarray) -> bool:
         """Queue a prefill-only request (warming) on worker ``slot``; False if the engine refuses it."""
@@ -250,6 +268,8 @@ class FleetSim:
         wid = self.policy.choose(rr, self.views(), self.now)
         slot = self.slot[wid]
         rec = RequestRecord(i, wid, self.now, r.input_len, r.output_len)
+        if self.cfg.slo.ttft_mode == "excess":
+            rec.ttft_allow = self.hc.isolated_ttft(i, self.cfg.prefill_chunk_tokens)
         self.records[i] = rec
         req = EngineRequest(
             rid,
@@ -295,7 +315,7 @@ class FleetSim:
             if math.isnan(rec.first_token):
                 rec.first_token = self.now
                 self.policy.on_first_token(rid, w, self.now)
-                if rec.ttft > slo.ttft_s:
+                if rec.ttft_excess > slo.ttft_s:
                     self._ttft_bad += 1
             if out.finished:
                 rec.finish = self.now
@@ -351,7 +371,7 @@ class FleetSim:
             rejected=self.rejected, stopped_early=stopped, truncated=truncated, events=events,
             wall_s=time.perf_counter() - t_wall, warm_requests=self.warm_requests,
         )
-        res.summary = summarize(recs, self.busy_s, cfg.slo, cfg.gpu_hour_price)
+        res.summary = summarize(recs, self.busy_s, cfg.slo, cfg.gpu_hour_price, self.work_s)
         if stopped:
             res.summary["meets_slo"] = False
         res.summary.update(rejected=self.rejected, stopped_early=stopped, truncated=truncated,

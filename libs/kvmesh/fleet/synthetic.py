@@ -39,7 +39,7 @@ def bursty_arrivals(
     """Poisson arrivals at ``rate``, ``burst_factor``·rate during [k·period, k·period + burst_s)."""
     base = poisson_arrivals(rate, duration_s, rng)
     extra: list[np.ndarray] = []
-    for start in np.arange(0.0, duration_s, period_s):
+    for start in (float(x) for x in np.arange(0.0, duration_s, period_s)):
         span = min(burst_s, duration_s - start)
         n = int(rng.poisson(rate * (burst_factor - 1.0) * span))
         extra.append(rng.uniform(start, start + span, size=n))

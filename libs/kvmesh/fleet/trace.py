@@ -101,7 +101,10 @@ def prompt_tokens(req: TraceRequest, vocab_size: int = DEFAULT_VOCAB) -> np.ndar
 
 
 class ChunkIds:
-    """Allocator of fresh chunk ids in a namespace disjoint from the Mooncake ids (< 2^32); ids stay < 2^54 so c·512 never wraps."""
+    """Allocator of fresh chunk ids in a namespace disjoint from the Mooncake ids (< 2^32).
+
+    Ids stay below 2^54, so ``c · 512`` never wraps in uint64.
+    """
 
     def __init__(self, namespace: int) -> None:
         if not 1 <= namespace < 2**18:

@@ -1,4 +1,4 @@
-"""The global KV prefix index: which worker holds which block (pure, numpy-backed).
+"""The global KV prefix index, numpy reference implementation (the fallback when the C core is not built).
 
 Representation. Block hashes are chained (``kvmesh.hashing``): a hash identifies its whole prefix, so a radix
 tree over block chains is equivalent to a flat map ``block hash -> set of workers``, with a worker's match for
@@ -22,22 +22,20 @@ encode it.
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from kvmesh.index import _snapshot
 from kvmesh.index._table import U64Table
 
-__all__ = ["PrefixIndex"]
+__all__ = ["NumpyPrefixIndex"]
 
 U64Array = npt.NDArray[np.uint64]
 I64Array = npt.NDArray[np.int64]
 HashesLike = Sequence[int] | npt.NDArray[np.integer]
 
-_MAGIC = b"KVMIDX01"
 _FIRST_CHUNK = 64
 _CHUNK_GROWTH = 8
 
@@ -45,12 +43,12 @@ _CHUNK_GROWTH = 8
 def _as_u64(hashes: HashesLike) -> U64Array:
     if isinstance(hashes, np.ndarray):
         if hashes.dtype == np.uint64:
-            return hashes
+            return hashes  # type: ignore[return-value]
         return hashes.astype(np.uint64)
     return np.array(hashes, dtype=np.uint64)
 
 
-class PrefixIndex:
+class NumpyPrefixIndex:
     """Block-hash -> workers index with radix-tree match semantics (see the module docstring)."""
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -281,33 +279,17 @@ class PrefixIndex:
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> bytes:
-        """``MAGIC | u32 header length | JSON header | keys (u64 LE) | masks (u64 LE, n x nwords)``."""
+        """The format of :mod:`kvmesh.index._snapshot` (readable by either implementation)."""
         keys, ents = self._table.live_items()
-        masks = self._mask[ents.astype(np.int64)]
-        header = json.dumps({"nwords": self._nwords, "slots": self._names, "n": int(keys.shape[0])}).encode()
-        return b"".join(
-            [
-                _MAGIC,
-                struct.pack("<I", len(header)),
-                header,
-                keys.astype("<u8").tobytes(),
-                np.ascontiguousarray(masks).astype("<u8").tobytes(),
-            ]
-        )
+        masks = np.ascontiguousarray(self._mask[ents.astype(np.int64)])
+        return _snapshot.encode(list(self._names), self._nwords, keys.tobytes(), masks.tobytes())
 
     @classmethod
-    def restore(cls, data: bytes) -> PrefixIndex:
-        if data[: len(_MAGIC)] != _MAGIC:
-            raise ValueError("not a kvmesh prefix-index snapshot")
-        off = len(_MAGIC)
-        (hlen,) = struct.unpack_from("<I", data, off)
-        off += 4
-        header = json.loads(data[off : off + hlen])
-        off += hlen
-        n, nwords = int(header["n"]), int(header["nwords"])
-        keys = np.frombuffer(data, dtype="<u8", count=n, offset=off).astype(np.uint64)
-        off += 8 * n
-        masks = np.frombuffer(data, dtype="<u8", count=n * nwords, offset=off).reshape(n, nwords)
+    def restore(cls, data: bytes) -> NumpyPrefixIndex:
+        names, nwords, kbytes, mbytes = _snapshot.decode(data)
+        keys = np.frombuffer(kbytes, dtype=np.uint64)
+        n = keys.shape[0]
+        masks = np.frombuffer(mbytes, dtype=np.uint64).reshape(n, nwords)
         idx = cls(capacity=max(16, n))
         idx._nwords = nwords
         idx._ekey = np.zeros(n + 16, dtype=np.uint64)
@@ -316,7 +298,6 @@ class PrefixIndex:
         idx._mask[1 : n + 1] = masks
         idx._nent = n + 1
         idx._table.insert_new(keys, np.arange(1, n + 1, dtype=np.int64))
-        names: list[str | None] = header["slots"]
         idx._names = list(names)
         idx._slot_of = {name: i for i, name in enumerate(names) if name is not None}
         idx._free_slots = [i for i, name in enumerate(names) if name is None][::-1]

@@ -40,9 +40,7 @@ log = logging.getLogger("kvmesh.routing")
 BASELINES = ("round-robin", "random", "least-loaded")
 
 
-def _build(
-    registry: dict[str, Factory], spec: Any, kind: str, seed: int | None
-) -> tuple[Any, dict[str, Any]]:
+def _build(registry: dict[str, Factory], spec: Any, kind: str, seed: int | None) -> tuple[Any, dict[str, Any]]:
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict) or "type" not in spec:
@@ -183,9 +181,7 @@ class Profile:
             if len(out) != len(cands):
                 removed[f.name] = len(cands) - len(out)
                 if not out:
-                    return Decision(
-                        req.request_id, None, removed=removed, rejected_by=f.name, picker=self.picker.name
-                    )
+                    return Decision(req.request_id, None, removed=removed, rejected_by=f.name, picker=self.picker.name)
             cands = out
         terms: dict[str, Sequence[float]] = {}
         totals: list[float]

@@ -12,6 +12,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from kvmesh.kvevents import LoadReport
 
 
@@ -85,7 +88,7 @@ class RouteRequest:
 
     request_id: str
     prompt_tokens: int
-    block_hashes: Sequence[int] = ()
+    block_hashes: Sequence[int] | npt.NDArray[np.uint64] = ()
     matches: Mapping[str, int] = field(default_factory=dict)
     block_size: int = 16
     session_id: str = ""

@@ -34,13 +34,14 @@ class RedisCheckpointStore:
 
     async def load(self) -> Loaded:
         """See `CheckpointStore.load`; the stream is read in chunks of `read_chunk` entries."""
-        snap = await self.r.hgetall(f"{self.prefix}:snapshot")
+        snap: dict[bytes, bytes] = await self.r.hgetall(f"{self.prefix}:snapshot")  # type: ignore[misc,assignment]
         epoch = int(snap[b"epoch"]) if snap else 0
         self.epoch = epoch
         records: list[bytes] = []
         key, start = self._log_key(epoch), "-"
         for _ in range(1 << 40):  # bounded by the stream's length
-            chunk = await self.r.xrange(key, min=start, max="+", count=self.read_chunk)
+            chunk: list[tuple[bytes, dict[bytes, bytes]]] = await self.r.xrange(  # type: ignore[assignment]
+                key, min=start, max="+", count=self.read_chunk)
             if not chunk:
                 break
             records += [fields[b"r"] for _id, fields in chunk]

@@ -23,6 +23,7 @@ prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import struct
@@ -46,7 +47,7 @@ from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill
 from kvmesh.engine.sim.pool import BlockPool
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import InvalidArgument, ResourceExhausted
-from kvmesh.hashing import compute_block_hashes
+from kvmesh.hashing import compute_block_hashes, make_salt
 from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
 
 _MASK64 = (1 << 64) - 1
@@ -72,9 +73,7 @@ class SimConfig:
     perf: PerfModel = H200_LLAMA70B_FP8
 
     def resolved_num_blocks(self) -> int:
-        return (
-            self.num_blocks if self.num_blocks is not None else self.perf.kv_capacity_blocks(self.block_size)
-        )
+        return self.num_blocks if self.num_blocks is not None else self.perf.kv_capacity_blocks(self.block_size)
 
 
 @dataclass(slots=True)
@@ -97,6 +96,7 @@ class _Seq:
     max_tokens: int
     arrival: float
     seed: int
+    salt: int = 0
     hashes: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     num_computed: int = 0
@@ -129,6 +129,7 @@ class SimEngineCore:
         self.decode_tokens_total = 0
         self.preemptions_total = 0
         self.rejected_total = 0
+        self.accepted_total = 0
         self.finished_total = 0
 
     # -- requests --------------------------------------------------------------------------------
@@ -154,21 +155,22 @@ class SimEngineCore:
             )
         if len(self._waiting) >= cfg.max_waiting:
             self.rejected_total += 1
-            raise ResourceExhausted(
-                f"waiting queue full ({cfg.max_waiting})", retry_after_s=self.estimated_drain_s()
-            )
+            raise ResourceExhausted(f"waiting queue full ({cfg.max_waiting})", retry_after_s=self.estimated_drain_s())
         if req.sampling.seed is not None:
             seed = req.sampling.seed
         elif req.sampling.temperature == 0.0:
             seed = zlib.crc32(struct.pack(f"<{len(prompt)}q", *prompt))
         else:
             seed = zlib.crc32(req.request_id.encode())
-        seq = _Seq(
-            req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed
-        )
+        salt = cfg.hash_salt
+        if req.tenant or req.lora_name:  # isolation: another tenant / adapter never hits these blocks
+            salt = make_salt(str(cfg.hash_salt), req.lora_name, req.tenant)
+        seq = _Seq(req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed,
+                   salt=salt)  # fmt: skip
         self._hash_full_blocks(seq, len(prompt) // cfg.block_size)
         self._waiting.append(seq)
         self._by_id[req.request_id] = seq
+        self.accepted_total += 1
 
     def abort(self, request_id: str, now: float) -> EngineOutput | None:
         """Remove a request, release its blocks; returns its final output (reason "abort") or None."""
@@ -181,7 +183,11 @@ class SimEngineCore:
         else:
             self._waiting.remove(seq)
         seq.blocks = []
-        return self._output(seq, (), FINISH_ABORT)
+        return dataclasses.replace(self._output(seq, (), FINISH_ABORT), time_s=now)
+
+    def request_ids(self) -> list[str]:
+        """Ids of every request in flight (waiting or running)."""
+        return list(self._by_id)
 
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
@@ -227,9 +233,7 @@ class SimEngineCore:
             n = min(cfg.prefill_chunk_tokens, len(seq.tokens) - seq.num_computed, budget)
             chunks.append((seq, n))
             budget -= n
-        duration = step_time(
-            [(n, s.num_computed) for s, n in chunks], [s.num_computed + 1 for s in decodes], cfg.perf
-        )
+        duration = step_time([(n, s.num_computed) for s, n in chunks], [s.num_computed + 1 for s in decodes], cfg.perf)
         result = StepResult(duration_s=duration, preempted=preempted)
         for seq, n in chunks:
             seq.num_computed += n
@@ -251,6 +255,9 @@ class SimEngineCore:
         self.prefill_tokens_total += result.prefill_tokens
         self.decode_tokens_total += result.decode_tokens
         result.kv_events = self.pool.drain_events()
+        if result.outputs:
+            due = now + duration
+            result.outputs = [dataclasses.replace(o, time_s=due) for o in result.outputs]
         return result
 
     # -- internals -------------------------------------------------------------------------------
@@ -260,7 +267,7 @@ class SimEngineCore:
         if have < n_full:
             bs = self.config.block_size
             parent = seq.hashes[-1] if have else None
-            hs = compute_block_hashes(seq.tokens[have * bs : n_full * bs], bs, self.config.hash_salt, parent)
+            hs = compute_block_hashes(seq.tokens[have * bs : n_full * bs], bs, seq.salt, parent)
             seq.hashes.extend(int(h) for h in hs)
 
     def _admit(self, seq: _Seq) -> bool:
@@ -354,17 +361,13 @@ class SimEngineCore:
     # -- reports ---------------------------------------------------------------------------------
     def queued_prefill_tokens(self) -> int:
         """Prompt tokens still to prefill, waiting and running."""
-        return sum(
-            len(s.tokens) - s.num_computed for s in (*self._waiting, *self._running) if not s.in_decode
-        )
+        return sum(len(s.tokens) - s.num_computed for s in (*self._waiting, *self._running) if not s.in_decode)
 
     def estimated_drain_s(self) -> float:
         """Time to prefill everything queued, alone on the GPU (≥ 50 ms): the Retry-After hint."""
         return max(
             0.05,
-            chunked_prefill_time(
-                self.queued_prefill_tokens(), 0, self.config.prefill_chunk_tokens, self.config.perf
-            ),
+            chunked_prefill_time(self.queued_prefill_tokens(), 0, self.config.prefill_chunk_tokens, self.config.perf),
         )
 
     def load_report(self, now: float) -> LoadReport:
@@ -388,6 +391,7 @@ class SimEngineCore:
             decode_latency_p95_ms=p95,
             prefix_hit_rate=hit,
             errors_total=self.rejected_total,
+            error_rate=self.rejected_total / max(1, self.rejected_total + self.accepted_total),
             timestamp=now,
             extra={
                 "kv_blocks_cached": float(self.pool.num_cached),

@@ -9,20 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncGenerator, Sequence
 
 from kvmesh.engine.base import EngineOutput, EngineRequest, KvBlockData
 from kvmesh.engine.clock import Clock, RealClock
+from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
-from kvmesh.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
 
-
-class _Subscriber:
-    def __init__(self, limit: int) -> None:
-        self.queue: asyncio.Queue[list[KvEvent]] = asyncio.Queue(maxsize=limit)
-        self.lost = False
+log = logging.getLogger(__name__)
 
 
 class SimEngine:
@@ -43,8 +41,7 @@ class SimEngine:
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self._model_name = model_name
         self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
-        self._subs: list[_Subscriber] = []
-        self._event_queue_limit = event_queue_limit
+        self.events = EventFanout(event_queue_limit)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -72,10 +69,7 @@ class SimEngine:
             self._task = None
         for rid in list(self._streams):
             await self.abort(rid)
-        for sub in self._subs:
-            sub.lost = True
-            with contextlib.suppress(asyncio.QueueFull):
-                sub.queue.put_nowait([])
+        self.events.close()
 
     async def _run(self) -> None:
         core = self.core
@@ -84,25 +78,23 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            res = core.step(self.clock.now())
+            try:
+                res = core.step(self.clock.now())
+            except Exception:  # a bug must not leave every stream hanging: fail them and keep serving
+                log.exception("simulated engine step failed; aborting in-flight requests")
+                for rid in core.request_ids():
+                    await self.abort(rid)
+                continue
             await self.clock.sleep(res.duration_s)
             for out in res.outputs:
                 q = self._streams.get(out.request_id)
                 if q is not None:
                     q.put_nowait(out)
             if res.kv_events:
-                self._publish(res.kv_events)
+                self.events.publish(res.kv_events)
+            await asyncio.sleep(0)  # let consumers observe the clock at delivery, before the next step
 
-    def _publish(self, events: list[KvEvent]) -> None:
-        for sub in self._subs:
-            if sub.lost:
-                continue
-            try:
-                sub.queue.put_nowait(events)
-            except asyncio.QueueFull:
-                sub.lost = True  # the consumer must resync from dump_blocks()
-
-    async def generate(self, req: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._task is None:
             raise FailedPrecondition("engine not started")
         if req.prompt_token_ids is None:
@@ -138,19 +130,9 @@ class SimEngine:
     def load_report(self) -> LoadReport:
         return self.core.load_report(self.clock.now())
 
-    async def kv_event_batches(self) -> AsyncIterator[list[KvEvent]]:
+    def kv_event_batches(self) -> AsyncGenerator[list[KvEvent], None]:
         """Every batch from now on; raises `Unavailable` when this subscriber fell behind (resync)."""
-        sub = _Subscriber(self._event_queue_limit)
-        self._subs.append(sub)
-        try:
-            while True:
-                if sub.lost and sub.queue.empty():
-                    raise Unavailable("KV event subscriber fell behind or engine stopped; resync")
-                batch = await sub.queue.get()
-                if batch:
-                    yield batch
-        finally:
-            self._subs.remove(sub)
+        return self.events.subscribe()
 
     async def dump_blocks(self) -> list[BlockStored]:
         return self.core.dump_blocks()
@@ -165,5 +147,5 @@ class SimEngine:
         n = self.core.import_blocks(blocks)
         events = self.core.drain_events()
         if events:
-            self._publish(events)
+            self.events.publish(events)
         return n

@@ -76,9 +76,7 @@ class PerfModel:
 
     def kv_cache_bytes(self) -> float:
         """KV budget = HBM · gpu_memory_utilization - W - activation reserve."""
-        return (
-            self.hbm_bytes * self.gpu_memory_utilization - self.weight_bytes - self.activation_reserve_bytes
-        )
+        return self.hbm_bytes * self.gpu_memory_utilization - self.weight_bytes - self.activation_reserve_bytes
 
     def kv_capacity_blocks(self, block_size: int) -> int:
         """⌊KV budget / (KV_tok · block_size)⌋ KV blocks."""

@@ -146,9 +146,7 @@ class BlockPool:
             stored_tokens.extend(toks)
         self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name)
 
-    def _flush_stored(
-        self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None
-    ) -> None:
+    def _flush_stored(self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None) -> None:
         if hashes:
             self._events.append(
                 BlockStored(
@@ -173,9 +171,7 @@ class BlockPool:
                 if b.block_hash is None:
                     self._free.move_to_end(bid, last=False)
 
-    def insert_cached(
-        self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int], depth: int
-    ) -> bool:
+    def insert_cached(self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int], depth: int) -> bool:
         """Store an imported block as cached and evictable (most recently used). False if present or full."""
         if block_hash in self._cached or not self._free:
             return False

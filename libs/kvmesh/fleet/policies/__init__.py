@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.policies.dynamo import Dynamo
 from kvmesh.fleet.policies.llm_d import LlmD
+from kvmesh.fleet.policies.oracle import MaxOverlap
 from kvmesh.fleet.policies.profile import ProfilePolicy, baseline_policy, kvmesh_policy
 from kvmesh.fleet.policies.session import SessionAffinity
 from kvmesh.fleet.policies.sglang import SGLangCacheAware
@@ -13,7 +14,7 @@ ALL_POLICIES = ("kvmesh", "round_robin", "random", "least_loaded", "session", "d
 
 
 def make_policy(name: str, kvmesh_profile: str | None = None) -> Policy:
-    """A fresh policy object for ``name`` (one of :data:`ALL_POLICIES`)."""
+    """A fresh policy object for ``name`` (one of :data:`ALL_POLICIES`, or the reference ``max_overlap``)."""
     if name == "kvmesh":
         return kvmesh_policy(kvmesh_profile)
     if name in ("round_robin", "random", "least_loaded"):
@@ -26,6 +27,8 @@ def make_policy(name: str, kvmesh_profile: str | None = None) -> Policy:
         return SGLangCacheAware()
     if name == "llm_d":
         return LlmD()
+    if name == "max_overlap":
+        return MaxOverlap()
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(ALL_POLICIES)}")
 
 

@@ -20,9 +20,7 @@ class CircuitClosedFilter:
     name = "circuit-closed"
 
     def __init__(self, allow_half_open: bool = True) -> None:
-        self.allowed = (
-            {CircuitState.CLOSED, CircuitState.HALF_OPEN} if allow_half_open else {CircuitState.CLOSED}
-        )
+        self.allowed = {CircuitState.CLOSED, CircuitState.HALF_OPEN} if allow_half_open else {CircuitState.CLOSED}
 
     def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         allowed = self.allowed

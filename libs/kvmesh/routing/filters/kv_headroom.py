@@ -33,15 +33,20 @@ class KvHeadroomFilter:
 
     def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         bs = max(req.block_size, 1)
+        prompt = req.prompt_tokens
         extra = req.max_tokens if self.include_output else 0
+        matches = req.matches
+        limit = self.max_usage
         out = []
         for w in workers:
             total = w.kv_blocks_total
             if total <= 0:
                 out.append(w)
                 continue
-            new_tokens = req.prompt_tokens - req.overlap_tokens(w.id) + extra
+            m = matches.get(w.id, 0)
+            cached = m * bs if m else 0
+            new_tokens = prompt - (cached if cached < prompt else prompt) + extra
             new_blocks = -(-new_tokens // bs) if new_tokens > 0 else 0
-            if w.kv_usage * total + w.inflight_kv_blocks + new_blocks <= self.max_usage * total:
+            if w.kv_usage * total + w.inflight_kv_blocks + new_blocks <= limit * total:
                 out.append(w)
         return out

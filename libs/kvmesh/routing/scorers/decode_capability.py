@@ -27,9 +27,7 @@ class DecodeCapabilityScorer:
 
     name = "decode-capability"
 
-    def __init__(
-        self, base_latency_ms: float = 1200.0, latency: str = "p50", hit_rate_floor: float = 0.0
-    ) -> None:
+    def __init__(self, base_latency_ms: float = 1200.0, latency: str = "p50", hit_rate_floor: float = 0.0) -> None:
         if base_latency_ms <= 0:
             raise ValueError("base_latency_ms must be > 0")
         if latency not in ("p50", "p95"):

@@ -28,9 +28,7 @@ class SessionAffinityScorer:
         self.ring = HashRing(vnodes=vnodes)
         self._known: tuple[str, ...] = ()
 
-    def owner(
-        self, session_id: str, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
-    ) -> str | None:
+    def owner(self, session_id: str, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]) -> str | None:
         known = tuple(w.id for w in all_workers)
         if known != self._known:
             self.ring.sync(known)

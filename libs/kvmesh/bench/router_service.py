@@ -1,0 +1,161 @@
+"""The router service benchmark (see `kvmesh.bench.router`): real worker + router processes on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+DISTINCT = 64
+OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(int(q * len(s)), len(s) - 1)]
+
+
+async def _drain(call: Any) -> None:
+    async for _ in call:
+        pass
+
+
+async def _measure(send: Callable[[int], Awaitable[None]], n_c1: int, n_cc: int, concurrency: int) -> dict[str, float]:
+    for i in range(min(8, n_c1)):  # warm-up
+        await send(i)
+    lat = []
+    for i in range(n_c1):
+        t0 = time.perf_counter()
+        await send(i)
+        lat.append((time.perf_counter() - t0) * 1000)
+    next_i = 0
+
+    async def loop() -> None:
+        nonlocal next_i
+        while next_i < n_cc:
+            i = next_i
+            next_i += 1
+            await send(i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    el = time.perf_counter() - t0
+    return {
+        "c1_p50_ms": round(_pct(lat, 0.5), 3),
+        "c1_p99_ms": round(_pct(lat, 0.99), 3),
+        f"c{concurrency}_rps": round(n_cc / el, 1),
+    }
+
+
+async def _run(
+    router: ServiceProcess,
+    workers: list[ServiceProcess],
+    sizes: list[int],
+    requests: int,
+    concurrency: int,
+    c1_requests: int,
+) -> dict[str, Any]:
+    rng = random.Random(0)
+    out: dict[str, Any] = {"router": {}, "direct": {}, "overhead_p50_ms": {}}
+    rch = grpc.aio.insecure_channel(router.address, options=OPTS)
+    rstub = router_pb2_grpc.RouterServiceStub(rch)
+    wchs = [grpc.aio.insecure_channel(w.address, options=OPTS) for w in workers]
+    wstubs = [worker_pb2_grpc.WorkerServiceStub(c) for c in wchs]
+    sp = common_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
+    for p in sizes:
+        prompts = [common_pb2.TokenIds(ids=[rng.randrange(3, 30000) for _ in range(p)]) for _ in range(DISTINCT)]
+        rreqs = [router_pb2.RouterServiceGenerateRequest(token_ids=t, sampling=sp) for t in prompts]
+
+        async def via_router(i: int, rreqs: list[Any] = rreqs) -> None:
+            await _drain(rstub.Generate(rreqs[i % DISTINCT], timeout=120))
+
+        async def direct(i: int, p: int = p, prompts: list[Any] = prompts) -> None:
+            req = worker_pb2.GenerateRequest(request_id=f"d{p}-{i}", token_ids=prompts[i % DISTINCT], sampling=sp)
+            await _drain(wstubs[i % len(wstubs)].Generate(req, timeout=120))
+
+        out["direct"][str(p)] = await _measure(direct, c1_requests, requests, concurrency)
+        out["router"][str(p)] = await _measure(via_router, c1_requests, requests, concurrency)
+        out["overhead_p50_ms"][str(p)] = round(
+            out["router"][str(p)]["c1_p50_ms"] - out["direct"][str(p)]["c1_p50_ms"], 3
+        )
+    await rch.close()
+    for c in wchs:
+        await c.close()
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvmesh.bench router")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--prompt-tokens", default="1024,8192,102400")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--c1-requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--block-size", type=int, default=32)
+    a = ap.parse_args(list(argv))
+    sizes = [int(x) for x in a.prompt_tokens.split(",")]
+    max_len = max(sizes) + 64
+    kv_blocks = max(65536, 4 * a.concurrency * max_len // a.block_size)
+    procs: list[ServiceProcess] = []
+    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-router-") as tmp:
+        try:
+            workers = [
+                start_service(
+                    "worker",
+                    Path(tmp),
+                    "--engine",
+                    "sim",
+                    "--sim-speed",
+                    "0",
+                    "--block-size",
+                    str(a.block_size),
+                    "--kv-blocks",
+                    str(kv_blocks),
+                    "--max-model-len",
+                    str(max_len),
+                    "--max-queue",
+                    "100000",
+                    "--log-level",
+                    "WARNING",
+                )
+                for _ in range(a.workers)
+            ]
+            procs += workers
+            router = start_service(
+                "router",
+                Path(tmp),
+                "--workers",
+                ",".join(w.address for w in workers),
+                "--block-size",
+                str(a.block_size),
+                "--max-prompt-tokens",
+                str(max_len),
+                "--short-concurrency",
+                "4096",
+                "--long-concurrency",
+                "4096",
+                "--log-level",
+                "WARNING",
+            )
+            procs.append(router)
+            res = asyncio.run(_run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests))
+        finally:
+            for sp in reversed(procs):
+                try:
+                    sp.terminate(timeout=15)
+                except Exception:
+                    sp.kill()
+    res.update({"bench": "router", "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency})
+    print(json.dumps(res, sort_keys=True))
+    return 0

@@ -1,0 +1,168 @@
+"""The cache-manager's state and operations, free of gRPC: ingestion, queries, watch, checkpoints.
+
+Every input of the ingestion state machine is applied, appended to the pending log, fanned out as
+index deltas; `persist()` makes the pending log durable (the servicer acknowledges a batch only after
+it). `checkpoint()` snapshots the state and starts a new log epoch (see `kvmesh.store.base`).
+Hit ratio = Σ max-matched blocks / Σ queried blocks over all `find_matches` calls since start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvmesh.cachemgr import codec
+from kvmesh.cachemgr.checkpoint import Recovery, recover, snapshot_state
+from kvmesh.cachemgr.fanout import FanOut, Watcher
+from kvmesh.cachemgr.hasher import IndexHasher
+from kvmesh.cachemgr.ingest import Ingestor
+from kvmesh.cachemgr.types import IngestResult, Stored
+from kvmesh.index import PrefixIndex
+from kvmesh.kvevents import KvEvent, KvEventBatch
+from kvmesh.store.base import CheckpointStore
+from kvmesh.warming import PrefixStats
+
+
+@dataclass(slots=True)
+class QueryCounters:
+    """Totals of `find_matches` calls."""
+
+    queries: int = 0
+    blocks_queried: int = 0
+    blocks_hit: int = 0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.blocks_hit / self.blocks_queried if self.blocks_queried else 0.0
+
+
+class CacheCore:
+    """See module docstring."""
+
+    def __init__(self, block_size: int, model: str, store: CheckpointStore | None = None,
+                 window_s: float = 60.0) -> None:
+        self.block_size = block_size
+        self.model = model
+        self.hasher = IndexHasher(model)
+        self.store = store
+        self.index = PrefixIndex()
+        self.ingestor = Ingestor(self.index, self.hasher, block_size)
+        self.stats = PrefixStats(window_s=window_s)
+        self.fanout = FanOut()
+        self.revision = 0
+        self.queries = QueryCounters()
+        self._pending: list[bytes] = []
+        self._store_lock = asyncio.Lock()
+        self._hashers: dict[tuple[str, str | None], IndexHasher] = {}
+
+    # ------------------------------------------------------------ ingestion
+    def _record(self, rec: codec.LogRecord, res: IngestResult) -> IngestResult:
+        if self.store is not None:
+            self._pending.append(codec.encode_record(rec))
+        if res.deltas:
+            self.revision += 1
+            self.fanout.publish(self.revision, res.deltas)
+        return res
+
+    def apply(self, batch: KvEventBatch) -> IngestResult:
+        """A live batch."""
+        return self._record(codec.LogRecord(codec.BATCH, batch.worker_id, batch=batch), self.ingestor.apply(batch))
+
+    def begin_dump(self, worker_id: str, instance_id: str) -> IngestResult:
+        return self._record(codec.LogRecord(codec.DUMP_BEGIN, worker_id, instance_id=instance_id),
+                            self.ingestor.begin_dump(worker_id, instance_id))
+
+    def apply_dump(self, worker_id: str, events: Sequence[KvEvent]) -> IngestResult:
+        return self._record(codec.LogRecord(codec.DUMP_EVENTS, worker_id, events=tuple(events)),
+                            self.ingestor.apply_dump(worker_id, events))
+
+    def end_dump(self, worker_id: str, next_sequence: int) -> IngestResult:
+        return self._record(codec.LogRecord(codec.DUMP_END, worker_id, next_sequence=next_sequence),
+                            self.ingestor.end_dump(worker_id, next_sequence))
+
+    def replay_failed(self, worker_id: str, reason: str = "replay incomplete") -> IngestResult:
+        return self._record(codec.LogRecord(codec.REPLAY_FAILED, worker_id),
+                            self.ingestor.replay_failed(worker_id, reason))
+
+    def is_replaying(self, worker_id: str) -> bool:
+        return self.ingestor.is_replaying(worker_id)
+
+    def remove_worker(self, worker_id: str) -> IngestResult:
+        res = self._record(codec.LogRecord(codec.REMOVE_WORKER, worker_id),
+                           self.ingestor.remove_worker(worker_id))
+        self.index.remove_worker(worker_id)
+        return res
+
+    async def persist(self) -> None:
+        """Append the pending log records to the store (in order)."""
+        if self.store is None or not self._pending:
+            return
+        async with self._store_lock:
+            recs, self._pending = self._pending, []
+            if recs:
+                await self.store.append(recs)
+
+    # ------------------------------------------------------------ queries
+    def hasher_for(self, model: str, lora: str | None, tenant: str | None) -> tuple[IndexHasher, str | None]:
+        """Hasher of (model, tenant) and the lora name to chain with."""
+        key = (model or self.model, tenant or None)
+        h = self._hashers.get(key)
+        if h is None:
+            h = self._hashers[key] = IndexHasher(key[0], tenant=key[1])
+        return h, lora or None
+
+    def hashes_of(self, token_ids: Sequence[int], model: str = "", lora: str | None = None,
+                  tenant: str | None = None) -> list[int]:
+        h, lo = self.hasher_for(model, lora, tenant)
+        return h.chain(None, token_ids, self.block_size, lo)
+
+    def find_matches(self, hashes: Sequence[int], now: float,
+                     token_ids: Sequence[int] | None = None) -> dict[str, int]:
+        """Matches, counted in the hit ratio and the prefix statistics."""
+        m = self.index.find_matches(hashes)
+        self.queries.queries += 1
+        self.queries.blocks_queried += len(hashes)
+        self.queries.blocks_hit += max(m.values(), default=0)
+        self.stats.observe(hashes, now, token_ids, self.block_size)
+        return m
+
+    # ------------------------------------------------------------ watch
+    def watch(self, workers: Iterable[str]) -> tuple[Watcher, int, list[Stored]]:
+        """Register a watcher and return it with a consistent snapshot (same event-loop step)."""
+        ws = frozenset(workers)
+        watcher = self.fanout.add(ws)
+        snap = [Stored(w, None, tuple(self.index.blocks_of(w).tolist()))
+                for w in self.index.workers() if not ws or w in ws]
+        return watcher, self.revision, snap
+
+    # ------------------------------------------------------------ checkpoints
+    async def checkpoint(self) -> tuple[int, int]:
+        """Snapshot now; returns (pairs, bytes)."""
+        if self.store is None:
+            raise RuntimeError("no checkpoint store configured")
+        async with self._store_lock:
+            snap = snapshot_state(self.index, self.ingestor, self.stats, {"revision": self.revision,
+                                                                           "time": time.time()})
+            self._pending.clear()  # everything pending is inside the snapshot
+            await self.store.save_snapshot(snap)
+        return self.index.num_pairs(), len(snap)
+
+    async def restore(self) -> Recovery:
+        """Replace the state with the store's snapshot + log (watchers are dropped: they re-subscribe)."""
+        if self.store is None:
+            raise RuntimeError("no checkpoint store configured")
+        async with self._store_lock:
+            rec = await recover(self.store, self.hasher, self.block_size)
+            self._pending.clear()
+        assert rec.restored is not None
+        self.index = rec.restored.index
+        self.ingestor = rec.restored.ingestor
+        if rec.restored.stats is not None:
+            self.stats = rec.restored.stats
+        self.revision = int(rec.restored.meta.get("revision", 0)) + rec.records  # type: ignore[call-overload]
+        for w in list(self.fanout.watchers):
+            self.fanout.remove(w)
+            w.queue.put_nowait(None)
+        return rec

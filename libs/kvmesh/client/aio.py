@@ -1,0 +1,175 @@
+"""Async kvmesh client: weighted router choice from the failover service, retries and stream resume.
+
+`generate(request)` yields one logical stream of ``RouterServiceGenerateResponse``:
+* the router is drawn with the endpoint-set weights (`EndpointSet.pick`), skipping routers that
+  failed for this request and routers ejected after an UNAVAILABLE: an ejected router is probed
+  with ``grpc.health.v1`` every `probe_interval_s` and re-admitted once SERVING (or dropped when the
+  endpoint sets no longer list it), so a dead zone is avoided even while the endpoint sets are stale;
+* a failure before the first token re-sends the same request (same ``request_id``) to another router;
+* a failure after tokens were received re-sends it with ``resume_token_ids`` = every token received
+  so far, so the router continues after them and the caller sees each token exactly once;
+* at most `max_attempts` sends and `timeout_s` seconds in all; INVALID_ARGUMENT and other caller
+  errors are raised at once. Retryable: UNAVAILABLE, ABORTED, CANCELLED (server side),
+  RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN and a stream ending with FINISH_REASON_ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvmesh.client.endpoints import EndpointSet
+from kvmesh.client.watch import EndpointWatcher
+from kvmesh.discovery.model import ServiceInstance
+from kvmesh.errors import DeadlineExceeded, Unavailable
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+log = logging.getLogger(__name__)
+RETRYABLE = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+})
+
+
+class _Broken(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AsyncClient:
+    def __init__(
+        self, failover_targets: Sequence[str] = (), routers: Sequence[str] = (), *, max_attempts: int = 6,
+        timeout_s: float = 120.0, probe_interval_s: float = 0.25, rng: random.Random | None = None,
+        endpoints_timeout_s: float = 10.0, on_attempt: Callable[[ServiceInstance], None] | None = None,
+    ) -> None:
+        self.watcher = EndpointWatcher(
+            failover_targets, initial=EndpointSet.static(list(routers)) if routers else None)
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.probe_interval_s = probe_interval_s
+        self.endpoints_timeout_s = endpoints_timeout_s
+        self.rng = rng or random.Random()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._ejected: dict[str, asyncio.Task[None]] = {}
+        self.on_attempt = on_attempt
+        self.attempts_total = 0
+        self.resumes_total = 0
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self.watcher.start()
+        if not self.watcher.current.router_weights and self.watcher.targets:
+            await self.watcher.wait_update(self.watcher.updates, self.endpoints_timeout_s)
+
+    async def close(self) -> None:
+        for t in self._ejected.values():
+            t.cancel()
+        await asyncio.gather(*self._ejected.values(), return_exceptions=True)
+        self._ejected.clear()
+        await self.watcher.stop()
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        ch = self._channels.get(target)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(target)
+            self._channels[target] = ch
+        return ch
+
+    def _choose(self, failed: set[str]) -> ServiceInstance | None:
+        eps = self.watcher.current
+        return eps.pick(self.rng.random(), frozenset(failed | set(self._ejected))) or eps.pick(
+            self.rng.random(), frozenset(failed))
+
+    def _eject(self, rid: str, target: str) -> None:
+        if rid not in self._ejected:
+            self._ejected[rid] = asyncio.create_task(self._probe(rid, target))
+
+    async def _probe(self, rid: str, target: str, max_probes: int = 2400) -> None:
+        """Re-admit `rid` once its health is SERVING; give up when it leaves the endpoint sets."""
+        try:
+            for _ in range(max_probes):
+                await asyncio.sleep(self.probe_interval_s)
+                if rid not in self.watcher.current.by_id():
+                    return
+                try:
+                    resp = await health_pb2_grpc.HealthStub(self._channel(target)).Check(
+                        health_pb2.HealthCheckRequest(), timeout=max(0.1, self.probe_interval_s))
+                except grpc.aio.AioRpcError:
+                    continue
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+        finally:
+            self._ejected.pop(rid, None)
+
+    async def generate(
+        self, request: router_pb2.RouterServiceGenerateRequest
+    ) -> AsyncIterator[router_pb2.RouterServiceGenerateResponse]:
+        req = router_pb2.RouterServiceGenerateRequest()
+        req.CopyFrom(request)
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        received: list[int] = list(req.resume_token_ids)
+        deadline = time.monotonic() + self.timeout_s
+        failed: set[str] = set()
+        last_error = "no router available"
+        for _attempt in range(self.max_attempts):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"request {req.request_id}: {self.timeout_s}s passed ({last_error})")
+            choice = self._choose(failed)
+            if choice is None and failed:  # every router failed once for this request: start over
+                failed.clear()
+                choice = self._choose(failed)
+            if choice is None:  # no router known at all: wait for the endpoint sets
+                await self.watcher.wait_update(self.watcher.updates, min(left, 1.0))
+                continue
+            rid, target = choice.id, choice.target
+            if self.on_attempt is not None:
+                self.on_attempt(choice)
+            if received:
+                del req.resume_token_ids[:]
+                req.resume_token_ids.extend(received)
+                self.resumes_total += 1
+            self.attempts_total += 1
+            try:
+                stub = router_pb2_grpc.RouterServiceStub(self._channel(target))
+                async for msg in stub.Generate(req, timeout=left):
+                    if msg.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                        raise _Broken("router reported an engine error")
+                    received.extend(msg.token_ids)
+                    yield msg
+                    if msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                        return
+                return  # stream closed cleanly without a finish reason: treat as finished
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() >= deadline:
+                    raise DeadlineExceeded(f"request {req.request_id}: {self.timeout_s}s passed") from e
+                if e.code() not in RETRYABLE and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                last_error = f"{rid}: {e.code().name} {e.details()}"
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._eject(rid, target)
+            except _Broken as e:
+                last_error = f"{rid}: {e.reason}"
+            failed.add(rid)
+            log.info("request %s: %s; %s", req.request_id, last_error,
+                     "resuming" if received else "retrying on another router")
+        raise Unavailable(f"request {req.request_id} failed after {self.max_attempts} attempts: {last_error}")

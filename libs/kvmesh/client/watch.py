@@ -1,0 +1,83 @@
+"""Follows ``FailoverService.WatchEndpoints`` on any of several (equivalent) failover services.
+
+The watcher keeps the latest `EndpointSet`; when a stream breaks it moves to the next failover
+address (round-robin) after ``min(retry_max_s, retry_min_s * 2**k)`` and keeps the last set in the
+meantime, so clients and routers keep working while every failover service is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+from kvmesh.client.endpoints import EndpointSet
+from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class EndpointWatcher:
+    def __init__(
+        self, failover_targets: Sequence[str], *, initial: EndpointSet | None = None,
+        roles: Sequence[int] = (), zone: str = "", retry_min_s: float = 0.05, retry_max_s: float = 1.0,
+    ) -> None:
+        if not failover_targets and initial is None:
+            raise ValueError("need failover targets or an initial endpoint set")
+        self.targets = list(failover_targets)
+        self.current = initial or EndpointSet(0, (), {}, {})
+        self.roles = list(roles)
+        self.zone = zone
+        self.retry_min_s = retry_min_s
+        self.retry_max_s = retry_max_s
+        self.connected_to: str | None = None
+        self.updates = 0
+        self._cond = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.targets:
+            self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_update(self, seen: int, timeout_s: float) -> int:
+        """Wait until `updates` differs from `seen` (bounded by `timeout_s`); returns the current count."""
+        async with self._cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cond.wait_for(lambda: self.updates != seen), timeout_s)
+            return self.updates
+
+    async def _run(self) -> None:
+        k = 0
+        failures = 0
+        while True:
+            target = self.targets[k % len(self.targets)]
+            k += 1
+            try:
+                async with grpc.aio.insecure_channel(target) as ch:
+                    stub = failover_pb2_grpc.FailoverServiceStub(ch)
+                    req = failover_pb2.WatchEndpointsRequest(roles=self.roles, zone=self.zone)  # type: ignore[arg-type]
+                    async for resp in stub.WatchEndpoints(req, wait_for_ready=False):
+                        self.connected_to, failures = target, 0
+                        async with self._cond:
+                            self.current = EndpointSet.from_response(resp)
+                            self.updates += 1
+                            self._cond.notify_all()
+            except grpc.aio.AioRpcError as e:
+                log.info("endpoint watch on %s ended: %s", target, e.code().name)
+            self.connected_to = None
+            failures += 1
+            await asyncio.sleep(min(self.retry_max_s, self.retry_min_s * 2 ** min(failures - 1, 10)))
+
+
+ALL_ROLES: tuple[int, ...] = ()
+ROUTERS_ONLY: tuple[int, ...] = (common_pb2.SERVICE_ROLE_ROUTER,)

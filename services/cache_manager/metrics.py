@@ -1,0 +1,26 @@
+"""Prometheus metrics of the cache-manager (`kvmesh_cache_*`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kvmesh.telemetry.metrics import LATENCY_BUCKETS
+
+INDEX_BLOCKS = Gauge("kvmesh_cache_index_blocks", "Distinct blocks in the prefix index")
+INDEX_PAIRS = Gauge("kvmesh_cache_index_pairs", "(worker, block) pairs in the prefix index")
+INDEX_BYTES = Gauge("kvmesh_cache_index_bytes", "Bytes of the prefix index's arrays")
+WORKERS = Gauge("kvmesh_cache_workers", "Workers known to the index")
+BATCHES = Counter("kvmesh_cache_event_batches_total", "KV event batches received", ["source"])
+EVENTS = Counter("kvmesh_cache_events_total", "KV events applied (rate() = events/s)")
+GAPS = Counter("kvmesh_cache_sequence_gaps_total", "Sequence gaps detected")
+RESTARTS = Counter("kvmesh_cache_worker_restarts_total", "New worker instances seen")
+RESYNCS = Counter("kvmesh_cache_resyncs_total", "Resyncs requested", ["kind"])
+QUERY_LATENCY = Histogram("kvmesh_cache_query_latency_seconds", "FindMatches latency inside the index",
+                          buckets=(0.00001, 0.00005, 0.0001, 0.00025, *LATENCY_BUCKETS))
+HIT_RATIO = Gauge("kvmesh_cache_hit_ratio", "Σ best matched blocks / Σ queried blocks since start")
+MISS_RATIO = Gauge("kvmesh_cache_miss_ratio", "1 − kvmesh_cache_hit_ratio")
+WARMING = Counter("kvmesh_cache_warming_actions_total", "Prefill-only warming requests issued", ["reason"])
+WARMING_COOLED = Counter("kvmesh_cache_warming_cooled_total", "Prefixes the LFU+LRU policy stopped keeping warm")
+CHECKPOINTS = Counter("kvmesh_cache_checkpoints_total", "Checkpoints written")
+CHECKPOINT_SECONDS = Histogram("kvmesh_cache_checkpoint_seconds", "Checkpoint duration", buckets=LATENCY_BUCKETS)
+WATCHERS = Gauge("kvmesh_cache_watchers", "Index watch streams open")

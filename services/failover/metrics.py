@@ -1,0 +1,18 @@
+"""Prometheus metrics of the failover service."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ZONE_HEALTHY = Gauge("kvmesh_failover_zone_healthy", "1 when the zone can serve (after hysteresis)", ["zone"])
+ZONE_WEIGHT = Gauge("kvmesh_failover_zone_weight", "Share of traffic sent to the zone", ["zone"])
+VERSION_WEIGHT = Gauge("kvmesh_failover_version_weight", "Share of traffic sent to the version", ["version"])
+ENDPOINTS = Gauge("kvmesh_failover_endpoints", "Up endpoints per zone and role", ["zone", "role"])
+SWITCHOVERS = Counter("kvmesh_failover_switchovers_total", "Zone state flips", ["zone", "direction"])
+SWITCHOVER_SECONDS = Histogram(
+    "kvmesh_failover_switchover_seconds", "From the first observation of a zone change to the flip",
+    ["direction"], buckets=(0, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120),
+)
+REGISTRY_REACHABLE = Gauge("kvmesh_failover_registry_reachable", "1 when the registry (Consul) answers")
+SERVING_STALE = Gauge("kvmesh_failover_serving_last_known_good", "1 when serving last-known-good endpoints")
+REVISION = Gauge("kvmesh_failover_revision", "Revision of the published endpoint sets")

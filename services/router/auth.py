@@ -1,0 +1,85 @@
+"""API keys (constant-time comparison) and per-key token-bucket rate limits. Pure: `now` is passed in.
+
+Rate limit per key: a bucket of `burst` tokens refilled at `rate` per second;
+
+    tokens(now) = min(burst, tokens(t_last) + rate · (now − t_last))
+    allow ⇔ tokens(now) ≥ 1  (then tokens −= 1), else retry_after = (1 − tokens(now)) / rate
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvmesh.errors import ResourceExhausted, Unauthenticated
+
+
+class ApiKeys:
+    """The set of accepted keys; an empty set disables authentication."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self._keys = [k.encode() for k in keys if k]
+
+    @classmethod
+    def load(cls, path: str = "", env_var: str = "KVMESH_API_KEYS") -> ApiKeys:
+        """Keys from a file (one per line, `#` comments) and/or a comma-separated environment variable."""
+        keys: list[str] = []
+        if path:
+            for line in Path(path).read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        keys += [k.strip() for k in os.environ.get(env_var, "").split(",") if k.strip()]
+        return cls(keys)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def check(self, presented: str | None) -> str:
+        """Returns the key's identity for rate limiting; raises Unauthenticated. Compares every key in full."""
+        if not self._keys:
+            return "anonymous"
+        if not presented:
+            raise Unauthenticated("missing API key")
+        p = presented.encode()
+        ok = False
+        for k in self._keys:
+            ok |= hmac.compare_digest(p, k)
+        if not ok:
+            raise Unauthenticated("unknown API key")
+        return presented
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    last: float
+
+
+class RateLimiter:
+    """Token bucket per key; `rate <= 0` disables limiting. Bounded: at most `max_keys` buckets."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int = 100_000) -> None:
+        self.rate = rate
+        self.burst = max(burst, 1.0)
+        self.max_keys = max_keys
+        self._buckets: dict[str, _Bucket] = {}
+
+    def acquire(self, key: str, now: float) -> None:
+        """Take one token for `key` or raise ResourceExhausted with the time until the next token."""
+        if self.rate <= 0:
+            return
+        b = self._buckets.get(key)
+        if b is None:
+            if len(self._buckets) >= self.max_keys:
+                self._buckets.pop(next(iter(self._buckets)))
+            b = self._buckets[key] = _Bucket(self.burst, now)
+        b.tokens = min(self.burst, b.tokens + self.rate * max(now - b.last, 0.0))
+        b.last = now
+        if b.tokens >= 1.0:
+            b.tokens -= 1.0
+            return
+        raise ResourceExhausted("rate limit exceeded for this API key", retry_after_s=(1.0 - b.tokens) / self.rate)

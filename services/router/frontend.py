@@ -1,0 +1,95 @@
+"""What gRPC and HTTP share in front of the core: authentication, rate limits, tokenisation, admin actions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from kvmesh.errors import NotFound
+from kvmesh.routing import Profile
+from kvmesh.rpc.validate import in_range, require
+from kvmesh.services.router.auth import ApiKeys, RateLimiter
+from kvmesh.services.router.core import RouterCore
+from kvmesh.services.router.tokenize import RouterTokenizer
+from kvmesh.v1 import common_pb2, router_pb2
+
+
+class Frontend:
+    """Auth → rate limit → tokenise, plus the admin operations (rebalance, list, drain)."""
+
+    def __init__(
+        self, core: RouterCore, tokenizer: RouterTokenizer, keys: ApiKeys, limiter: RateLimiter, model_name: str
+    ) -> None:
+        self.core = core
+        self.tokenizer = tokenizer
+        self.keys = keys
+        self.limiter = limiter
+        self.model_name = model_name
+
+    def authorize(self, presented: str | None) -> str:
+        """Checks the API key (Unauthenticated) and takes a rate-limit token (ResourceExhausted)."""
+        ident = self.keys.check(presented)
+        self.limiter.acquire(ident, time.monotonic())
+        return ident
+
+    @staticmethod
+    def check_sampling(sp: common_pb2.SamplingParams) -> None:
+        in_range(sp.temperature, "temperature", 0.0, 10.0)
+        in_range(sp.top_p, "top_p", 0.0, 1.0)
+        require(sp.top_k >= -1, "top_k", f"must be >= -1, got {sp.top_k}")
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        require(len(messages) > 0, "messages", "must not be empty")
+        for role, _ in messages:
+            require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
+        return self.tokenizer.encode(self.tokenizer.render_chat(messages))
+
+    # ---- admin -------------------------------------------------------------------------------------
+    @property
+    def profile(self) -> Profile:
+        return self.core.profile
+
+    def rebalance(self, prefill_weight: float, decode_weight: float) -> tuple[float, float]:
+        """Sets alpha = prefill / (prefill + decode); effective for the next decision."""
+        in_range(prefill_weight, "prefill_weight", 0.0)
+        in_range(decode_weight, "decode_weight", 0.0)
+        require(prefill_weight + decode_weight > 0, "prefill_weight", "prefill_weight + decode_weight must be > 0")
+        self.profile.set_weights(prefill_weight=prefill_weight, decode_weight=decode_weight)
+        return self.weights()
+
+    def weights(self) -> tuple[float, float]:
+        w = self.profile.weights()
+        a = next((v for k, v in w.items() if k.endswith(".prefill_weight")), 0.5)
+        return a, 1.0 - a
+
+    def drain(self, worker_id: str, drain: bool) -> int:
+        h = self.core.pool.by_id.get(worker_id)
+        if h is None:
+            raise NotFound(f"unknown worker {worker_id!r}")
+        h.view.draining = drain
+        return h.view.inflight_requests
+
+    def list_workers(self) -> router_pb2.ListWorkersResponse:
+        now = time.monotonic()
+        views = self.core.pool.views(now)
+        self.core.tracker.apply(views)
+        out = router_pb2.ListWorkersResponse()
+        out.prefill_weight, out.decode_weight = self.weights()
+        for h in self.core.pool.handles:
+            v = h.view
+            st = out.workers.add()
+            st.endpoint.id = v.id
+            st.endpoint.role = common_pb2.SERVICE_ROLE_WORKER
+            st.endpoint.address = h.address
+            st.endpoint.zone = v.zone
+            st.endpoint.version = v.version
+            st.endpoint.health = common_pb2.HEALTH_STATE_PASSING if v.healthy else common_pb2.HEALTH_STATE_CRITICAL
+            st.load.CopyFrom(h.last_report)
+            st.circuit = h.breaker.view_state(now).value
+            st.draining = v.draining
+            st.in_flight = v.inflight_requests
+            st.selections_total = h.selections_total
+        return out

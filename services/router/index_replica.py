@@ -1,0 +1,113 @@
+"""The router's replica of the cache-manager's prefix index, with a FindMatches fallback.
+
+`WatchIndex` streams a snapshot (deltas flagged `snapshot`, ended by `snapshot_done`) and then live deltas;
+they are applied to a local `kvmesh.index.PrefixIndex`, so `matches(hashes)` is a local, microsecond call.
+While the stream is down or the snapshot incomplete the replica is *stale* and `matches` asks the
+cache-manager with `FindMatches` (bounded by `fallback_timeout_s`; on failure routing continues without
+overlap). A new stream starts from a fresh snapshot, so a gap can never leave the replica silently wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from kvmesh.config import ServerSettings
+from kvmesh.index import PrefixIndex
+from kvmesh.rpc.channel import open_channel
+from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class IndexReplica:
+    """Local index kept by WatchIndex; `address == ""` means no cache-manager (no overlap information)."""
+
+    def __init__(self, address: str, settings: ServerSettings, fallback_timeout_s: float = 0.25) -> None:
+        self.address = address
+        self.fallback_timeout_s = fallback_timeout_s
+        self.index = PrefixIndex()
+        self.fresh = False
+        self.revision = 0
+        self.fallbacks = 0
+        self.synced = asyncio.Event()
+        self.updated = asyncio.Event()  # set after every applied message (tests and metrics wait on it)
+        self._channel = open_channel(address, settings) if address else None
+        self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        if self._stub is not None:
+            self._task = asyncio.create_task(self._follow())
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def matches(self, hashes: Sequence[int] | np.ndarray) -> dict[str, int]:
+        """{worker: matched leading blocks}; local when fresh, else FindMatches, else {}."""
+        if len(hashes) == 0:
+            return {}
+        if self.fresh:
+            return self.index.find_matches(hashes)
+        if self._stub is None:
+            return {}
+        self.fallbacks += 1
+        req = cache_manager_pb2.FindMatchesRequest(
+            block_hashes=cache_manager_pb2.BlockHashes(hashes=[int(h) for h in hashes])
+        )
+        try:
+            resp = await self._stub.FindMatches(req, timeout=self.fallback_timeout_s)
+        except grpc.aio.AioRpcError as e:
+            log.debug("FindMatches failed: %s", e.code().name)
+            return {}
+        return {m.worker_id: m.matched_blocks for m in resp.matches}
+
+    def apply(self, msg: cache_manager_pb2.WatchIndexResponse) -> None:
+        """Apply one WatchIndex message to the local index."""
+        idx = self.index
+        for d in msg.deltas:
+            if d.cleared:
+                idx.clear(d.worker_id)
+            if d.removed:
+                idx.remove(d.worker_id, np.fromiter(d.removed, dtype=np.uint64, count=len(d.removed)))
+            if d.stored:
+                parent = d.parent if d.HasField("parent") else None
+                idx.store(d.worker_id, parent, np.fromiter(d.stored, dtype=np.uint64, count=len(d.stored)))
+        self.revision = msg.revision or self.revision
+        if msg.snapshot_done:
+            self.fresh = True
+            self.synced.set()
+        self.updated.set()
+
+    async def _follow(self) -> None:
+        assert self._stub is not None
+        backoff = 0.05
+        while not self._stopping.is_set():
+            self.fresh = False
+            self.index = PrefixIndex()
+            try:
+                async for msg in self._stub.WatchIndex(cache_manager_pb2.WatchIndexRequest()):
+                    self.apply(msg)
+                    backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as e:
+                log.info("index watch ended: %s", e.code().name)
+            except Exception:
+                log.exception("index watch failed")
+            self.fresh = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+            backoff = min(backoff * 2, 2.0)

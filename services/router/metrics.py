@@ -1,0 +1,25 @@
+"""Router metrics (Prometheus). Latencies in seconds; names `kvmesh_router_*` plus the two issue-named counters."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+_ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_DEC = (0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
+
+TTFT = Histogram("kvmesh_router_ttft_seconds", "Time to first token seen by the client", buckets=_LAT)
+ITL = Histogram("kvmesh_router_itl_seconds", "Inter-token latency (per streamed message)", buckets=_ITL)
+E2E = Histogram("kvmesh_router_e2e_seconds", "End-to-end request latency", buckets=_LAT)
+DECISION = Histogram("kvmesh_router_decision_seconds", "Routing decision latency", buckets=_DEC)
+SELECTIONS = Counter("kvmesh_router_selections_total", "Requests routed, per worker", ["worker"])
+ROUTED_PROMPT_TOKENS = Counter("kvmesh_router_prompt_tokens_total", "Prompt tokens of routed requests")
+ROUTED_CACHED_TOKENS = Counter(
+    "kvmesh_router_cached_tokens_total", "Prompt tokens the chosen worker had cached (index), per routing"
+)
+RETRIES = Counter("kvmesh_retries_total", "Requests re-sent to another worker before their first token")
+MIGRATIONS = Counter("kvmesh_migrations_total", "Requests resumed on another worker mid-stream")
+REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
+QUEUE_LEN = Gauge("kvmesh_router_queue_length", "Requests waiting for admission", ["queue"])
+QUEUE_RUNNING = Gauge("kvmesh_router_queue_running", "Requests holding an admission slot", ["queue"])
+WORKERS_ROUTABLE = Gauge("kvmesh_router_workers_routable", "Workers healthy, not draining, circuit closed")

@@ -1,0 +1,77 @@
+"""Tokenisation in the router (once per request): HF `tokenizers` from the served model's folder.
+
+Model folder resolution: `--model`, else `$KVMESH_HOME/models/tiny-llama`, else
+`~/.cache/kvmesh/models/tiny-llama` (built by `scripts/build_tiny_model.py`); with no folder at all the
+router uses the simulated engine's byte tokenizer (`kvmesh.engine.tokenizer.ByteTokenizer`), which is what
+sim workers without a model use. Chat messages are rendered with the folder's `chat_template`
+(tokenizer_config.json, Jinja) when it has one, else as `<|role|>\\ncontent\\n` lines ending with
+`<|assistant|>\\n`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model_dir(model: str) -> Path | None:
+    """The model folder to load the tokenizer from, or None."""
+    cands = [Path(model)] if model else []
+    if os.environ.get("KVMESH_HOME"):
+        cands.append(Path(os.environ["KVMESH_HOME"]) / "models" / "tiny-llama")
+    cands.append(Path.home() / ".cache" / "kvmesh" / "models" / "tiny-llama")
+    for c in cands:
+        if (c / "tokenizer.json").is_file():
+            return c
+    return None
+
+
+class RouterTokenizer:
+    """encode / decode / render_chat for one model."""
+
+    def __init__(self, model: str = "") -> None:
+        self.model_dir = resolve_model_dir(model)
+        self.tok: Tokenizer
+        self._template: Any = None
+        self.bos = ""
+        self.eos = ""
+        if self.model_dir is None:
+            log.warning("no tokenizer.json found (model=%r): using the byte tokenizer", model)
+            self.tok = ByteTokenizer()
+            self.name = model or "sim"
+            return
+        self.tok = HfTokenizer(self.model_dir)
+        self.name = self.model_dir.name
+        cfg_path = self.model_dir / "tokenizer_config.json"
+        if cfg_path.is_file():
+            cfg = json.loads(cfg_path.read_text())
+            self.bos = str(cfg.get("bos_token") or "")
+            self.eos = str(cfg.get("eos_token") or "")
+            tpl = cfg.get("chat_template")
+            if isinstance(tpl, str) and tpl:
+                import jinja2.sandbox
+
+                self._template = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(tpl)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids))
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        """Chat messages (role, content) → prompt text, ending where the assistant's answer starts."""
+        msgs = [{"role": r, "content": c} for r, c in messages]
+        if self._template is not None:
+            return str(
+                self._template.render(messages=msgs, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos)
+            )
+        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in msgs) + "<|assistant|>\n"

@@ -1,0 +1,192 @@
+"""The router's worker pool: one gRPC channel per worker, its info, its load-report stream and breaker.
+
+Each worker is followed by one supervised task: `GetInfo` (identity, zone, version, KV capacity), then
+`StreamLoad` at `load_interval_ms`; every report refreshes the worker's `WorkerView` and tells the in-flight
+tracker which assignments the report already includes. A broken stream marks the worker unhealthy and trips
+its breaker at once (a dead worker leaves rotation within one report interval plus the gRPC error, i.e.
+well under a second on loopback); a worker whose last report is older than `stale_after_s` is unhealthy too.
+The task reconnects with bounded exponential back-off until the pool stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from kvmesh.config import ServerSettings
+from kvmesh.kvevents import LoadReport
+from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
+from kvmesh.rpc.channel import open_channel
+from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def report_from_proto(r: common_pb2.LoadReport) -> LoadReport:
+    """Proto load report → domain `LoadReport`."""
+    return LoadReport(
+        worker_id=r.worker_id,
+        running=r.running,
+        waiting=r.waiting,
+        max_queue=r.max_queue,
+        kv_usage=r.kv_usage,
+        kv_blocks_total=r.kv_blocks_total,
+        kv_blocks_used=r.kv_blocks_used,
+        prefill_tokens_queued=r.prefill_tokens_queued,
+        decode_tokens_active=r.decode_tokens_active,
+        decode_latency_p50_ms=r.decode_latency_p50_ms,
+        decode_latency_p95_ms=r.decode_latency_p95_ms,
+        prefix_hit_rate=r.prefix_hit_rate,
+        error_rate=r.error_rate,
+        errors_total=r.errors_total,
+        timestamp=r.timestamp,
+    )
+
+
+@dataclass
+class WorkerHandle:
+    """One worker as the router holds it. `view.id` is the worker id from GetInfo ('' until known)."""
+
+    address: str
+    channel: grpc.aio.Channel
+    stub: worker_pb2_grpc.WorkerServiceStub
+    breaker: CircuitBreaker
+    view: WorkerView
+    model: str = ""
+    last_report_rx: float = float("-inf")
+    selections_total: int = 0
+    last_report: common_pb2.LoadReport = field(default_factory=common_pb2.LoadReport)
+
+
+class WorkerPool:
+    """All workers of this router; `routable_views(now)` is what the routing profile sees."""
+
+    def __init__(
+        self,
+        addresses: list[str],
+        settings: ServerSettings,
+        tracker: InflightTracker,
+        breaker: BreakerConfig | None = None,
+        load_interval_ms: int = 200,
+        stale_after_s: float = 2.0,
+    ) -> None:
+        self.tracker = tracker
+        self.load_interval_ms = load_interval_ms
+        self.stale_after_s = stale_after_s
+        self._breaker_cfg = breaker or BreakerConfig()
+        self._settings = settings
+        self.handles: list[WorkerHandle] = []
+        self.by_id: dict[str, WorkerHandle] = {}
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        for a in addresses:
+            self.add(a)
+
+    def add(self, address: str) -> WorkerHandle:
+        ch = open_channel(address, self._settings)
+        h = WorkerHandle(
+            address=address,
+            channel=ch,
+            stub=worker_pb2_grpc.WorkerServiceStub(ch),
+            breaker=CircuitBreaker(self._breaker_cfg),
+            view=WorkerView(id="", healthy=False),
+        )
+        self.handles.append(h)
+        if self._tasks:  # already started
+            self._tasks.append(asyncio.create_task(self._follow(h)))
+        return h
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._follow(h)) for h in self.handles]
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Waits until every worker has sent a load report (or `timeout_s`); True if all did."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        return self.ready.is_set()
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for h in self.handles:
+            await h.channel.close()
+
+    def views(self, now: float) -> list[WorkerView]:
+        """Views of every known worker; stale ones are marked unhealthy; circuit state as of `now`."""
+        out = []
+        for h in self.handles:
+            v = h.view
+            if not v.id:
+                continue
+            if v.healthy and now - h.last_report_rx > self.stale_after_s:
+                v.healthy = False
+            v.circuit = h.breaker.view_state(now)
+            out.append(v)
+        return out
+
+    def mark_failed(self, worker_id: str, now: float, reason: str) -> None:
+        """A call to the worker failed at the transport level: out of rotation until it reports again."""
+        h = self.by_id.get(worker_id)
+        if h is None:
+            return
+        h.view.healthy = False
+        h.breaker.force_open(now, reason)
+
+    async def _follow(self, h: WorkerHandle) -> None:
+        backoff = 0.05
+        while not self._stopping.is_set():
+            try:
+                info = await h.stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=2.0)
+                self._on_info(h, info)
+                stream = h.stub.StreamLoad(worker_pb2.StreamLoadRequest(interval_ms=self.load_interval_ms))
+                async for msg in stream:
+                    self._on_report(h, msg.report)
+                    backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as e:
+                if h.view.healthy:
+                    log.warning("worker %s (%s) out of rotation: %s", h.view.id, h.address, e.code().name)
+            except Exception:
+                log.exception("worker %s load stream failed", h.address)
+            if h.view.id and h.view.healthy:
+                h.view.healthy = False
+                h.breaker.force_open(time.monotonic(), "load stream lost")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _on_info(self, h: WorkerHandle, info: worker_pb2.GetInfoResponse) -> None:
+        wid = info.worker_id or h.address
+        if h.view.id and h.view.id != wid:
+            self.by_id.pop(h.view.id, None)
+            self.tracker.forget_worker(h.view.id)
+        h.view.id = wid
+        h.view.zone = info.zone
+        h.view.version = info.version
+        h.view.kv_blocks_total = info.kv_blocks_total
+        h.model = info.model
+        self.by_id[wid] = h
+
+    def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:
+        now = time.monotonic()
+        h.view.apply_report(report_from_proto(r))
+        h.view.report_ts = now
+        h.last_report = r
+        h.last_report_rx = now
+        if not h.view.healthy:
+            h.view.healthy = True
+            log.info("worker %s (%s) in rotation", h.view.id, h.address)
+        self.tracker.on_report(h.view.id, now)
+        if not self.ready.is_set() and all(x.last_report_rx > float("-inf") for x in self.handles):
+            self.ready.set()

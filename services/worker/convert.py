@@ -1,0 +1,120 @@
+"""Proto <-> domain conversions of the worker (GenerateRequest, outputs, load reports, KV events)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.v1 import common_pb2, worker_pb2
+
+FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+    "prefill_only": common_pb2.FINISH_REASON_LENGTH,
+}
+MASK64 = (1 << 64) - 1
+
+
+def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
+    """proto3 zero values mean "unset": top_p 0 -> 1, max_tokens 0 -> the worker's guard."""
+    return SamplingParams(
+        max_tokens=p.max_tokens or None,
+        min_tokens=p.min_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p or 1.0,
+        top_k=p.top_k,
+        seed=p.seed if p.HasField("seed") else None,
+        stop_token_ids=tuple(p.stop_token_ids),
+        stop=tuple(p.stop),
+        ignore_eos=p.ignore_eos,
+    )
+
+
+def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
+    kind = r.WhichOneof("prompt")
+    return EngineRequest(
+        request_id=r.request_id,
+        prompt_token_ids=tuple(r.token_ids.ids) if kind == "token_ids" else None,
+        prompt=r.text if kind == "text" else None,
+        sampling=sampling_from_proto(r.sampling),
+        prefill_only=r.prefill_only,
+        lora_name=r.lora_name or None,
+        tenant=r.tenant or None,
+    )
+
+
+def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker_pb2.GenerateResponse:
+    msg = worker_pb2.GenerateResponse(token_ids=list(o.token_ids), worker_id=worker_id)
+    if detokenize:
+        msg.text = o.text
+    if o.finished:
+        msg.finish_reason = FINISH.get(o.finish_reason or "", common_pb2.FINISH_REASON_STOP)
+        if o.usage is not None:
+            msg.usage.CopyFrom(
+                common_pb2.Usage(
+                    prompt_tokens=o.usage.prompt_tokens,
+                    cached_tokens=o.usage.cached_tokens,
+                    completion_tokens=o.usage.completion_tokens,
+                )
+            )
+    return msg
+
+
+def load_to_proto(r: LoadReport) -> common_pb2.LoadReport:
+    return common_pb2.LoadReport(
+        worker_id=r.worker_id, running=r.running, waiting=r.waiting, max_queue=r.max_queue,
+        kv_usage=r.kv_usage, kv_blocks_total=r.kv_blocks_total, kv_blocks_used=r.kv_blocks_used,
+        prefill_tokens_queued=r.prefill_tokens_queued, decode_tokens_active=r.decode_tokens_active,
+        decode_latency_p50_ms=r.decode_latency_p50_ms, decode_latency_p95_ms=r.decode_latency_p95_ms,
+        prefix_hit_rate=r.prefix_hit_rate, error_rate=r.error_rate, errors_total=r.errors_total,
+        timestamp=r.timestamp,
+    )  # fmt: skip
+
+
+def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
+    if isinstance(e, BlockStored):
+        bs = common_pb2.BlockStored(
+            block_hashes=[h & MASK64 for h in e.block_hashes],
+            token_ids=list(e.token_ids),
+            block_size=e.block_size,
+            lora_name=e.lora_name or "",
+            medium=e.medium or "",
+        )
+        if e.parent_block_hash is not None:
+            bs.parent_block_hash = e.parent_block_hash & MASK64
+        return common_pb2.KvEvent(block_stored=bs)
+    if isinstance(e, BlockRemoved):
+        return common_pb2.KvEvent(
+            block_removed=common_pb2.BlockRemoved(
+                block_hashes=[h & MASK64 for h in e.block_hashes], medium=e.medium or ""
+            )
+        )
+    assert isinstance(e, AllBlocksCleared)
+    return common_pb2.KvEvent(all_blocks_cleared=common_pb2.AllBlocksCleared())
+
+
+def batch_to_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
+    return common_pb2.KvEventBatch(
+        worker_id=b.worker_id, instance_id=b.instance_id, sequence=b.sequence, timestamp=b.timestamp,
+        events=[event_to_proto(e) for e in b.events], dp_rank=b.dp_rank,
+    )  # fmt: skip
+
+
+def dump_messages(
+    worker_id: str, instance_id: str, seq: int, blocks: Sequence[BlockStored], timestamp: float, chunk: int = 512
+) -> Iterator[tuple[int, common_pb2.KvEventBatch]]:
+    """(kind, batch) for a full dump: DUMP_BEGIN (first chunk), DUMP_CHUNK..., DUMP_END (empty); all carry
+    sequence = `seq`, the last live batch the dump includes."""
+    chunks = [blocks[i : i + chunk] for i in range(0, len(blocks), chunk)] or [[]]
+    for i, part in enumerate(chunks):
+        kind = common_pb2.KV_STREAM_KIND_DUMP_BEGIN if i == 0 else common_pb2.KV_STREAM_KIND_DUMP_CHUNK
+        yield kind, common_pb2.KvEventBatch(
+            worker_id=worker_id, instance_id=instance_id, sequence=seq, timestamp=timestamp,
+            events=[event_to_proto(e) for e in part],
+        )  # fmt: skip
+    yield (
+        common_pb2.KV_STREAM_KIND_DUMP_END,
+        common_pb2.KvEventBatch(worker_id=worker_id, instance_id=instance_id, sequence=seq, timestamp=timestamp),
+    )

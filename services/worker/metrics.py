@@ -1,0 +1,58 @@
+"""Worker Prometheus metrics (one worker per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from kvmesh.engine.base import Usage
+from kvmesh.kvevents import LoadReport
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+TTFT = Histogram("kvmesh_worker_ttft_seconds", "Time to first token", buckets=_TTFT_BUCKETS)
+ITL = Histogram("kvmesh_worker_inter_token_latency_seconds", "Time between streamed tokens", buckets=_ITL_BUCKETS)
+PREFILL_TOKENS = Counter("kvmesh_prefill_tokens_total", "Prompt tokens computed (prompt minus prefix-cache hits)")
+DECODE_TOKENS = Counter("kvmesh_decode_tokens_total", "Tokens generated")
+PROMPT_TOKENS = Counter("kvmesh_worker_prompt_tokens_total", "Prompt tokens received")
+PREFIX_HIT_TOKENS = Counter("kvmesh_worker_prefix_hit_tokens_total", "Prompt tokens served from the prefix cache")
+REQUESTS = Counter("kvmesh_worker_requests_total", "Finished generation requests", ["finish_reason"])
+KV_USAGE = Gauge("kvmesh_worker_kv_usage_ratio", "Fraction of KV blocks referenced by running requests")
+QUEUE = Gauge("kvmesh_worker_queue_length", "Requests waiting for admission")
+RUNNING = Gauge("kvmesh_worker_running_requests", "Requests running")
+PREFIX_HIT_RATE = Gauge("kvmesh_worker_prefix_hit_rate", "Prompt tokens hit in the prefix cache / prompt tokens")
+KV_EVENT_SEQ = Gauge("kvmesh_worker_kv_event_sequence", "Last KV event batch sequence number")
+
+
+def observe_finished(usage: Usage | None, finish_reason: str | None) -> None:
+    REQUESTS.labels(finish_reason or "unknown").inc()
+    if usage is None:
+        return
+    PROMPT_TOKENS.inc(usage.prompt_tokens)
+    PREFIX_HIT_TOKENS.inc(usage.cached_tokens)
+    PREFILL_TOKENS.inc(max(0, usage.prompt_tokens - usage.cached_tokens))
+    DECODE_TOKENS.inc(usage.completion_tokens)
+
+
+def observe_load(r: LoadReport) -> None:
+    KV_USAGE.set(r.kv_usage)
+    QUEUE.set(r.waiting)
+    RUNNING.set(r.running)
+    PREFIX_HIT_RATE.set(r.prefix_hit_rate)
+
+
+class StreamTimer:
+    """TTFT and inter-token latency of one stream, from a monotonic clock reading per delta."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.last: float | None = None
+
+    def tokens(self, now: float, n: int) -> None:
+        if n <= 0:
+            return
+        if self.last is None:
+            TTFT.observe(now - self.start)
+        else:
+            ITL.observe((now - self.last) / n)
+        self.last = now
