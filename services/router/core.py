@@ -13,8 +13,9 @@ For one request (token ids already known):
    `kvmesh_migrations_total`, at most `max_migrations`). The client sees one stream.
 5. closing the stream (client cancel) cancels the worker call, which aborts the request on the worker.
 
-Breaker samples: each finished attempt records its worst inter-message gap in ms (TTFT when only one
-message arrived) and success; transport failures trip the breaker at once.
+Breaker samples: each finished attempt records its worst inter-token gap in ms (0 when only one message
+arrived: time to first token grows with the prompt and the queue, so it is no sign of a sick worker) and
+success; transport failures trip the breaker at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from kvmesh.routing import Admission, InflightTracker, Profile, RouteRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.workers import WorkerPool
-from kvmesh.telemetry.tracing import tracer
+from kvmesh.telemetry.tracing import inject, tracer
 from kvmesh.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -224,18 +225,19 @@ class RouterCore:
             wreq.token_ids.CopyFrom(req.prompt)
             if generated:
                 wreq.token_ids.ids.extend(generated)
-            call = h.stub.Generate(wreq)
+            carrier: dict[str, str] = {}
+            inject(carrier)
+            call = h.stub.Generate(wreq, metadata=tuple(carrier.items()))
             n_tok = 0
             t_attempt = time.monotonic()
             t_prev = t_attempt
-            ttft_ms = max_gap_ms = 0.0
+            max_gap_ms = 0.0
             try:
                 async for resp in call:
                     t = time.monotonic()
                     if resp.token_ids:
                         if n_tok == 0:
                             self.tracker.first_token(rid)
-                            ttft_ms = (t - t_attempt) * 1000
                         else:
                             max_gap_ms = max(max_gap_ms, (t - t_prev) * 1000)
                         n_tok += 1
@@ -255,7 +257,7 @@ class RouterCore:
                             cached_tokens=min(u.cached_tokens, n_prompt),
                             completion_tokens=len(generated),
                         )
-                        h.breaker.record(t, max_gap_ms if n_tok > 1 else ttft_ms, True)
+                        h.breaker.record(t, max_gap_ms, True)
                         m.E2E.observe(t - started)
                         yield Chunk(list(resp.token_ids), resp.text, wid, migrations, resp.finish_reason, usage)
                         return

@@ -50,7 +50,7 @@ def procs() -> Iterator[list[ServiceProcess]]:
     for sp in reversed(started):
         try:
             sp.terminate(timeout=10)
-        except Exception:  # noqa: BLE001 - teardown must reach every process
+        except Exception:  # teardown must reach every process
             sp.kill()
 
 

@@ -206,6 +206,9 @@ async def test_version_weight_change_moves_that_share_of_client_traffic(
             seen = await watcher.wait_update(seen, deadline - time.monotonic())
         return watcher.current.router_weights
 
+    def v2_share_is(target: float) -> Callable[[dict[str, float]], bool]:
+        return lambda w: abs(w.get("a-router-v2", 0.0) - target) < 1e-6
+
     def share_v2(n: int = 1000) -> float:
         """Fraction of n evenly spread picks that land on the v2 router (what clients send it)."""
         picks = [watcher.current.pick((k + 0.5) / n) for k in range(n)]
@@ -219,11 +222,11 @@ async def test_version_weight_change_moves_that_share_of_client_traffic(
             for pct in (5, 10, 50):
                 await stub.SetTrafficWeights(failover_pb2.SetTrafficWeightsRequest(
                     weights=failover_pb2.TrafficWeights(version_weights={"v1": 100 - pct, "v2": pct})))
-                w = await until(lambda w, p=pct: abs(w.get("a-router-v2", 0.0) - p / 100) < 1e-6)
+                w = await until(v2_share_is(pct / 100))
                 assert abs(share_v2() - pct / 100) <= 0.002
                 assert sum(w.values()) == pytest.approx(1.0)
             await stub.RollbackTrafficWeights(failover_pb2.RollbackTrafficWeightsRequest())
-            await until(lambda w: abs(w.get("a-router-v2", 0.0) - 0.10) < 1e-6)
+            await until(v2_share_is(0.10))
             assert abs(share_v2() - 0.10) <= 0.002
     finally:
         await watcher.stop()

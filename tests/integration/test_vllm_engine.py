@@ -131,6 +131,16 @@ async def test_invalid_arguments_and_engine_keeps_serving(engine: VllmEngine) ->
     assert text[-1].usage is not None and text[-1].usage.prompt_tokens == len(await engine.tokenize("hello there"))
 
 
+@pytest.mark.asyncio(loop_scope="module")
+async def test_tenants_do_not_share_prefix_cache(engine: VllmEngine) -> None:
+    p = tuple(range(500, 500 + 2 * BS + 5))
+    a1 = await collect(engine, EngineRequest("t-a1", p, sampling=SamplingParams(max_tokens=1), tenant="A"))
+    b1 = await collect(engine, EngineRequest("t-b1", p, sampling=SamplingParams(max_tokens=1), tenant="B"))
+    a2 = await collect(engine, EngineRequest("t-a2", p, sampling=SamplingParams(max_tokens=1), tenant="A"))
+    cached = [o[-1].usage.cached_tokens if o[-1].usage else -1 for o in (a1, b1, a2)]
+    assert cached == [0, 0, 2 * BS]
+
+
 def test_translate_roundtrips_vllm_wire_format() -> None:
     """vLLM's own msgspec classes -> bytes -> kvmesh events."""
     import msgspec

@@ -140,3 +140,11 @@ async def test_queue_full_is_resource_exhausted_with_retry_info(tmp_path: Path) 
                 c.cancel()
     finally:
         assert sp.terminate(timeout=30) == 0
+
+
+async def test_prefill_only_warms_the_cache(stub: worker_pb2_grpc.WorkerServiceStub) -> None:
+    prompt = list(range(5000, 5000 + 3 * BS + 1))
+    warm = [m async for m in stub.Generate(gen_req("warm", prompt, prefill_only=True), timeout=10)]
+    assert len(warm) == 1 and not warm[0].token_ids and warm[0].usage.completion_tokens == 0
+    hit = [m async for m in stub.Generate(gen_req("use", prompt, max_tokens=1), timeout=10)]
+    assert hit[-1].usage.cached_tokens == 3 * BS

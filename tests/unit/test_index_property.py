@@ -232,3 +232,19 @@ def test_long_queries_across_internal_chunks(impl: Callable[..., Index]) -> None
     assert idx.find_matches(chain.tolist()) == want
     assert idx.find_matches(chain[:1000]) == {**want, "a": 1000}
     assert idx.find_matches(chain[:256]) == {w: 256 for w in want}
+
+
+def test_native_memory_per_pair_bound_without_sharing() -> None:
+    """Worst case for the C core's memory: 256 workers, no block shared (one 16-byte slot per pair, table load
+    down to 5/16 right after a doubling). Exact allocated bytes / pairs stays <= 60 at every size >= 20K pairs."""
+    if NativePrefixIndex is None:
+        pytest.skip("kvmesh.index._native is not built (pip install -e . compiles it)")
+    rng = np.random.default_rng(4)
+    idx = NativePrefixIndex()
+    worst = 0.0
+    for step in range(600):
+        idx.store(f"w{step % 256}", None, rng.integers(0, 2**64 - 1, size=1000, dtype=np.uint64))
+        if idx.num_pairs() >= 20_000:
+            worst = max(worst, idx.nbytes() / idx.num_pairs())
+    assert idx.num_pairs() == 600_000
+    assert 16 < worst <= 60

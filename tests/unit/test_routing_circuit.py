@@ -58,3 +58,17 @@ def test_half_open_probe_cycle_with_backoff() -> None:
     assert b.record(115.6, 50, True) is CircuitState.CLOSED
     b.force_open(200.0)
     assert b.retry_in(200.0) == pytest.approx(5.0)  # closing reset the back-off
+
+
+def test_counting_rule_equals_sorted_p95() -> None:
+    # the O(1) slow-count rule trips exactly when p95 of the window exceeds the threshold
+    import random
+
+    rng = random.Random(4)
+    for _ in range(200):
+        n = rng.randrange(20, 120)
+        lats = [rng.choice([100.0, 1500.0]) if rng.random() < 0.5 else rng.uniform(0, 2000) for _ in range(n)]
+        b = CircuitBreaker(BreakerConfig(min_samples=n, window_s=1e9))
+        for i, v in enumerate(lats):
+            b.record(float(i), v, True)
+        assert (b.current(float(n)) is CircuitState.OPEN) == (p95(lats) > 1200.0)

@@ -20,3 +20,9 @@ def test_default_allows_half_open_probe() -> None:
 
 def test_strict_keeps_only_closed() -> None:
     assert [w.id for w in CircuitClosedFilter(allow_half_open=False).filter(REQ, WS)] == ["closed"]
+
+
+def test_all_open_fails_open_unless_strict() -> None:
+    ws = [WorkerView("a", circuit=CircuitState.OPEN), WorkerView("b", circuit=CircuitState.OPEN)]
+    assert [w.id for w in CircuitClosedFilter().filter(REQ, ws)] == ["a", "b"]
+    assert list(CircuitClosedFilter(fail_open=False).filter(REQ, ws)) == []

@@ -78,10 +78,12 @@ def test_set_weights_validation_is_all_or_nothing() -> None:
 
 def test_rejected_by_names_the_emptying_filter_and_removed_counts() -> None:
     p = Profile.default(seed=0)
-    ws = [WorkerView("a", healthy=False), WorkerView("b", circuit=CircuitState.OPEN)]
+    ws = [WorkerView("a", healthy=False), WorkerView("b", draining=True)]
     d = p.decide(RouteRequest("r", 10), ws)
-    assert d.worker_id is None and d.rejected_by == "circuit-closed"
-    assert d.removed == {"healthy": 1, "circuit-closed": 1}
+    assert d.worker_id is None and d.rejected_by == "not-draining"
+    assert d.removed == {"healthy": 1, "not-draining": 1}
+    ws = [WorkerView("a", circuit=CircuitState.OPEN), WorkerView("b")]
+    assert p.decide(RouteRequest("r", 10), ws).removed == {"circuit-closed": 1}
     assert p.decide(RouteRequest("r", 10), []).rejected_by == "no-workers"
     full = [WorkerView("f", kv_usage=0.99, kv_blocks_total=100)]
     assert p.decide(RouteRequest("r", 10), full).rejected_by == "kv-headroom"

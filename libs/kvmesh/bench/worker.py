@@ -204,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         params["kv_blocks"] = SimEngineCore(cfg).pool.num_blocks
     else:
         params["kv_blocks"] = a.kv_blocks or 4096
-        result = asyncio.run(run_service(w, a.engine, a.speed, a.concurrency, a.block_size, a.max_model_len,
-                                         params["kv_blocks"]))
+        result = asyncio.run(
+            run_service(w, a.engine, a.speed, a.concurrency, a.block_size, a.max_model_len, params["kv_blocks"])
+        )
     print(json.dumps({"bench": "worker", **params, **result}))
     return 0
 

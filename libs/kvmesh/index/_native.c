@@ -11,14 +11,15 @@
  *   otherwise                -> 1..4 inline worker ids w[0..n-1], the rest 0xFFFF
  *
  * An entry spills when a 5th worker joins and goes back inline when its count drops to 3 (hysteresis), so
- * memory per distinct block is 16 B / load (load in (3/8, 3/4]) plus 8 * nwords B only for blocks held by
- * >= 4 workers. Per-worker block counts are kept; clear(worker) scans the table (O(capacity), stops early
- * once the worker's count reaches 0): no per-worker block lists, which would cost >= 8 B per pair.
+ * memory per distinct block is 16 B / load (load in (5/16, 5/8]: <= 51.2 B) plus 8 * nwords B only for
+ * blocks held by >= 4 workers. Tables >= 4 MiB are mmap'ed with MADV_HUGEPAGE. Per-worker block counts are
+ * kept; clear(worker) scans the table (O(capacity), stops early once the worker's count reaches 0): no
+ * per-worker block lists, which would cost >= 8 B per pair.
  *
  * find_matches(h_0..h_{n-1}): match(w) = max{m : w holds h_0..h_{m-1}}. Walk the query, intersecting the
  * alive worker set (bitmask + count; a single survivor is tracked by id) with each block's holders; a worker
  * leaving the set at block i gets i; stop when no worker is alive. Home slots are prefetched PREFETCH blocks
- * ahead, so the table's cache misses overlap.
+ * ahead, so the table's cache misses overlap (the walk is bound by those random DRAM accesses: ~1 line/block).
  *
  * Hashing: c_i = sum_k t[i,k] K_k; s_i = P s_{i-1} + c_i; h_i = F(s_i) with F(s) = y ^ (y >> 29),
  * y = M (s ^ (s >> 32)) (all mod 2^64). The caller passes K (per block size) and base = P * s_{-1}; this
@@ -41,6 +42,10 @@
 #define GOLD 0x9E3779B97F4A7C15ull
 #define HASH_P 0x9E3779B97F4A7C15ull
 #define HASH_M 0xBF58476D1CE4E5B9ull
+#ifndef LOAD_NUM
+#define LOAD_NUM 5 /* max load LOAD_NUM / LOAD_DEN */
+#define LOAD_DEN 8
+#endif
 #ifndef PREFETCH
 #define PREFETCH 16
 #endif
@@ -69,6 +74,9 @@ typedef struct {
 
 /* ------------------------------------------------------------------ small helpers */
 static inline uint64_t home_of(const Index *ix, uint64_t key) { return (key * GOLD) >> ix->shift; }
+
+/* prefetch the cache line of key's home slot (prefetching the next line as well measured slower) */
+static inline void prefetch_home(const Index *ix, uint64_t key) { __builtin_prefetch(&ix->slots[home_of(ix, key)]); }
 
 static inline uint32_t spill_idx(const Slot *s) { return (uint32_t)s->w[2] | ((uint32_t)s->w[3] << 16); }
 
@@ -153,12 +161,12 @@ static int set_capacity(Index *ix, uint64_t cap) {
     return 0;
 }
 
-/* room for `extra` more entries at load <= 3/4 */
+/* room for `extra` more entries at load <= LOAD_NUM / LOAD_DEN (5/8: short probe runs) */
 static int reserve(Index *ix, uint64_t extra) {
     uint64_t need = ix->live + extra;
-    if (need * 4 <= ix->cap * 3) return 0;
+    if (need * LOAD_DEN <= ix->cap * LOAD_NUM) return 0;
     uint64_t cap = ix->cap;
-    while (need * 4 > cap * 3) cap <<= 1;
+    while (need * LOAD_DEN > cap * LOAD_NUM) cap <<= 1;
     return set_capacity(ix, cap);
 }
 
@@ -391,7 +399,7 @@ static int Index_init(Index *ix, PyObject *args, PyObject *kw) {
     Py_ssize_t capacity = 1024;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|n", kwlist, &PyList_Type, &names, &capacity)) return -1;
     uint64_t cap = 16;
-    while ((uint64_t)capacity * 4 > cap * 3) cap <<= 1;
+    while ((uint64_t)capacity * LOAD_DEN > cap * LOAD_NUM) cap <<= 1;
     if (ix->slots) return 0; /* already initialised */
     ix->slots = alloc_slots(cap);
     if (!ix->slots) { PyErr_NoMemory(); return -1; }
@@ -432,9 +440,9 @@ static PyObject *Index_store(Index *ix, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t len = in.n - start < CHUNK ? in.n - start : CHUNK;
         const uint64_t *hs = u64_chunk(&in, start, len, buf);
         if (!hs || reserve(ix, (uint64_t)len) < 0) { err = 1; break; }
-        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) __builtin_prefetch(&ix->slots[home_of(ix, hs[k])]);
+        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) prefetch_home(ix, hs[k]);
         for (Py_ssize_t k = 0; k < len; k++) {
-            if (k + PREFETCH < len) __builtin_prefetch(&ix->slots[home_of(ix, hs[k + PREFETCH])]);
+            if (k + PREFETCH < len) prefetch_home(ix, hs[k + PREFETCH]);
             Slot *s = find(ix, hs[k]);
             if (!s) {
                 s = place(ix, hs[k]);
@@ -468,9 +476,9 @@ static PyObject *Index_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs
         Py_ssize_t len = in.n - start < CHUNK ? in.n - start : CHUNK;
         const uint64_t *hs = u64_chunk(&in, start, len, buf);
         if (!hs) { err = 1; break; }
-        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) __builtin_prefetch(&ix->slots[home_of(ix, hs[k])]);
+        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) prefetch_home(ix, hs[k]);
         for (Py_ssize_t k = 0; k < len; k++) {
-            if (k + PREFETCH < len) __builtin_prefetch(&ix->slots[home_of(ix, hs[k + PREFETCH])]);
+            if (k + PREFETCH < len) prefetch_home(ix, hs[k + PREFETCH]);
             Slot *s = find(ix, hs[k]);
             if (!s) continue;
             int r = entry_remove(ix, (uint64_t)(s - ix->slots), (uint16_t)w);
@@ -549,9 +557,9 @@ static PyObject *Index_find_matches(Index *ix, PyObject *arg) {
         Py_ssize_t len = in.n - start < CHUNK ? in.n - start : CHUNK;
         const uint64_t *hs = u64_chunk(&in, start, len, buf);
         if (!hs) { err = 1; goto done; }
-        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) __builtin_prefetch(&ix->slots[home_of(ix, hs[k])]);
+        for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) prefetch_home(ix, hs[k]);
         for (Py_ssize_t k = 0; k < len; k++) {
-            if (k + PREFETCH < len) __builtin_prefetch(&ix->slots[home_of(ix, hs[k + PREFETCH])]);
+            if (k + PREFETCH < len) prefetch_home(ix, hs[k + PREFETCH]);
             pos = start + k;
             const Slot *s = find(ix, hs[k]);
             if (pos == 0) {

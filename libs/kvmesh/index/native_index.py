@@ -2,7 +2,7 @@
 
 Semantics (radix tree over chained block hashes, see :mod:`kvmesh.index.prefix_index`):
 ``match(w) = max { m : w holds h_0, ..., h_{m-1} }``. The core is an open-addressing table
-``block hash -> holders`` (16-byte slots, load <= 3/4; 1-4 holders inline as uint16 worker slots, more as a
+``block hash -> holders`` (16-byte slots, load <= 5/8; 1-4 holders inline as uint16 worker slots, more as a
 ``ceil(W / 64)``-word bitmask in a spill pool), so memory per distinct block is ``16 / load`` bytes plus
 ``8 * ceil(W / 64)`` only for blocks held by >= 4 workers. ``find_matches`` walks the query once,
 intersecting the alive worker set with each block's holders, and stops when none is left.

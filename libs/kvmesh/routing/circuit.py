@@ -6,8 +6,10 @@ window holds at least `min_samples` outcomes and
 
     p95(latency_ms) > p95_threshold_ms (1200)   or   errors / samples > error_rate_threshold (0.01)
 
-(p95 = the value at rank ceil(0.95·n) of the sorted latencies; failures count toward the error rate
-only, not the latency). `force_open(now)` trips at once (a dead worker: connection refused, stream reset).
+(p95 = the value at rank r = ceil(0.95·n) of the n sorted latencies of successful outcomes; failures count
+toward the error rate only). Checked in O(1) per outcome: p95 > T ⇔ at least n − r + 1 latencies exceed T,
+so the breaker only counts the samples above T in the window. `force_open(now)` trips at once (a dead
+worker: connection refused, stream reset).
 
     CLOSED ──trip──▶ OPEN ──cool-down elapsed──▶ HALF_OPEN ──`probe_successes` good probes──▶ CLOSED
                        ▲                              │
@@ -59,6 +61,7 @@ class CircuitBreaker:
         self.reason = ""
         self._samples: deque[tuple[float, float, bool]] = deque()
         self._errors = 0
+        self._slow = 0
         self._opened_at = 0.0
         self._cooldown = self.cfg.cooldown_s
         self._probes_in_flight = 0
@@ -116,16 +119,19 @@ class CircuitBreaker:
         self._samples.append((now, latency_ms, ok))
         if not ok:
             self._errors += 1
+        elif latency_ms > cfg.p95_threshold_ms:
+            self._slow += 1
         self._trim(now)
         n = len(self._samples)
         if n >= cfg.min_samples:
             err = self._errors / n
+            n_ok = n - self._errors
             if err > cfg.error_rate_threshold:
                 self._open(now, f"error rate {err:.3f} > {cfg.error_rate_threshold}", backoff=False)
-            else:
-                lat = p95([s[1] for s in self._samples if s[2]])
-                if lat > cfg.p95_threshold_ms:
-                    self._open(now, f"p95 {lat:.0f} ms > {cfg.p95_threshold_ms:.0f} ms", backoff=False)
+            elif n_ok > 0 and self._slow >= n_ok - math.ceil(0.95 * n_ok) + 1:
+                self._open(
+                    now, f"p95 latency > {cfg.p95_threshold_ms:.0f} ms ({self._slow}/{n_ok} slow)", backoff=False
+                )
         return self.state
 
     def force_open(self, now: float, reason: str = "forced") -> None:
@@ -137,9 +143,11 @@ class CircuitBreaker:
         horizon = now - self.cfg.window_s
         s = self._samples
         while s and (s[0][0] < horizon or len(s) > self.cfg.max_samples):
-            _, _, ok = s.popleft()
+            _, lat, ok = s.popleft()
             if not ok:
                 self._errors -= 1
+            elif lat > self.cfg.p95_threshold_ms:
+                self._slow -= 1
 
     def _open(self, now: float, reason: str, backoff: bool) -> None:
         if backoff:
@@ -149,6 +157,7 @@ class CircuitBreaker:
         self._opened_at = now
         self._samples.clear()
         self._errors = 0
+        self._slow = 0
         self._probes_in_flight = 0
         self._probe_ok = 0
         self.trips += 1
@@ -159,5 +168,6 @@ class CircuitBreaker:
         self._cooldown = self.cfg.cooldown_s
         self._samples.clear()
         self._errors = 0
+        self._slow = 0
         self._probes_in_flight = 0
         self._probe_ok = 0

@@ -269,6 +269,7 @@ class BlockStored(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     LORA_NAME_FIELD_NUMBER: _builtins.int
     MEDIUM_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
     parent_block_hash: _builtins.int
     """The engine hash of the block before the first one; unset for a chain that starts at the prompt's beginning."""
     block_size: _builtins.int
@@ -277,6 +278,8 @@ class BlockStored(_message.Message):
     """LoRA adapter the blocks were computed with; empty for the base model."""
     medium: _builtins.str
     """Storage medium ("GPU", "CPU", ...); empty means the engine's main KV memory."""
+    tenant: _builtins.str
+    """Tenant (cache salt) the blocks were computed for; part of the index hash salt, so tenants never share."""
     @_builtins.property
     def block_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The engine's hashes of the blocks (opaque, engine-private)."""
@@ -294,10 +297,11 @@ class BlockStored(_message.Message):
         block_size: _builtins.int = ...,
         lora_name: _builtins.str = ...,
         medium: _builtins.str = ...,
+        tenant: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_parent_block_hash", b"_parent_block_hash", "parent_block_hash", b"parent_block_hash"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent_block_hash", b"_parent_block_hash", "block_hashes", b"block_hashes", "block_size", b"block_size", "lora_name", b"lora_name", "medium", b"medium", "parent_block_hash", b"parent_block_hash", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent_block_hash", b"_parent_block_hash", "block_hashes", b"block_hashes", "block_size", b"block_size", "lora_name", b"lora_name", "medium", b"medium", "parent_block_hash", b"parent_block_hash", "tenant", b"tenant", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__parent_block_hash: _TypeAlias = _typing.Literal["parent_block_hash"]  # noqa: Y015
     _WhichOneofArgType__parent_block_hash: _TypeAlias = _typing.Literal["_parent_block_hash", b"_parent_block_hash"]  # noqa: Y015
