@@ -50,6 +50,7 @@ class ServerSettings:
     ready_file: str = setting("", "write bound ports as JSON here once serving (used by tests and `kvmesh up`)")
     registry_file: str = setting("", "static registry YAML (embedded default discovery)")
     consul_url: str = setting("", "Consul agent HTTP address; enables Consul registration")
+    advertise_address: str = setting("", "host:port peers reach this gRPC server at (default: host:bound port)")
 
 
 def _flag(name: str) -> str:

@@ -9,12 +9,18 @@ Shapes mirror vLLM's `vllm/distributed/kv_events.py` so translation is one-to-on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:
-    """Blocks newly cached by the engine, in chain order; `token_ids` holds len(block_hashes)*block_size ids."""
+    """Blocks newly cached by the engine, in chain order; `token_ids` holds len(block_hashes)*block_size ids.
+
+    `tenant` is the cache salt the blocks were computed under (vLLM's `cache_salt`); it matters for the
+    first block of a chain, a child inherits its chain's tenant (it may be None when the parent is set).
+    """
 
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
@@ -22,6 +28,7 @@ class BlockStored:
     block_size: int
     lora_name: str | None = None
     medium: str | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,21 @@ class BlockRemoved:
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
     """The engine dropped its whole prefix cache (reset, restart)."""
+
+
+def cache_salt_of(extra_keys: Sequence[Any] | None, lora_name: str | None) -> str | None:
+    """The `cache_salt` in vLLM's untagged per-block event `extra_keys` entry, or None.
+
+    vLLM publishes, per block, `(lora_name?, (mm_id, offset)…, cache_salt?, embeds_digest…)` with the salt
+    only on the block that starts at token 0; strings are the LoRA name (first, when `lora_name` is set)
+    and the salt, so the salt is the string left after skipping the LoRA name.
+    """
+    if not extra_keys:
+        return None
+    strings = [k for k in extra_keys if isinstance(k, str)]
+    if lora_name is not None and strings and strings[0] == lora_name:
+        strings = strings[1:]
+    return strings[0] if strings else None
 
 
 KvEvent = BlockStored | BlockRemoved | AllBlocksCleared

@@ -6,6 +6,9 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.types import IngestResult
@@ -19,7 +22,7 @@ from kvmesh.services.cache_manager.warming import Warmer
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
-from kvmesh.warming import WarmingConfig
+from kvmesh.warming import Template, WarmingConfig, load_templates
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +70,26 @@ def parse_zmq(spec: str) -> tuple[str, str, str | None]:
     return wid, pub, replay or None
 
 
+def read_templates(path: str) -> list[Template]:
+    """Templates from a YAML/JSON file: a list of mappings, or a mapping with a `templates` list."""
+    if not path:
+        return []
+    data = yaml.safe_load(Path(path).read_text())
+    items = data.get("templates", []) if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: expected a list of templates")
+    return load_templates(items)  # no tokenizer here: templates give token_ids
+
+
 async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
     """Wires the cache-manager: store, core, servicer, ZMQ subscribers and periodic loops."""
     store, location = make_store(settings)
     core = CacheCore(settings.block_size, settings.model, store, window_s=settings.warm_window_s)
     cfg = WarmingConfig(threshold=settings.warm_threshold, window_s=settings.warm_window_s,
                         max_replicas=settings.warm_max_replicas)
-    warmer = Warmer(core, cfg, settings.warm_capacity_blocks, settings.warm_half_life_s)
+    warmer = Warmer(core, cfg, settings.warm_capacity_blocks, settings.warm_half_life_s,
+                    templates=read_templates(settings.warm_templates),
+                    lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None)
     servicer = CacheManagerServicer(core, warmer, runner.stopping, location)
     runner.add_servicer(cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer,
                         "kvmesh.v1.CacheManagerService")

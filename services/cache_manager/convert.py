@@ -14,7 +14,7 @@ def event_from_proto(e: common_pb2.KvEvent) -> KvEvent | None:
         s = e.block_stored
         parent = s.parent_block_hash if s.HasField("parent_block_hash") else None
         return BlockStored(tuple(s.block_hashes), parent, tuple(s.token_ids), s.block_size,
-                           s.lora_name or None, s.medium or None)
+                           s.lora_name or None, s.medium or None, s.tenant or None)
     if which == "block_removed":
         return BlockRemoved(tuple(e.block_removed.block_hashes), e.block_removed.medium or None)
     if which == "all_blocks_cleared":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -110,13 +111,14 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         validate_find_matches(request)
         core = self.core
         tokens = None
+        tenant = request.tenant or None
         if request.WhichOneof("query") == "token_ids":
             tokens = list(request.token_ids.ids)
             hashes = core.hashes_of(tokens, request.model, request.lora_name or None, request.tenant or None)
         else:
             hashes = list(request.block_hashes.hashes)
         t0 = time.perf_counter()
-        matches = core.find_matches(hashes, time.time(), tokens)
+        matches = core.find_matches(hashes, time.time(), tokens, tenant)
         m.QUERY_LATENCY.observe(time.perf_counter() - t0)
         m.HIT_RATIO.set(core.queries.hit_ratio)
         m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
@@ -173,6 +175,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     ) -> pb.SetWarmingPolicyResponse:
         p = request.policy
         require(not p.lfu_weight or 0.0 <= p.lfu_weight <= 1.0, "policy.lfu_weight", "must be in [0, 1]")
+        require(not p.window_s or 0.0 < p.window_s < math.inf, "policy.window_s", "must be positive and finite")
         return pb.SetWarmingPolicyResponse(policy=self.warmer.set_policy(p))
 
     # ---------------------------------------------------------------- checkpoints and stats

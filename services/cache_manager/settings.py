@@ -25,3 +25,7 @@ class CacheManagerSettings(ServerSettings):
     warm_capacity_blocks: int = setting(100_000, "blocks kept warm by the LFU+LRU policy")
     warm_half_life_s: float = setting(120.0, "half-life of the LFU+LRU score (large = LFU, small = LRU)")
     warm_interval_s: float = setting(10.0, "seconds between dynamic warming rounds (0 = off)")
+    warm_templates: str = setting("", "YAML/JSON file of prefix templates preloaded onto workers as they register "
+                                      "(a list of {name, token_ids, replicas}; replicas 0 = every worker)")
+    warm_lfu_weight: float = setting(-1.0, "keep-warm score: w·count + (1−w)·recency for w in [0, 1]; "
+                                           "< 0 = LRFU decayed count")

@@ -1,7 +1,14 @@
 """Warming actions of the cache-manager: prefill-only `Generate` calls through the worker API.
 
-Decisions come from `kvmesh.warming` (pure); this module supplies their inputs (holders from the index,
-load = a worker's share of the largest worker's indexed blocks) and issues the requests.
+Decisions come from `kvmesh.warming` (pure); this module supplies their inputs and issues the requests:
+
+* holders of a prefix = workers whose indexed blocks match all of its full blocks (under its tenant);
+* load(w) = indexed blocks of w / Σ indexed blocks of the registered workers (a worker holding at least
+  `max_load` of the zone's cached blocks takes no more dynamic warming; 0 for all while the index is empty);
+* static templates (`--warm-templates`) are preloaded when workers register (and retried every round) onto
+  `replicas` workers each (0 = every worker); completed preloads count as held even before their KV events
+  reach the index, so a template is not sent twice to one worker;
+* every FindMatches observation of a warm prefix is an access of the LFU+LRU warm set (`on_observe`).
 """
 
 from __future__ import annotations
@@ -20,39 +27,81 @@ from kvmesh.rpc.channel import open_channel
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from kvmesh.warming import HybridWarmSet, WarmAction, WarmingConfig, plan_dynamic
+from kvmesh.warming import HybridWarmSet, Template, WarmAction, WarmingConfig, plan_dynamic, plan_static
 from kvmesh.warming.decide import pick_workers
 from kvmesh.warming.stats import PrefixInfo
 
 log = logging.getLogger(__name__)
+ANY_LOAD = 2.0  # above every load share: operator-requested warming (templates, WarmPrefixes) is not gated
 
 
 class Warmer:
     """Worker registry + warming rounds (see module docstring)."""
 
     def __init__(self, core: CacheCore, cfg: WarmingConfig, capacity_blocks: int, half_life_s: float,
-                 request_timeout_s: float = 60.0) -> None:
+                 request_timeout_s: float = 60.0, templates: Sequence[Template] = (),
+                 lfu_weight: float | None = None) -> None:
         self.core = core
         self.cfg = cfg
-        self.warm = HybridWarmSet(capacity_blocks, half_life_s)
+        self.warm = HybridWarmSet(capacity_blocks, half_life_s, lfu_weight)
         self.addresses: dict[str, str] = {}
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.request_timeout_s = request_timeout_s
         self.actions_total = 0
+        self.templates = list(templates)
+        self.static_done: dict[int, set[str]] = {}  # template index -> workers a preload completed on
+        self._static_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[int]] = set()
+        core.on_observe = self._touched
+
+    def _touched(self, keys: Sequence[int], now: float) -> None:
+        for k in keys:
+            self.warm.touch(k, now)
 
     def register(self, worker_id: str, address: str) -> None:
-        if address:
+        """A worker said hello; a new address triggers the static preload (in the background)."""
+        if address and self.addresses.get(worker_id) != address:
             self.addresses[worker_id] = address
+            self.channels.pop(worker_id, None)
+            if self.templates:
+                t = asyncio.ensure_future(self.static_round())
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
 
     def loads(self) -> dict[str, float]:
-        """load(w) = indexed blocks of w / max over workers (only workers with an address)."""
+        """load(w) = indexed blocks of w / Σ indexed blocks over the registered workers (0 when empty)."""
         n = {w: self.core.index.num_blocks(w) for w in self.addresses}
-        top = max(n.values(), default=0) or 1
-        return {w: v / top for w, v in n.items()}
+        total = sum(n.values()) or 1
+        return {w: v / total for w, v in n.items()}
 
-    def holders(self, token_ids: Sequence[int]) -> set[str]:
-        hs = self.core.hashes_of(token_ids)
+    def holders(self, token_ids: Sequence[int], tenant: str | None = None) -> set[str]:
+        hs = self.core.hashes_of(token_ids, tenant=tenant)
         return {w for w, k in self.core.index.find_matches(hs).items() if k == len(hs)}
+
+    async def static_round(self) -> int:
+        """Preload the templates still missing replicas (serialised); returns requests completed."""
+        if not self.templates:
+            return 0
+        async with self._static_lock:
+            keys = [self._template_key(i, t) for i, t in enumerate(self.templates)]
+            index_of = {k: i for i, k in enumerate(keys)}
+
+            def holders(t: Template) -> set[str]:
+                i = self.templates.index(t)
+                return self.holders(t.token_ids) | self.static_done.get(i, set())
+
+            plan = plan_static(self.templates, self.loads(), holders, self.warm,
+                               lambda t: keys[self.templates.index(t)], self.core.block_size, ANY_LOAD)
+            done = await self.issue(plan.actions)
+            for a, ok in done:
+                if ok:
+                    self.static_done.setdefault(index_of[a.key], set()).add(a.worker)
+            return sum(ok for _a, ok in done)
+
+    def _template_key(self, i: int, t: Template) -> int:
+        """Warm-set key of a template: the index hash of its last full block (else its position)."""
+        hs = self.core.hashes_of(t.token_ids)
+        return hs[-1] if hs else i
 
     async def warm_now(self, prompts: Sequence[Sequence[int]], replicas: int) -> int:
         """Make each prompt held by `replicas` workers (0 = policy default 1 + …); returns requests sent."""
@@ -61,33 +110,35 @@ class Warmer:
         for p in prompts:
             have = self.holders(p)
             want = (replicas or 1) - len(have)
-            for w in pick_workers(have, loads, want, self.cfg.max_load):
+            for w in pick_workers(have, loads, want, ANY_LOAD):
                 actions.append(WarmAction(w, 0, tuple(p), "manual"))
-        return await self.issue(actions)
+        return sum(ok for _a, ok in await self.issue(actions))
 
     async def dynamic_round(self) -> int:
-        """One round of dynamic warming."""
+        """One round: the static preloads still missing, then dynamic warming of hot prefixes."""
+        n = await self.static_round()
+
         def holders(_key: int, inf: PrefixInfo) -> set[str]:
-            return self.holders(inf.token_ids or ())
+            return self.holders(inf.token_ids or (), inf.tenant)
 
         plan = plan_dynamic(self.core.stats, time.time(), self.loads(), holders, self.warm, self.cfg)
         m.WARMING_COOLED.inc(len(plan.cooled))
-        return await self.issue(plan.actions)
+        return n + sum(ok for _a, ok in await self.issue(plan.actions))
 
-    async def issue(self, actions: Sequence[WarmAction]) -> int:
-        """Send prefill-only requests concurrently; returns how many completed."""
+    async def issue(self, actions: Sequence[WarmAction]) -> list[tuple[WarmAction, bool]]:
+        """Send prefill-only requests concurrently; returns (action, completed) pairs."""
         if not actions:
-            return 0
+            return []
         results = await asyncio.gather(*(self._prefill(a) for a in actions), return_exceptions=True)
-        ok = 0
+        out = []
         for a, r in zip(actions, results, strict=True):
             if isinstance(r, BaseException):
                 log.warning("warming %s on %s failed: %s", a.reason, a.worker, r)
             else:
-                ok += 1
                 m.WARMING.labels(a.reason).inc()
-        self.actions_total += ok
-        return ok
+                self.actions_total += 1
+            out.append((a, not isinstance(r, BaseException)))
+        return out
 
     async def _prefill(self, a: WarmAction) -> None:
         ch = self.channels.get(a.worker)
@@ -96,12 +147,13 @@ class Warmer:
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         req = worker_pb2.GenerateRequest(request_id=f"warm-{uuid.uuid4().hex[:12]}",
                                          token_ids=common_pb2.TokenIds(ids=list(a.token_ids)),
-                                         sampling=common_pb2.SamplingParams(max_tokens=1), prefill_only=True)
+                                         sampling=common_pb2.SamplingParams(max_tokens=1), prefill_only=True,
+                                         tenant=a.tenant or "")
         async for _ in stub.Generate(req, timeout=self.request_timeout_s):
             pass
 
     def set_policy(self, p: pb.WarmingPolicy) -> pb.WarmingPolicy:
-        """Apply non-zero fields; returns the policy in force."""
+        """Apply non-zero fields; returns the policy in force (lfu_weight 0 there = the default LRFU score)."""
         cfg = self.cfg
         if p.hot_threshold:
             cfg = replace(cfg, threshold=p.hot_threshold)
@@ -112,10 +164,15 @@ class Warmer:
             self.core.stats.window_s = p.window_s
         if p.capacity:
             self.warm.capacity = p.capacity
+        if p.lfu_weight:
+            self.warm.set_lfu_weight(p.lfu_weight)
         self.cfg = cfg
         return pb.WarmingPolicy(hot_threshold=cfg.threshold, window_s=cfg.window_s, max_replicas=cfg.max_replicas,
-                                capacity=self.warm.capacity, lfu_weight=p.lfu_weight)
+                                capacity=self.warm.capacity, lfu_weight=self.warm.lfu_weight or 0.0)
 
     async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for ch in self.channels.values():
             await ch.close()

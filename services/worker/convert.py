@@ -81,6 +81,7 @@ def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
             block_size=e.block_size,
             lora_name=e.lora_name or "",
             medium=e.medium or "",
+            tenant=e.tenant or "",
         )
         if e.parent_block_hash is not None:
             bs.parent_block_hash = e.parent_block_hash & MASK64

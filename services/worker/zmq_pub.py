@@ -37,6 +37,18 @@ class _BlockStored(_Event, tag="BlockStored"):
     lora_id: int | None
     medium: str | None
     lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+
+
+def extra_keys_of(e: BlockStored) -> list[tuple[Any, ...] | None] | None:
+    """Per-block `extra_keys` as vLLM publishes them (untagged): the LoRA name on every block, the cache salt
+    (tenant) after it on the block that starts at token 0 (an event without a parent), None when empty."""
+    n = len(e.block_hashes)
+    base: tuple[Any, ...] = (e.lora_name,) if e.lora_name else ()
+    keys: list[tuple[Any, ...] | None] = [base or None] * n
+    if e.tenant and e.parent_block_hash is None and n:
+        keys[0] = (*base, e.tenant)
+    return keys if any(k is not None for k in keys) else None
 
 
 class _BlockRemoved(_Event, tag="BlockRemoved"):
@@ -61,7 +73,7 @@ def encode_batch(b: KvEventBatch) -> bytes:
         if isinstance(e, BlockStored):
             parent = None if e.parent_block_hash is None else e.parent_block_hash & MASK64
             events.append(_BlockStored([h & MASK64 for h in e.block_hashes], parent, list(e.token_ids),
-                                       e.block_size, None, e.medium, e.lora_name))  # fmt: skip
+                                       e.block_size, None, e.medium, e.lora_name, extra_keys_of(e)))  # fmt: skip
         elif isinstance(e, BlockRemoved):
             events.append(_BlockRemoved([h & MASK64 for h in e.block_hashes], e.medium))
         elif isinstance(e, AllBlocksCleared):

@@ -164,3 +164,29 @@ def test_translate_roundtrips_vllm_wire_format() -> None:
     m.apply(evs[0])  # type: ignore[arg-type]
     m.apply(evs[1])  # type: ignore[arg-type]
     assert m.hashes() == {1} and m.dump()[0].token_ids == tuple(range(32))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_events_carry_the_tenant_into_a_tenant_isolated_index(engine: VllmEngine) -> None:
+    """vLLM puts the cache salt into the first block's `extra_keys` only; the adapter turns it into the
+    event's tenant and propagates it along the chain, so the cache-manager's index separates tenants."""
+    from kvmesh.cachemgr.core import CacheCore
+    from kvmesh.kvevents import KvEventBatch
+
+    events = engine.kv_event_batches()
+    q = tuple(range(600, 600 + 3 * BS + 5))
+    await collect(engine, EngineRequest("ten-1", q, sampling=SamplingParams(max_tokens=1), tenant="TA"))
+    got = await next_stored(events, 3)
+    q2 = (*q[: 3 * BS], *range(700, 740))  # 4 full blocks: 3 cached + 1 new, chained after block 3
+    await collect(engine, EngineRequest("ten-2", q2, sampling=SamplingParams(max_tokens=1), tenant="TA"))
+    got += await next_stored(events, 1)
+    await events.aclose()
+    st = [e for e in got if isinstance(e, BlockStored)]
+    assert st[0].parent_block_hash is None and st[0].tenant == "TA"
+    cont = [e for e in st if e.parent_block_hash is not None]
+    assert cont and all(e.tenant == "TA" for e in cont)  # no salt on the wire: inherited from the chain
+    core = CacheCore(BS, "vllm-model")
+    core.apply(KvEventBatch("w", "i", 0, 0.0, tuple(got)))
+    assert core.index.find_matches(core.hashes_of(q2, tenant="TA")) == {"w": 4}
+    assert core.index.find_matches(core.hashes_of(q2, tenant="TB")) == {}
+    assert core.index.find_matches(core.hashes_of(q2)) == {}

@@ -24,8 +24,10 @@ class RefHasher:
     """Chained blake2b over (parent, tokens, lora): the reference `BlockHasher` semantics."""
 
     def chain(self, parent: int | None, token_ids: Sequence[int], block_size: int,
-              lora_name: str | None) -> list[int]:
+              lora_name: str | None, tenant: str | None = None) -> list[int]:
         out, h = [], parent
+        if h is None and tenant:
+            h = int.from_bytes(hashlib.blake2b(tenant.encode(), digest_size=8).digest(), "big")
         for i in range(0, len(token_ids) - len(token_ids) % block_size, block_size):
             m = hashlib.blake2b(repr((h, lora_name, tuple(token_ids[i:i + block_size]))).encode(),
                                 digest_size=8)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import random
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -14,7 +15,9 @@ from typing import Any
 
 import grpc
 
+from kvmesh.bench.router_compare import free_port, run_http, start_compat_worker, start_third_party
 from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.services.router.tokenize import RouterTokenizer, resolve_model_dir
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DISTINCT = 64
@@ -103,34 +106,36 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--c1-requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument(
+        "--api", choices=("grpc", "http"), default="grpc", help="grpc: router vs direct; http: see --compare"
+    )
+    ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
+    ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
     a = ap.parse_args(list(argv))
+    compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
     max_len = max(sizes) + 64
     kv_blocks = max(65536, 4 * a.concurrency * max_len // a.block_size)
     procs: list[ServiceProcess] = []
+    others: dict[str, subprocess.Popen[bytes]] = {}
     with tempfile.TemporaryDirectory(prefix="kvmesh-bench-router-") as tmp:
         try:
-            workers = [
-                start_service(
-                    "worker",
-                    Path(tmp),
-                    "--engine",
-                    "sim",
-                    "--sim-speed",
-                    "0",
-                    "--block-size",
-                    str(a.block_size),
-                    "--kv-blocks",
-                    str(kv_blocks),
-                    "--max-model-len",
-                    str(max_len),
-                    "--max-queue",
-                    "100000",
-                    "--log-level",
-                    "WARNING",
-                )
-                for _ in range(a.workers)
-            ]
+            zmq = [f"tcp://127.0.0.1:{free_port()}" for _ in range(a.workers)] if "vllm" in compare else []
+            wargs = ["--engine", "sim", "--sim-speed", "0", "--block-size", str(a.block_size),
+                     "--kv-blocks", str(kv_blocks), "--max-model-len", str(max_len), "--max-queue", "100000",
+                     "--log-level", "WARNING"]  # fmt: skip
+            model_dir = resolve_model_dir("")
+            if a.api == "http":  # text prompts: everyone tokenises with the tiny model's tokenizer
+                if model_dir is None:
+                    raise SystemExit("--api http needs the tiny model: run scripts/build_tiny_model.py")
+                wargs += ["--model", str(model_dir)]
+            if compare:  # the same worker, plus the health paths third-party routers probe
+                workers = [
+                    start_compat_worker(Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if zmq else []))
+                    for i in range(a.workers)
+                ]
+            else:
+                workers = [start_service("worker", Path(tmp), *wargs) for _ in range(a.workers)]
             procs += workers
             router = start_service(
                 "router",
@@ -149,13 +154,33 @@ def main(argv: Sequence[str]) -> int:
                 "WARNING",
             )
             procs.append(router)
-            res = asyncio.run(_run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests))
+            if a.api == "grpc":
+                res = asyncio.run(_run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests))
+            else:
+                wurls = [f"http://127.0.0.1:{w.http_port}" for w in workers]
+                targets = {"direct": wurls, "kvmesh": [f"http://127.0.0.1:{router.http_port}"]}
+                for kind in compare:
+                    proc, url = start_third_party(
+                        kind, a.routers_path, wurls, zmq, a.block_size, Path(tmp) / f"{kind}.log"
+                    )
+                    others[kind] = proc
+                    targets[kind] = [url]
+                tok = RouterTokenizer(str(model_dir))
+                res = asyncio.run(run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests))
         finally:
+            for proc in others.values():
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             for sp in reversed(procs):
                 try:
                     sp.terminate(timeout=15)
                 except Exception:
                     sp.kill()
-    res.update({"bench": "router", "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency})
+    res.update(
+        {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
+    )
     print(json.dumps(res, sort_keys=True))
     return 0

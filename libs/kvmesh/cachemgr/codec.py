@@ -1,7 +1,8 @@
 """Compact binary encoding of KV events and of the ingestion log records (msgpack via msgspec).
 
 Event: `[0, engine hashes (u64 LE bytes), parent | None, token ids (u32 LE bytes), block_size, lora,
-medium]` for BlockStored, `[1, hashes, medium]` for BlockRemoved, `[2]` for AllBlocksCleared. Engine
+medium, tenant]` for BlockStored (records written before `tenant` existed have 7 items and decode
+with tenant None), `[1, hashes, medium]` for BlockRemoved, `[2]` for AllBlocksCleared. Engine
 hashes are taken modulo 2^64 (as ingestion does). A log record is `[kind, worker, …]`, one per input
 of the ingestion state machine, so replaying the records in order reproduces its state exactly.
 """
@@ -33,7 +34,7 @@ def event_to_wire(ev: KvEvent) -> list[Any]:
     if isinstance(ev, BlockStored):
         toks = np.asarray(ev.token_ids, dtype="<u4").tobytes()
         parent = None if ev.parent_block_hash is None else ev.parent_block_hash & MASK64
-        return [0, _u64(ev.block_hashes), parent, toks, ev.block_size, ev.lora_name, ev.medium]
+        return [0, _u64(ev.block_hashes), parent, toks, ev.block_size, ev.lora_name, ev.medium, ev.tenant]
     if isinstance(ev, BlockRemoved):
         return [1, _u64(ev.block_hashes), ev.medium]
     return [2]
@@ -44,7 +45,7 @@ def event_from_wire(w: list[Any]) -> KvEvent:
     if w[0] == 0:
         hs = tuple(np.frombuffer(w[1], dtype="<u8").tolist())
         toks = tuple(np.frombuffer(w[3], dtype="<u4").tolist())
-        return BlockStored(hs, w[2], toks, w[4], w[5], w[6])
+        return BlockStored(hs, w[2], toks, w[4], w[5], w[6], w[7] if len(w) > 7 else None)
     if w[0] == 1:
         return BlockRemoved(tuple(np.frombuffer(w[1], dtype="<u8").tolist()), w[2])
     return AllBlocksCleared()

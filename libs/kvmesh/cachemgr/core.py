@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvmesh.cachemgr import codec
@@ -56,6 +56,7 @@ class CacheCore:
         self._pending: list[bytes] = []
         self._store_lock = asyncio.Lock()
         self._hashers: dict[tuple[str, str | None], IndexHasher] = {}
+        self.on_observe: Callable[[Sequence[int], float], None] | None = None  # e.g. warm-set accesses
 
     # ------------------------------------------------------------ ingestion
     def _record(self, rec: codec.LogRecord, res: IngestResult) -> IngestResult:
@@ -119,13 +120,15 @@ class CacheCore:
         return h.chain(None, token_ids, self.block_size, lo)
 
     def find_matches(self, hashes: Sequence[int], now: float,
-                     token_ids: Sequence[int] | None = None) -> dict[str, int]:
-        """Matches, counted in the hit ratio and the prefix statistics."""
+                     token_ids: Sequence[int] | None = None, tenant: str | None = None) -> dict[str, int]:
+        """Matches, counted in the hit ratio and the prefix statistics (`on_observe` sees the keys)."""
         m = self.index.find_matches(hashes)
         self.queries.queries += 1
         self.queries.blocks_queried += len(hashes)
         self.queries.blocks_hit += max(m.values(), default=0)
-        self.stats.observe(hashes, now, token_ids, self.block_size)
+        keys = self.stats.observe(hashes, now, token_ids, self.block_size, tenant)
+        if self.on_observe is not None:
+            self.on_observe(keys, now)
         return m
 
     # ------------------------------------------------------------ watch

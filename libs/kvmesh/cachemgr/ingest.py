@@ -24,7 +24,10 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
   dump) is a resync point too: the worker's state after it is fully known, so ingestion resumes there.
 
 Index hashes of `BlockStored` blocks are derived from the token ids, chained after the parent's index hash
-(found through the engine→index map), so the index never depends on an engine's private hash seed.
+(found through the engine→index map), so the index never depends on an engine's private hash seed. A root
+block (no parent) is salted with `make_salt(model, lora, tenant)` of its event; a child inherits its
+chain's tenant through the parent's index hash (the salt enters a chain at its root only), so an event
+continuing a chain needs no tenant and cannot move a chain to another tenant.
 """
 
 from __future__ import annotations
@@ -283,7 +286,7 @@ class Ingestor:
             parent = st.hashes.parent(ev.parent_block_hash & MASK64)
             if parent is None:
                 raise InconsistentEvent(f"unknown parent block {ev.parent_block_hash:#x}")
-        ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name)
+        ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name, ev.tenant)
         new_run: list[int] = []
         run_parent = prev = parent
         for eh, ih in zip(ev.block_hashes, ihs, strict=True):

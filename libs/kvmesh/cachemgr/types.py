@@ -18,10 +18,14 @@ class IndexWriter(Protocol):
 
 
 class BlockHasher(Protocol):
-    """Derives index hashes for a run of full blocks chained after `parent` (an index hash, None = root)."""
+    """Derives index hashes for a run of full blocks chained after `parent` (an index hash, None = root).
+
+    `lora_name` and `tenant` salt a root; a chained run inherits its parent's salt.
+    """
 
     def chain(
-        self, parent: int | None, token_ids: Sequence[int], block_size: int, lora_name: str | None
+        self, parent: int | None, token_ids: Sequence[int], block_size: int, lora_name: str | None,
+        tenant: str | None = None,
     ) -> list[int]: ...
 
 

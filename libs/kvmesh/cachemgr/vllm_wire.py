@@ -6,7 +6,9 @@ msgpack of `KVEventBatch` = array `[ts, [events…], data_parallel_rank]`, each 
 (`vllm.distributed.kv_events.KVEventBatch`); otherwise an equivalent schema below does (unknown fields
 are ignored, so newer vLLM fields do not break it). Engine hashes may be bytes (sha256) or ints; bytes
 become `int.from_bytes(b, "big") mod 2^64`, exactly vLLM's own int conversion. Only KV-cache group
-`kv_group` is indexed (other groups of hybrid models use other block sizes).
+`kv_group` is indexed (other groups of hybrid models use other block sizes). The tenant of a chain is the
+`cache_salt` in its first block's `extra_keys` (see `kvmesh.kvevents.cache_salt_of`); continuations carry
+none and inherit it through their parent's index hash.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, cache_salt_of
 
 MASK64 = (1 << 64) - 1
 
@@ -32,6 +34,7 @@ class _BlockStored(_Ev, tag="BlockStored"):
     lora_id: int | None = None
     medium: str | None = None
     lora_name: str | None = None
+    extra_keys: list[Any] | None = None
     group_idx: int | None = None
 
 
@@ -85,8 +88,10 @@ def to_domain_events(raw_events: list[Any], kv_group: int = 0) -> tuple[KvEvent,
             continue
         if name == "BlockStored":
             parent = None if e.parent_block_hash is None else engine_hash(e.parent_block_hash)
+            keys = getattr(e, "extra_keys", None)
+            tenant = cache_salt_of(keys[0], e.lora_name) if keys and parent is None else None
             out.append(BlockStored(tuple(engine_hash(h) for h in e.block_hashes), parent,
-                                   tuple(e.token_ids), int(e.block_size), e.lora_name, e.medium))
+                                   tuple(e.token_ids), int(e.block_size), e.lora_name, e.medium, tenant))
         elif name == "BlockRemoved":
             out.append(BlockRemoved(tuple(engine_hash(h) for h in e.block_hashes), e.medium))
         elif name == "AllBlocksCleared":

@@ -40,7 +40,7 @@ from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, LoadReport
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, LoadReport, cache_salt_of
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,15 @@ def _ext_hash(h: Any) -> int:
 
 
 def translate_event(ev: Any) -> KvEvent | None:
-    """One vLLM `KVCacheEvent` -> the kvmesh domain event (None for unknown kinds)."""
+    """One vLLM `KVCacheEvent` -> the kvmesh domain event (None for unknown kinds).
+
+    The tenant is the `cache_salt` vLLM publishes in the first block's `extra_keys` (only on the block that
+    starts at token 0: a continuation carries None and inherits its chain's, see `CacheMirror`).
+    """
     from vllm.distributed import kv_events as ve
 
     if isinstance(ev, ve.BlockStored):
+        keys = getattr(ev, "extra_keys", None)
         return BlockStored(
             block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes),
             parent_block_hash=None if ev.parent_block_hash is None else _ext_hash(ev.parent_block_hash),
@@ -150,6 +155,7 @@ def translate_event(ev: Any) -> KvEvent | None:
             block_size=ev.block_size,
             lora_name=ev.lora_name,
             medium=ev.medium,
+            tenant=cache_salt_of(keys[0], ev.lora_name) if keys and ev.parent_block_hash is None else None,
         )
     if isinstance(ev, ve.BlockRemoved):
         return BlockRemoved(block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes), medium=ev.medium)
@@ -327,6 +333,7 @@ class VllmEngine:
         for ve in vevents:
             ev = translate_event(ve)
             if ev is not None:
+                ev = self.mirror.with_chain_tenant(ev)  # the salt rides on a chain's first block only
                 self.mirror.apply(ev)
                 out.append(ev)
         self.events.publish(out)

@@ -127,6 +127,8 @@ class ServiceRunner:
         metrics.SERVICE_INFO.labels(self.name, s.zone, s.version).set(1)
         for hook in self.on_started:
             await hook(self.ports)
+        if s.consul_url:
+            await self._register_in_consul()
         self._write_ready_file()
         log.info("%s serving gRPC on %s, HTTP on %s", self.name, self.ports.grpc_address, http_port)
         return self.ports
@@ -166,6 +168,31 @@ class ServiceRunner:
             with contextlib.suppress(OSError):
                 Path(self.settings.ready_file).unlink()
         log.info("%s stopped", self.name)
+
+    async def _register_in_consul(self) -> None:
+        """Registers this instance (zone, version, role; native gRPC health check, TTL fallback) and
+        deregisters it first thing on drain, so routers stop sending before the server stops accepting."""
+        from kvmesh.discovery.model import Health, Role
+        from kvmesh.discovery.registration import register_self, registry_from
+        from kvmesh.discovery.registry import CheckSpec
+
+        assert self.ports is not None
+        s = self.settings
+        registry = registry_from("", s.consul_url)
+        assert registry is not None
+
+        async def probe() -> Health:
+            return Health.CRITICAL if self.stopping.is_set() else Health.PASSING
+
+        http = f"{s.host}:{self.ports.http_port}" if self.ports.http_port else ""
+        await register_self(registry, instance_id=self.service_id, role=Role(self.name), zone=s.zone,
+                            version=s.version, address=s.advertise_address or self.ports.grpc_address,
+                            check=CheckSpec(use_tls=bool(s.tls_cert)), probe=probe,
+                            meta={"http": http} if http else None)
+        close = getattr(registry, "close", None)
+        if close is not None:
+            self.on_stopping.insert(0, close)
+        log.info("%s registered in Consul at %s as %s", self.name, s.consul_url, self.service_id)
 
     async def _start_http(self) -> int:
         self._http_runner = web.AppRunner(self.http_app, access_log=None)

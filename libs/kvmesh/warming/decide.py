@@ -39,6 +39,7 @@ class WarmAction:
     key: int
     token_ids: tuple[int, ...]
     reason: str
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -80,7 +81,7 @@ def plan_dynamic(stats: PrefixStats, now: float, loads: Mapping[str, float],
         have = holders(key, inf)
         room = cfg.max_actions - len(plan.actions)
         for w in pick_workers(have, loads, min(target - len(have), room), cfg.max_load):
-            plan.actions.append(WarmAction(w, key, inf.token_ids, "dynamic"))
+            plan.actions.append(WarmAction(w, key, inf.token_ids, "dynamic", inf.tenant))
     return plan
 
 

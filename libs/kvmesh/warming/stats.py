@@ -35,6 +35,7 @@ class PrefixInfo:
     total: int = 0
     last_seen: float = 0.0
     token_ids: tuple[int, ...] | None = None
+    tenant: str | None = None  # the cache salt the prefix was queried under (warming keeps it)
 
 
 class PrefixStats:
@@ -50,7 +51,7 @@ class PrefixStats:
         self.info: dict[int, PrefixInfo] = {}
 
     def observe(self, hashes: Sequence[int], now: float, token_ids: Sequence[int] | None = None,
-                block_size: int = 0) -> list[int]:
+                block_size: int = 0, tenant: str | None = None) -> list[int]:
         """Count one query whose block hashes are `hashes` (tokens kept for warming when given).
 
         Returns the checkpoint keys observed (the caller touches the warm ones in its `HybridWarmSet`).
@@ -65,7 +66,7 @@ class PrefixStats:
                 if len(self.info) >= self.max_keys:
                     parent = key
                     continue
-                inf = self.info[key] = PrefixInfo(n, parent)
+                inf = self.info[key] = PrefixInfo(n, parent, tenant=tenant)
             if inf.token_ids is None and token_ids is not None and block_size > 0 \
                     and n * block_size <= self.keep_tokens_up_to:
                 inf.token_ids = tuple(token_ids[: n * block_size])
@@ -112,7 +113,7 @@ class PrefixStats:
         """Plain data for checkpoints."""
         return {"window_s": self.window_s, "events": [list(e) for e in self.events],
                 "info": [[k, v.n_blocks, v.parent, v.count, v.total, v.last_seen,
-                          list(v.token_ids) if v.token_ids is not None else None]
+                          list(v.token_ids) if v.token_ids is not None else None, v.tenant]
                          for k, v in self.info.items()]}
 
     @classmethod
@@ -120,6 +121,7 @@ class PrefixStats:
         """Inverse of `export`."""
         s = cls(window_s=float(data["window_s"]))  # type: ignore[arg-type]
         s.events = deque((float(t), int(k)) for t, k in data["events"])  # type: ignore[attr-defined]
-        for k, n, p, c, tot, last, toks in data["info"]:  # type: ignore[attr-defined]
-            s.info[int(k)] = PrefixInfo(n, p, c, tot, last, tuple(toks) if toks is not None else None)
+        for k, n, p, c, tot, last, toks, *rest in data["info"]:  # type: ignore[attr-defined]
+            s.info[int(k)] = PrefixInfo(n, p, c, tot, last, tuple(toks) if toks is not None else None,
+                                        rest[0] if rest else None)  # snapshots before `tenant`: None
         return s

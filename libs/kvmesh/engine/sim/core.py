@@ -307,6 +307,7 @@ class SimEngineCore:
             first_depth=reg,
             parent_hash=seq.hashes[reg - 1] if reg else None,
             lora_name=seq.req.lora_name,
+            tenant=seq.req.tenant,
         )
         seq.num_registered = n_full
 

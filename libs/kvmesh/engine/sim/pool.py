@@ -25,6 +25,8 @@ class _Block:
     parent_hash: int | None = None
     token_ids: tuple[int, ...] = ()
     depth: int = 0  # position of the block in its chain (0 = first block of a prompt)
+    lora_name: str | None = None
+    tenant: str | None = None  # cache salt of the chain (events carry it; the index salts with it)
 
 
 class BlockPool:
@@ -107,7 +109,7 @@ class BlockPool:
                 del self._cached[b.block_hash]
                 removed.append(b.block_hash)
                 self.evictions += 1
-                b.block_hash, b.parent_hash, b.token_ids, b.depth = None, None, (), 0
+                b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant, b.lora_name = None, None, (), 0, None, None
             b.ref = 1
             out.append(bid)
         if removed:
@@ -122,11 +124,13 @@ class BlockPool:
         first_depth: int,
         parent_hash: int | None,
         lora_name: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Register newly filled blocks (chain order) under their hashes and emit one `BlockStored`.
 
-        `token_ids` holds len(block_ids)·block_size ids. A hash already cached elsewhere (a concurrent
-        request computed the same block) leaves this copy uncached, as vLLM does.
+        `token_ids` holds len(block_ids)·block_size ids; `tenant` (the chain's cache salt) rides on the events.
+        A hash already cached elsewhere (a concurrent request computed the same block) leaves this copy
+        uncached, as vLLM does.
         """
         bs = self.block_size
         stored_hashes: list[int] = []
@@ -136,17 +140,19 @@ class BlockPool:
             toks = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = parent_hash if i == 0 else hashes[i - 1]
             if h in self._cached:
-                self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name)
+                self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name, tenant)
                 stored_hashes, stored_tokens, run_parent = [], [], h
                 continue
             b = self._blocks[bid]
-            b.block_hash, b.parent_hash, b.token_ids, b.depth = h, parent, toks, first_depth + i
+            b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant = h, parent, toks, first_depth + i, tenant
+            b.lora_name = lora_name
             self._cached[h] = bid
             stored_hashes.append(h)
             stored_tokens.extend(toks)
-        self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name)
+        self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name, tenant)
 
-    def _flush_stored(self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None) -> None:
+    def _flush_stored(self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None,
+                      tenant: str | None) -> None:
         if hashes:
             self._events.append(
                 BlockStored(
@@ -155,6 +161,7 @@ class BlockPool:
                     token_ids=tuple(tokens),
                     block_size=self.block_size,
                     lora_name=lora_name,
+                    tenant=tenant,
                 )
             )
 
@@ -185,7 +192,7 @@ class BlockPool:
         if self.num_used:
             return False
         for b in self._blocks:
-            b.block_hash, b.parent_hash, b.token_ids, b.depth = None, None, (), 0
+            b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant, b.lora_name = None, None, (), 0, None, None
         self._cached.clear()
         self._events.append(AllBlocksCleared())
         return True
@@ -203,6 +210,8 @@ class BlockPool:
                 parent_block_hash=self._blocks[bid].parent_hash,
                 token_ids=self._blocks[bid].token_ids,
                 block_size=self.block_size,
+                lora_name=self._blocks[bid].lora_name,
+                tenant=self._blocks[bid].tenant,
             )
             for h, bid in items
         ]

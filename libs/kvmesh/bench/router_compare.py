@@ -1,0 +1,179 @@
+"""HTTP comparison of routers in front of the same instant workers (see `kvmesh.bench.router`).
+
+    python -m kvmesh.bench router --api http --compare sglang,vllm --routers-path DIR [--workers 16 ...]
+
+Every target gets the same OpenAI `POST /v1/completions` with a *text* prompt of about P tokens (the third-party
+routers accept only text prompts; workers and router use the tiny model's tokenizer) and `max_tokens=1`, from
+the same aiohttp client: `direct` (worker HTTP APIs, round-robin by the client), `kvmesh` (the kvmesh router's
+HTTP API), `sglang` (`sglang-router launch --policy cache_aware`) and `vllm` (`vllm-router --policy kv_aware`,
+fed by the workers' vLLM-format ZMQ KV events). The third-party routers are the PyPI packages
+`sglang-router` / `vllm-router`, installed by the caller into DIR (`pip install --target DIR --no-deps
+sglang-router vllm-router orjson`); they are started as subprocesses on free loopback ports and used once
+`GET /v1/models` answers through them (bounded wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from kvmesh.engine.tokenizer import Tokenizer
+from kvmesh.launcher import ServiceProcess, wait_ready, wait_serving
+
+DISTINCT = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(int(q * len(s)), len(s) - 1)]
+
+
+async def measure(send: Callable[[int], Awaitable[None]], n_c1: int, n_cc: int, concurrency: int) -> dict[str, float]:
+    for i in range(min(8, n_c1)):
+        await send(i)
+    lat = []
+    for i in range(n_c1):
+        t0 = time.perf_counter()
+        await send(i)
+        lat.append((time.perf_counter() - t0) * 1000)
+    nxt = 0
+
+    async def loop() -> None:
+        nonlocal nxt
+        while nxt < n_cc:
+            i = nxt
+            nxt += 1
+            await send(i)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return {
+        "c1_p50_ms": round(_pct(lat, 0.5), 3),
+        "c1_p99_ms": round(_pct(lat, 0.99), 3),
+        f"c{concurrency}_rps": round(n_cc / (time.perf_counter() - t0), 1),
+    }
+
+
+def start_third_party(
+    kind: str, routers_path: str, worker_urls: list[str], zmq: list[str], block_size: int, log: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts sglang-router (cache_aware) or vllm-router (kv_aware); returns (process, base URL)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": routers_path}
+    if kind == "sglang":
+        cmd = [sys.executable, f"{routers_path}/bin/sglang-router", "launch", "--policy", "cache_aware"]
+    else:
+        cmd = [sys.executable, f"{routers_path}/bin/vllm-router", "--policy", "kv_aware",
+               "--kv-event-block-size", str(block_size), "--kv-event-model", "sim"]  # fmt: skip
+        for u, z in zip(worker_urls, zmq, strict=True):
+            cmd += ["--kv-event-source", f"{u}={z}"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--health-check-endpoint", "/healthz",
+            "--health-check-interval-secs", "1", "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(free_port()),
+            "--worker-urls", *worker_urls]  # fmt: skip
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    _LOGS[proc.pid] = log
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_compat_worker(tmp: Path, *args: str, timeout: float = 60.0) -> ServiceProcess:
+    """A worker process through `router_worker_compat` (port 0, ready file, gRPC health: like the launcher)."""
+    ready = tmp / f"worker-compat-{time.monotonic_ns()}.ready.json"
+    log = ready.with_suffix(".log")
+    cmd = [sys.executable, "-m", "kvmesh.bench.router_worker_compat", "--port", "0", "--http-port", "0",
+           "--ready-file", str(ready), *args]  # fmt: skip
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    sp = ServiceProcess("worker", proc, ready, log)
+    wait_ready(sp, timeout)
+    wait_serving(sp.address, timeout)
+    return sp
+
+
+_LOGS: dict[int, Path] = {}
+
+
+def _log_tail(proc: subprocess.Popen[bytes]) -> str:
+    p = _LOGS.get(proc.pid)
+    return p.read_text(errors="replace")[-1500:] if p and p.exists() else ""
+
+
+async def wait_http(
+    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 60.0
+) -> None:
+    """Bounded readiness wait: `GET url/v1/models` answers 200 (the process must stay alive)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: router exited with {proc.returncode}: {_log_tail(proc)}")
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            async with session.get(url + "/v1/models") as r:
+                if r.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{url} not ready within {timeout}s: {_log_tail(proc) if proc else ''}")
+
+
+def make_text(tok: Tokenizer, n_tokens: int, rng: random.Random) -> str:
+    """Text of about `n_tokens` tokens under `tok`: random ids decoded, trimmed by re-encoding (bounded)."""
+    ids = [rng.randrange(3, 1000) for _ in range(n_tokens)]
+    text = tok.decode(ids)
+    for _ in range(8):
+        n = len(tok.encode(text))
+        if abs(n - n_tokens) <= max(n_tokens // 100, 4):
+            break
+        text = (
+            text[: max(int(len(text) * n_tokens / max(n, 1)), 1)]
+            if n > n_tokens
+            else text + " " + tok.decode([rng.randrange(3, 1000) for _ in range(n_tokens - n)])
+        )
+    return text
+
+
+async def run_http(
+    tok: Tokenizer,
+    targets: dict[str, list[str]],
+    procs: dict[str, subprocess.Popen[bytes]],
+    sizes: list[int],
+    requests: int,
+    concurrency: int,
+    c1_requests: int,
+) -> dict[str, Any]:
+    rng = random.Random(0)
+    out: dict[str, Any] = {name: {} for name in targets}
+    conn = aiohttp.TCPConnector(limit=4 * concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
+        for name, urls in targets.items():
+            await wait_http(session, urls[0], procs.get(name))
+        for p in sizes:
+            texts = [make_text(tok, p, rng) for _ in range(DISTINCT)]
+            out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / DISTINCT)
+            bodies = [{"model": "m", "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
+            for name, urls in targets.items():
+
+                async def send(i: int, urls: list[str] = urls, bodies: list[Any] = bodies) -> None:
+                    async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % DISTINCT]) as r:
+                        body = await r.read()
+                        if r.status != 200:
+                            raise RuntimeError(f"{r.status}: {body[:300]!r}")
+
+                out[name][str(p)] = await measure(send, c1_requests, requests, concurrency)
+    return out
