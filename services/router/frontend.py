@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -12,6 +13,8 @@ from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.tokenize import RouterTokenizer
 from kvmesh.v1 import common_pb2, router_pb2
+
+_INLINE_CHARS = 4096  # shorter texts are tokenised inline (a thread hop costs more than encoding them)
 
 
 class Frontend:
@@ -38,14 +41,18 @@ class Frontend:
         in_range(sp.top_p, "top_p", 0.0, 1.0)
         require(sp.top_k >= -1, "top_k", f"must be >= -1, got {sp.top_k}")
 
-    def tokenize_text(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
+    async def tokenize_text(self, text: str) -> list[int]:
+        """Token ids of `text`; long texts are encoded on a worker thread (HF tokenizers releases the GIL), so
+        the event loop keeps serving and several long prompts tokenise in parallel."""
+        if len(text) < _INLINE_CHARS:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode, text)
 
-    def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+    async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         require(len(messages) > 0, "messages", "must not be empty")
         for role, _ in messages:
             require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
-        return self.tokenizer.encode(self.tokenizer.render_chat(messages))
+        return await self.tokenize_text(self.tokenizer.render_chat(messages))
 
     # ---- admin -------------------------------------------------------------------------------------
     @property

@@ -109,7 +109,10 @@ class HttpApi:
     async def _json(self, request: web.Request) -> dict[str, Any]:
         if request.content_length is not None and request.content_length > self.max_request_bytes:
             raise InvalidArgument("body", f"request body larger than {self.max_request_bytes} bytes")
-        raw = await request.content.read(self.max_request_bytes + 1)
+        try:
+            raw = await request.read()  # the whole body (bounded by the app's client_max_size)
+        except web.HTTPRequestEntityTooLarge:
+            raise InvalidArgument("body", f"request body larger than {self.max_request_bytes} bytes") from None
         if len(raw) > self.max_request_bytes:
             raise InvalidArgument("body", f"request body larger than {self.max_request_bytes} bytes")
         try:
@@ -159,7 +162,7 @@ class HttpApi:
         body = await self._json(request)
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
-            ids = self.front.tokenize_text(prompt)
+            ids = await self.front.tokenize_text(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt):
             ids = [int(t) for t in prompt]
         else:
@@ -174,7 +177,7 @@ class HttpApi:
             isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(x.get("content"), str) for x in msgs
         ):
             raise InvalidArgument("messages", "must be a list of {role, content} objects with string values")
-        ids = self.front.tokenize_chat([(x["role"], x["content"]) for x in msgs])
+        ids = await self.front.tokenize_chat([(x["role"], x["content"]) for x in msgs])
         return await self._respond(request, body, self._gen_request(request, body, ids), chat=True)
 
     async def _respond(

@@ -41,12 +41,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             require(which is not None, "prompt", "one of text, token_ids or chat is required")
             f.check_sampling(request.sampling)
             if which == "text":
-                prompt = common_pb2.TokenIds(ids=f.tokenize_text(request.text))
+                prompt = common_pb2.TokenIds(ids=await f.tokenize_text(request.text))
             elif which == "token_ids":
                 prompt = request.token_ids
             else:
                 prompt = common_pb2.TokenIds(
-                    ids=f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
+                    ids=await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
                 )
             non_empty(prompt.ids, "prompt")
             rid = request.request_id or uuid.uuid4().hex

@@ -36,7 +36,7 @@ class RouterSettings(ServerSettings):
     max_retries: int = setting(3, "times one request may be re-sent before its first token")
     max_migrations: int = setting(3, "times one request may move to another worker")
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
-    worker_stale_s: float = setting(2.0, "a worker without a load report this long is out of rotation")
+    worker_stale_s: float = setting(10.0, "a worker without a load report this long is out of rotation")
     breaker_p95_ms: float = setting(1200.0, "circuit breaker: p95 latency threshold")
     breaker_error_rate: float = setting(0.01, "circuit breaker: error-rate threshold")
     breaker_cooldown_s: float = setting(5.0, "circuit breaker: first cool-down")

@@ -3,8 +3,9 @@
 Each worker is followed by one supervised task: `GetInfo` (identity, zone, version, KV capacity), then
 `StreamLoad` at `load_interval_ms`; every report refreshes the worker's `WorkerView` and tells the in-flight
 tracker which assignments the report already includes. A broken stream marks the worker unhealthy and trips
-its breaker at once (a dead worker leaves rotation within one report interval plus the gRPC error, i.e.
-well under a second on loopback); a worker whose last report is older than `stale_after_s` is unhealthy too.
+its breaker at once (a killed worker leaves rotation as soon as its connection breaks: well under a second
+on loopback); a worker that stays connected but sends no report for `stale_after_s` (10 s: an overloaded
+worker's reports can lag by seconds) is unhealthy too.
 The task reconnects with bounded exponential back-off until the pool stops.
 """
 
@@ -94,7 +95,7 @@ class WorkerPool:
         tracker: InflightTracker,
         breaker: BreakerConfig | None = None,
         load_interval_ms: int = 200,
-        stale_after_s: float = 2.0,
+        stale_after_s: float = 10.0,
     ) -> None:
         self.tracker = tracker
         self.load_interval_ms = load_interval_ms

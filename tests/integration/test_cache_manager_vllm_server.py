@@ -118,3 +118,39 @@ async def test_index_equals_vllm_prefix_cache(vllm_server: tuple[int, str, str, 
             await wait_blocks(stub, watch, prompt, len(prompt) // BS)
         assert checked >= 4  # the comparison covered real hits, not only misses
         watch.cancel()
+
+
+async def tenant_matches(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, prompt: list[int],
+                         tenant: str) -> int:
+    got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt), model="tiny",
+                                                       tenant=tenant))  # fmt: skip
+    return {m.worker_id: m.matched_blocks for m in got.matches}.get("vllm0", 0)
+
+
+@pytest.mark.asyncio
+async def test_cache_salt_isolates_tenants_in_the_index(vllm_server: tuple[int, str, str, Path],
+                                                        services: Callable[..., ServiceProcess]) -> None:
+    """Requests with `cache_salt` (vLLM's per-tenant salt, published in the first block's `extra_keys`):
+    the index shows each tenant only its own blocks, and nothing to a query without a tenant."""
+    port, pub, replay, _log = vllm_server
+    cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny", "--warm-interval-s", "0",
+                  "--checkpoint-interval-s", "0", "--vllm-zmq", f"vllm0={pub};{replay}")
+    prompt = [(13 * i + 5) % 900 + 3 for i in range(3 * BS + 7)]  # 3 full blocks
+    async with grpc.aio.insecure_channel(cm.address) as ch, aiohttp.ClientSession() as http:
+        stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
+        watch = stub.WatchIndex(pb.WatchIndexRequest())
+        await asyncio.wait_for(watch.read(), 30)
+        for tenant, n in (("tenant-a", 3), ("tenant-b", 2)):
+            async with http.post(f"http://127.0.0.1:{port}/v1/completions", json={
+                    "model": "tiny", "prompt": prompt[:n * BS + 1], "max_tokens": 1, "temperature": 0,
+                    "cache_salt": tenant}) as resp:  # fmt: skip
+                assert resp.status == 200, await resp.text()
+            for _ in range(10_000):  # follow the index watch (bounded) until this tenant's blocks arrive
+                if await tenant_matches(stub, prompt, tenant) >= n:
+                    break
+                await asyncio.wait_for(watch.read(), 60)
+        assert await tenant_matches(stub, prompt, "tenant-a") == 3
+        assert await tenant_matches(stub, prompt, "tenant-b") == 2
+        assert await tenant_matches(stub, prompt, "") == 0
+        assert await tenant_matches(stub, prompt, "tenant-c") == 0
+        watch.cancel()

@@ -265,3 +265,14 @@ def test_kill_9_mid_stream_client_sees_one_complete_stream(
     assert {m.worker_id for m in msgs[-3:]} != {killed}
     metrics = httpx.get(f"http://127.0.0.1:{router.http_port}/metrics", timeout=10).text
     assert "kvmesh_migrations_total 1.0" in metrics
+
+
+def test_large_http_body_is_read_whole(engine: str, services: Callable[..., ServiceProcess]) -> None:
+    # a ~600 KB JSON body arrives in many TCP reads; the router must parse all of it
+    router = start_router(services, start_workers(services, 1, "--sim-speed", "0", "--max-model-len", "131072"),
+                          "--max-prompt-tokens", "131072")  # fmt: skip
+    prompt = toks(100_000) if engine == "sim" else toks(900)
+    r = httpx.post(f"http://127.0.0.1:{router.http_port}/v1/completions",
+                   json={"prompt": prompt, "max_tokens": 1}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(prompt)

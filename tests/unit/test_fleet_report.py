@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,8 @@ def _entry(cap: float, p99: float, hit: float, good: float) -> dict[str, object]
             "output_tokens_per_s": 500.0, "goodput": good, "util_variance": 0.001}
 
 
-def _ev() -> dict[str, object]:
-    res: dict[str, object] = {p: _entry(1.0, 9000.0, 0.05, 0.9) for p in ALL_POLICIES}
+def _ev() -> dict[str, Any]:
+    res: dict[str, Any] = {p: _entry(1.0, 9000.0, 0.05, 0.9) for p in ALL_POLICIES}
     res["kvmesh"] = _entry(1.6, 2500.0, 0.195, 0.99)
     res["load_scale"] = 1.25
     summary = {"itl_ms": {"p99": 90.0}, "util_cv": 0.1, "cost_per_mtok": 0.5, "e2e_ms": {"p50": 1.0, "p99": 2.0},
@@ -41,7 +42,7 @@ def test_targets_pass_and_fail_as_the_numbers_say() -> None:
     ev = _ev()
     got = {name: ok for name, ok, _ in targets(ev)}
     assert all(got.values()), got
-    worse = dict(ev["results"])  # type: ignore[arg-type]
+    worse = dict(ev["results"])
     worse["kvmesh"] = _entry(1.4, 3100.0, 0.18, 0.99)
     got = {name: ok for name, ok, _ in targets({"results": worse})}
     assert got["slo_capacity ≥ 1.5× round_robin"] is False

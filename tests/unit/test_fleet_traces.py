@@ -77,7 +77,7 @@ def test_equal_ids_give_equal_hashes_at_block_sizes_dividing_512(block_size: int
             k = 0
             while k < min(len(r.chunks), len(s.chunks)) and r.chunks[k] == s.chunks[k]:
                 k += 1
-            if 2 <= k < min(len(r.chunks), len(s.chunks)) and r.input_len > 512 * (k + 1):
+            if k >= 2 and min(r.input_len, s.input_len) >= 512 * (k + 1):  # block k full in both
                 first = {"a": s, "b": r, "k": k}
                 break
         if first:
@@ -117,3 +117,16 @@ def test_synthetic_generators_are_deterministic_and_shaped() -> None:
 
     cl = concurrent_long(clients=32, per_client=3)
     assert sum(1 for r in cl if r.follows is None) == 32 and len(cl) == 96
+
+
+def test_spread_simultaneous_undoes_quantised_timestamps() -> None:
+    from kvmesh.fleet.trace import spread_simultaneous
+
+    tr = read_mooncake(MOONCAKE, limit=300)
+    sp = spread_simultaneous(tr)
+    assert len({r.arrival_s for r in tr}) < len(tr) // 5  # the trace batches ~10 requests per timestamp
+    assert len({r.arrival_s for r in sp}) == len(sp)
+    ts = [r.arrival_s for r in sp]
+    assert ts == sorted(ts)
+    for a, b in zip(tr, sp, strict=True):
+        assert a.arrival_s <= b.arrival_s < a.arrival_s + 3.1 and a.chunks == b.chunks

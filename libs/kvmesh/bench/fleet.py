@@ -19,7 +19,7 @@ from typing import Any
 from kvmesh.fleet.evaluate import evaluate
 from kvmesh.fleet.metrics import Slo
 from kvmesh.fleet.policies import ALL_POLICIES
-from kvmesh.fleet.report import write_report
+from kvmesh.fleet.report import compact, write_report
 from kvmesh.fleet.sim import FleetConfig
 from kvmesh.fleet.studies import concurrent_long_study, warming_study
 
@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-hour-price", type=float, default=3.5, help="USD per GPU-hour")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--kvmesh-profile", default=None, help="YAML routing profile for 'kvmesh' (default: built-in)")
+    p.add_argument("--spread-arrivals", action="store_true",
+                   help="spread requests that share a timestamp evenly until the next timestamp")
     p.add_argument("--skip-studies", action="store_true", help="skip the 32-concurrent and warming studies")
     p.add_argument("--study-workers", type=int, default=8, help="fleet size of the 32-concurrent study")
     return p
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         log=lambda s: print(f"\n{s}", file=sys.stderr),
     )
     ev["trace"] = a.trace
+    ev["spread_arrivals"] = a.spread_arrivals
     ev["kvmesh_profile"] = a.kvmesh_profile
     if not a.skip_studies:
         print("studies: 32 concurrent long requests, warming", file=sys.stderr)
@@ -99,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         ev["warming"] = warming_study(base, a.jobs, a.kvmesh_profile)
     ev["wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(ev["results"], indent=2, sort_keys=True) + "\n")
-    (out / "raw.json").write_text(json.dumps(ev, default=_jsonable) + "\n")
     write_report(ev, out)
+    (out / "raw.json").write_text(json.dumps(compact(ev), default=_jsonable) + "\n")
     r = ev["results"]
     line = {
         "bench": "fleet",

@@ -114,7 +114,7 @@ def main(argv: Sequence[str]) -> int:
     a = ap.parse_args(list(argv))
     compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
-    max_len = max(sizes) + 64
+    max_len = int(max(sizes) * 1.05) + 64  # text prompts are only about P tokens
     kv_blocks = max(65536, 4 * a.concurrency * max_len // a.block_size)
     procs: list[ServiceProcess] = []
     others: dict[str, subprocess.Popen[bytes]] = {}

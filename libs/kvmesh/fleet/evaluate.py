@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -25,11 +26,12 @@ from typing import Any
 
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, chunked_prefill_time
 from kvmesh.fleet.capacity import bisect_capacity
+from kvmesh.fleet.metrics import pct
 from kvmesh.fleet.policies import make_policy
 from kvmesh.fleet.readers import read_trace
 from kvmesh.fleet.reference import ideal_hit_ratio, pooled_lru_hit_ratio
 from kvmesh.fleet.sim import FleetConfig, FleetSim, HashCache, RunResult
-from kvmesh.fleet.trace import Trace
+from kvmesh.fleet.trace import Trace, spread_simultaneous
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,16 @@ class Job:
 _STATE: dict[str, Any] = {}
 
 
+def load_trace(trace_path: str) -> Trace:
+    """Read a trace; a path ending in ``+spread`` also spreads simultaneous arrivals
+    (``trace.spread_simultaneous``)."""
+    if trace_path.endswith("+spread"):
+        return spread_simultaneous(read_trace(trace_path.removesuffix("+spread")))
+    return read_trace(trace_path)
+
+
 def _init(trace_path: str, block_size: int) -> None:
-    tr = read_trace(trace_path)
+    tr = load_trace(trace_path)
     _STATE["trace"] = tr
     _STATE["hc"] = HashCache(tr, block_size)
     _STATE["win"] = {}
@@ -153,20 +163,50 @@ def reference_ratios(trace: Trace, cfg: FleetConfig) -> dict[str, float]:
 
 
 def absolute_slo_evidence(trace: Trace, cfg: FleetConfig) -> dict[str, float]:
-    """Fraction of requests whose prefill alone, on an idle engine, exceeds the TTFT SLO — with an empty
-    cache, and with an infinite cache (every earlier block cached). Above 1 %, TTFT p99 ≤ SLO is impossible."""
+    """What no router can change, from the perf model alone (idle engine, prefill chunked as configured):
+
+    * fraction of requests whose prefill alone exceeds the TTFT SLO with an empty cache, and with an
+      infinite cache (every earlier block cached) — above 1 %, TTFT p99 ≤ SLO is impossible;
+    * ``ttft_p99_floor_ms``: p99 of those infinite-cache prefill times, a lower bound on any policy's TTFT p99;
+    * timestamp quantisation: distinct arrival times and the largest number of requests sharing one.
+    """
     seen: set[int] = set()
     cold = warm = 0
     chunk = cfg.prefill_chunk_tokens
+    floor: list[float] = []
     for r in trace:
         k = 0
         while k < len(r.chunks) - 1 and r.chunks[k] in seen:
             k += 1
         seen.update(r.chunks)
         cold += chunked_prefill_time(r.input_len, 0, chunk) > cfg.slo.ttft_s
-        warm += chunked_prefill_time(r.input_len - 512 * k, 512 * k, chunk) > cfg.slo.ttft_s
+        t = chunked_prefill_time(r.input_len - 512 * k, 512 * k, chunk)
+        warm += t > cfg.slo.ttft_s
+        floor.append(t)
     n = max(len(trace), 1)
-    return {"cold_fraction_over_slo": cold / n, "infinite_cache_fraction_over_slo": warm / n}
+    stamps = Counter(r.arrival_s for r in trace if r.follows is None)
+    return {"cold_fraction_over_slo": cold / n, "infinite_cache_fraction_over_slo": warm / n,
+            "ttft_p99_floor_ms": 1000 * pct(floor, 99), "distinct_timestamps": len(stamps),
+            "max_requests_per_timestamp": max(stamps.values(), default=0)}
+
+
+def build_notes(full: Trace, base: FleetConfig, ev_abs: dict[str, float]) -> list[str]:
+    """The report's notes: what the trace and the perf model impose on every policy, and sim conventions."""
+    return [
+        f"Absolute TTFT SLO ({base.slo.ttft_s} s): {100 * ev_abs['cold_fraction_over_slo']:.1f} % of requests "
+        f"need longer than that to prefill alone on an idle H200 with an empty cache, "
+        f"{100 * ev_abs['infinite_cache_fraction_over_slo']:.1f} % even with an infinite cache "
+        "(perf model `kvmesh.engine.sim.perf`, chunked at 1024 tokens). No policy can bring TTFT p99 below "
+        f"{ev_abs['ttft_p99_floor_ms'] / 1000:.1f} s (p99 of the idle, infinite-cache prefill times).",
+        f"Arrival quantisation: the trace has {ev_abs['distinct_timestamps']} distinct timestamps for "
+        f"{len(full)} requests (up to {ev_abs['max_requests_per_timestamp']} at one instant); scaling keeps "
+        "those batches simultaneous, so a policy that can place two long prompts of a batch on one worker "
+        "breaks the SLO at any load.",
+        "Load reports are read at decision time (no report lag) for every policy; the simulated cache-manager "
+        "index applies each engine step's KV events when the step ends.",
+        "Engines: `kvmesh.engine.sim.core.SimEngineCore` defaults (max_batched_tokens 8192, per-request "
+        "prefill chunk 1024, KV admission ≤ 95 %, LRU eviction), KV pool from the perf model.",
+    ]
 
 
 def evaluate(
@@ -192,19 +232,10 @@ def evaluate(
     cfg = replace(base, load_scale=load_scale)
     runs = {r["policy"]: r for r in run_jobs(
         trace_path, base.block_size, [Job("run", p, cfg, None, kvmesh_profile) for p in pols], n_proc, prog)}
-    full = read_trace(trace_path)
+    full = load_trace(trace_path)
     ref = reference_ratios(full, base)
     ev_abs = absolute_slo_evidence(full, base)
-    notes = [
-        f"Absolute TTFT SLO ({base.slo.ttft_s} s): {100 * ev_abs['cold_fraction_over_slo']:.1f} % of requests "
-        f"need longer than that to prefill alone on an idle H200 with an empty cache, "
-        f"{100 * ev_abs['infinite_cache_fraction_over_slo']:.1f} % even with an infinite cache "
-        "(perf model `kvmesh.engine.sim.perf`, chunked at 1024 tokens).",
-        "Load reports are read at decision time (no report lag) for every policy; the simulated cache-manager "
-        "index applies each engine step's KV events when the step ends.",
-        "Engines: `kvmesh.engine.sim.core.SimEngineCore` defaults (max_batched_tokens 8192, per-request "
-        "prefill chunk 1024, KV admission ≤ 95 %, LRU eviction), KV pool from the perf model.",
-    ]
+    notes = build_notes(full, base, ev_abs)
     results: dict[str, Any] = {"load_scale": load_scale}
     for p in pols:
         s = runs[p]["summary"]

@@ -56,12 +56,24 @@ def targets(ev: dict[str, Any], kvmesh: dict[str, Any] | None = None) -> list[tu
     return out
 
 
+def compact(ev: dict[str, Any], points: int = 401) -> dict[str, Any]:
+    """Shrink a run's per-request latency lists to ``points`` quantiles (enough for the CDF plot) and round
+    the utilisation series, so ``raw.json`` stays small. Idempotent; modifies and returns ``ev``."""
+    for run in ev.get("runs", {}).values():
+        t = run.pop("ttft_s", None)
+        run.pop("e2e_s", None)
+        if t:
+            run["ttft_q"] = [round(float(x), 4) for x in np.quantile(np.asarray(t), np.linspace(0, 1, points))]
+        run["util_series"] = {w: [round(float(x), 4) for x in v] for w, v in run.get("util_series", {}).items()}
+    return ev
+
+
 def _plots(ev: dict[str, Any], out: Path) -> None:
     r, runs = ev["results"], ev["runs"]
     pols = [p for p in r if p != "load_scale"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in pols:
-        t = np.sort(np.asarray(runs[p].get("ttft_s", []), dtype=float))
+        t = np.sort(np.asarray(runs[p].get("ttft_s") or runs[p].get("ttft_q") or [], dtype=float))
         if t.size:
             ax.plot(t, np.arange(1, t.size + 1) / t.size, label=p, lw=2.2 if p == "kvmesh" else 1.2)
     ax.set_xscale("log")
@@ -98,15 +110,22 @@ def _plots(ev: dict[str, Any], out: Path) -> None:
     show = [p for p in ("round_robin", "kvmesh", "dynamo", "sglang") if p in runs]
     fig, axes = plt.subplots(len(show), 1, figsize=(8, 2.3 * len(show)), sharex=True, squeeze=False)
     bucket = _cfg(ev).get("util_bucket_s", 60.0)
-    for ax, p in zip(axes[:, 0], show, strict=True):
+    mats = []
+    for p in show:
         series = runs[p]["util_series"]
         width = max(len(s) for s in series.values())
         m = np.zeros((len(series), width))
         for i, w in enumerate(sorted(series)):
             m[i, : len(series[w])] = series[w]
-        im = ax.imshow(m, aspect="auto", vmin=0, vmax=1, cmap="viridis",
+        mats.append(m)
+    vmax = max(0.05, max(float(np.percentile(m, 99.5)) for m in mats))
+    for ax, p, m in zip(axes[:, 0], show, mats, strict=True):
+        width = m.shape[1]
+        im = ax.imshow(m, aspect="auto", vmin=0, vmax=vmax, cmap="viridis",
                        extent=(0, width * bucket / 60.0, len(series), 0))
         ax.set_ylabel(f"{p}\nworker")
+        ax.set_title(f"{p}: per-worker compute utilisation per {bucket:.0f} s (std across workers "
+                     f"{100 * float(np.std(m.mean(axis=1))):.1f} pp)", fontsize=8)
     axes[-1, 0].set_xlabel("virtual time (min)")
     fig.colorbar(im, ax=axes[:, 0].tolist(), label="compute utilisation")
     fig.savefig(out / "load_over_time.png", dpi=110)
@@ -208,6 +227,8 @@ def render(ev: dict[str, Any]) -> str:
             s = o["summary"]
             L.append(f"| {m} | {_fmt(s['ttft_ms']['p50'])} | {_fmt(s['ttft_ms']['p90'])} | "
                      f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.4f} | {s['warm_requests']} |")
+    if ev.get("analysis_md"):
+        L += ["", "## Analysis", "", str(ev["analysis_md"]).strip()]
     L += ["", "## Notes", ""] + [f"* {n}" for n in ev.get("notes", [])]
     return "\n".join(L) + "\n"
 

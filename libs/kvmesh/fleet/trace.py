@@ -13,6 +13,7 @@ cut to ``input_len``; a last partial chunk therefore holds the leading tokens of
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -116,3 +117,24 @@ class ChunkIds:
         out = tuple(range(self._next, self._next + n))
         self._next += n
         return out
+
+
+def spread_simultaneous(trace: Trace) -> Trace:
+    """Undo timestamp quantisation: the k open-loop requests sharing a timestamp t are spread evenly over
+    [t, t_next), the j-th (in file order) at ``t + j·(t_next − t)/k``; the last group keeps the median gap.
+    Deterministic; the order of requests and everything but ``arrival_s`` are unchanged."""
+    stamps = sorted({r.arrival_s for r in trace if r.follows is None})
+    if len(stamps) < 2:
+        return trace
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    nxt = dict(zip(stamps, [*stamps[1:], stamps[-1] + sorted(gaps)[len(gaps) // 2]], strict=True))
+    groups: dict[float, list[int]] = {}
+    for i, r in enumerate(trace.requests):
+        if r.follows is None:
+            groups.setdefault(r.arrival_s, []).append(i)
+    reqs = list(trace.requests)
+    for t, idx in groups.items():
+        k = len(idx)
+        for j, i in enumerate(idx):
+            reqs[i] = replace(reqs[i], arrival_s=t + j * (nxt[t] - t) / k)
+    return Trace(f"{trace.name}+spread", reqs, {**trace.meta, "spread": 1})
