@@ -94,7 +94,8 @@ def up(args: argparse.Namespace) -> int:
     redis_proc: subprocess.Popen[bytes] | None = None
     common = ("--zone", args.zone, "--log-level", args.log_level)
     try:
-        cm_flags = [*common, "--block-size", str(args.block_size), "--checkpoint-dir", str(rd / "checkpoints")]
+        cm_flags = [*common, "--block-size", str(args.block_size), "--checkpoint-dir", str(rd / "checkpoints"),
+                    "--model", args.salt_model]  # the index hash salt's model string, equal to the router's
         if args.redis:
             redis_proc, url = _start_redis(rd / "redis")
             cm_flags += ["--redis-url", url]
@@ -110,7 +111,7 @@ def up(args: argparse.Namespace) -> int:
             workers.append(start_service("worker", logs, *flags, timeout=timeout))
         started.extend(workers)
         r_flags = [*common, "--block-size", str(args.block_size), "--cache-manager", cache.address,
-                   "--workers", ",".join(w.address for w in workers)]
+                   "--workers", ",".join(w.address for w in workers), "--salt-model", args.salt_model]
         if args.model:
             r_flags += ["--model", args.model]
         router = start_service("router", logs, *r_flags, timeout=120)
@@ -261,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     p_up.add_argument("--model", default="", help="model folder (default: the tiny local model)")
     p_up.add_argument("--block-size", type=int, default=32)
+    p_up.add_argument("--salt-model", default="", help="model string of the KV index hash salt, given to the "
+                      "cache-manager (--model) and the router (--salt-model) alike")
     p_up.add_argument("--zone", default="local")
     p_up.add_argument("--redis", action="store_true", help="checkpoints in a local redis-server")
     p_up.add_argument("--detach", action="store_true", help="leave the suite running and return")

@@ -87,6 +87,8 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     tasks: list[asyncio.Task[None]] = []
 
     async def started(ports: BoundPorts) -> None:
+        if settings.consul_url:
+            return  # the shared bootstrap registers every service in Consul
         async def reg() -> None:
             me["inst"] = await _register_self(registry, runner, settings, ports)
 

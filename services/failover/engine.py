@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvmesh.changes import ChangeCounter
 from kvmesh.discovery.model import Role
 from kvmesh.discovery.policy import Decision, FailoverPolicy
 from kvmesh.discovery.traffic import HISTORY_LIMIT, TrafficPlan, version_shares
@@ -36,10 +37,9 @@ class FailoverEngine:
         self.tick_s = tick_s
         self.clock = clock
         self.decision: Decision = policy.observe(watcher.snapshot, clock())
-        self.revision = 1
+        self._changes = ChangeCounter(1)
         self._key: Any = None
         self._history: list[tuple[TrafficPlan, TrafficPlan]] = []
-        self._cond = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -56,11 +56,13 @@ class FailoverEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @property
+    def revision(self) -> int:
+        """Bumped whenever the served endpoint sets or weights change."""
+        return self._changes.value
+
     async def wait_revision(self, seen: int, timeout_s: float) -> int:
-        async with self._cond:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.revision != seen), timeout_s)
-            return self.revision
+        return await self._changes.wait_changed(seen, timeout_s)
 
     async def _run(self) -> None:
         version = self.watcher.version
@@ -80,11 +82,8 @@ class FailoverEngine:
         self._export(d)
         key = self._content_key(d)
         if key != self._key:
-            async with self._cond:
-                self._key = key
-                self.revision += 1
-                metrics.REVISION.set(self.revision)
-                self._cond.notify_all()
+            self._key = key
+            metrics.REVISION.set(self._changes.bump())
 
     def version_weights(self) -> dict[str, float]:
         """Effective version shares among versions with an up router in a zone carrying traffic."""

@@ -12,6 +12,7 @@ from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, Q
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import CoreLimits, RouterCore
+from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.http_api import HttpApi
 from kvmesh.services.router.index_replica import IndexReplica
@@ -50,7 +51,7 @@ def build_frontend(settings: RouterSettings) -> Frontend:
     )
     tok = RouterTokenizer(s.model)
     model_name = s.model_name or tok.name
-    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model or model_name)
+    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model)
     keys = ApiKeys.load(s.api_keys_file)
     return Frontend(core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name)
 
@@ -58,6 +59,12 @@ def build_frontend(settings: RouterSettings) -> Frontend:
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
     """Wires the router's servicers into the runner."""
     front = build_frontend(settings)
+    follower: FailoverFollower | None = None
+    if settings.failover:
+        follower = FailoverFollower(
+            [t.strip() for t in settings.failover.split(",") if t.strip()], settings.zone, front.core.pool,
+            front.core.index, static_workers=settings.workers, static_cache_manager=settings.cache_manager,
+        )
     runner.add_servicer(
         router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(front), "kvmesh.v1.RouterService"
     )
@@ -71,13 +78,19 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
     async def started(_ports: BoundPorts) -> None:
         await front.core.index.start()
         await front.core.pool.start()
+        if follower is not None:  # bounded wait for the first endpoint sets (the last known ones keep serving)
+            await follower.start()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(follower.first.wait(), 5.0)
         # the ready file is written after this hook: wait (bounded) for the first load reports and index sync
         await front.core.pool.wait_ready(5.0)
-        if settings.cache_manager:
+        if front.core.index.address:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(front.core.index.synced.wait(), 5.0)
 
     async def stopped() -> None:
+        if follower is not None:
+            await follower.stop()
         await front.core.pool.stop()
         await front.core.index.stop()
 

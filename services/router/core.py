@@ -4,8 +4,9 @@ For one request (token ids already known):
 
 1. admission (`kvmesh.routing.Admission`): long prompts (> `long_prompt_tokens`) and short ones wait in
    separate bounded queues; a full queue raises RESOURCE_EXHAUSTED with a retry-after;
-2. block hashes `compute_block_hashes(prompt, block_size, make_salt(model))` and per-worker overlap from the
-   index replica; the routing profile picks a worker (the decision is timed, traced and logged at DEBUG);
+2. block hashes `compute_block_hashes(prompt, block_size, make_salt(salt_model, lora, tenant))` and
+   per-worker overlap from the index replica; the routing profile picks a worker (the decision is timed,
+   traced and logged at DEBUG);
 3. the worker streams tokens; the in-flight tracker and the worker's breaker follow the request;
 4. on a worker failure *before* the first token of an attempt the request is re-sent elsewhere (a retry,
    `kvmesh_retries_total`, at most `max_retries`); *after* tokens were streamed it resumes on another worker
@@ -56,6 +57,7 @@ class GenRequest:
     session_id: str = ""
     tenant: str = ""
     resume_ids: list[int] = field(default_factory=list)
+    lora: str = ""
 
 
 @dataclass
@@ -102,9 +104,23 @@ class RouterCore:
         self.tracker = tracker
         self.admission = admission
         self.limits = limits
-        self.salt = int(hashing.make_salt(salt_model))
+        self.salt_model = salt_model
+        self._salts: dict[tuple[str, str], int] = {}
+        self.salt = self.salt_of("", "")
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._tracer = tracer("kvmesh.router")
+
+    def salt_of(self, lora: str, tenant: str) -> int:
+        """Block-hash salt = `make_salt(salt_model, lora, tenant)`, as the cache-manager's `IndexHasher` salts a
+        chain's first block (cached per (lora, tenant))."""
+        key = (lora, tenant)
+        salts = self._salts
+        s = salts.get(key)
+        if s is None:
+            s = int(hashing.make_salt(self.salt_model, lora or None, tenant or None))
+            if len(salts) < 65536:
+                salts[key] = s
+        return s
 
     # ---- admission ---------------------------------------------------------------------------------
     async def _admit(self, rid: str, n_prompt: int) -> None:
@@ -155,10 +171,13 @@ class RouterCore:
         return mt
 
     # ---- routing -----------------------------------------------------------------------------------
-    async def route(self, rid: str, prompt: np.ndarray, session: str, exclude: set[str]) -> tuple[str, int]:
-        """Picks a worker for `prompt` (uint32 token ids); returns (worker id, cached overlap tokens on it)."""
-        hashes = hashing.compute_block_hashes(prompt, self.limits.block_size, self.salt)
-        matches = await self.index.matches(hashes)
+    async def route(
+        self, rid: str, prompt: np.ndarray, session: str, exclude: set[str], tenant: str = "", lora: str = ""
+    ) -> tuple[str, int]:
+        """Picks a worker for `prompt` (uint32 token ids); returns (worker id, cached overlap tokens on it).
+        Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks."""
+        hashes = hashing.compute_block_hashes(prompt, self.limits.block_size, self.salt_of(lora, tenant))
+        matches = await self.index.matches(hashes, tenant=tenant, lora=lora)
         t0 = time.perf_counter()
         now = time.monotonic()
         views = self.pool.views(now)
@@ -211,7 +230,7 @@ class RouterCore:
                 yield Chunk([], "", "", migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
             prompt = np.concatenate([base, np.array(generated, dtype=np.uint32)]) if generated else base
-            wid, overlap = await self.route(rid, prompt, req.session_id, exclude)
+            wid, overlap = await self.route(rid, prompt, req.session_id, exclude, req.tenant, req.lora)
             h = self.pool.by_id[wid]
             h.selections_total += 1
             now = time.monotonic()
@@ -221,7 +240,9 @@ class RouterCore:
             sp.CopyFrom(req.sampling)
             sp.max_tokens = remaining
             sp.min_tokens = max(sp.min_tokens - len(generated), 0)
-            wreq = worker_pb2.GenerateRequest(request_id=rid, sampling=sp, tenant=req.tenant, detokenize=True)
+            wreq = worker_pb2.GenerateRequest(
+                request_id=rid, sampling=sp, tenant=req.tenant, lora_name=req.lora, detokenize=True
+            )
             wreq.token_ids.CopyFrom(req.prompt)
             if generated:
                 wreq.token_ids.ids.extend(generated)

@@ -37,13 +37,38 @@ class IndexReplica:
         self.fallbacks = 0
         self.synced = asyncio.Event()
         self.updated = asyncio.Event()  # set after every applied message (tests and metrics wait on it)
+        self._settings = settings
+        self._started = False
         self._channel = open_channel(address, settings) if address else None
         self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
 
     async def start(self) -> None:
+        self._started = True
         if self._stub is not None:
+            self._task = asyncio.create_task(self._follow())
+
+    async def set_address(self, address: str) -> None:
+        """Follows another cache-manager (from the failover service's endpoint sets): the replica restarts
+        from that one's snapshot and is stale (FindMatches fallback) until it arrives."""
+        if address == self.address:
+            return
+        log.info("cache-manager %r -> %r", self.address, address)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._channel is not None:
+            await self._channel.close()
+        self.address = address
+        self.fresh = False
+        self.index = PrefixIndex()
+        self.synced.clear()
+        self._channel = open_channel(address, self._settings) if address else None
+        self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
+        if self._started and self._stub is not None:
             self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
@@ -55,8 +80,9 @@ class IndexReplica:
         if self._channel is not None:
             await self._channel.close()
 
-    async def matches(self, hashes: Sequence[int] | np.ndarray) -> dict[str, int]:
-        """{worker: matched leading blocks}; local when fresh, else FindMatches, else {}."""
+    async def matches(self, hashes: Sequence[int] | np.ndarray, tenant: str = "", lora: str = "") -> dict[str, int]:
+        """{worker: matched leading blocks}; local when fresh, else FindMatches, else {}. `hashes` are already
+        salted with (model, lora, tenant); `tenant`/`lora` go to FindMatches for its per-tenant accounting."""
         if len(hashes) == 0:
             return {}
         if self.fresh:
@@ -65,7 +91,7 @@ class IndexReplica:
             return {}
         self.fallbacks += 1
         req = cache_manager_pb2.FindMatchesRequest(
-            block_hashes=cache_manager_pb2.BlockHashes(hashes=[int(h) for h in hashes])
+            block_hashes=cache_manager_pb2.BlockHashes(hashes=[int(h) for h in hashes]), tenant=tenant, lora_name=lora
         )
         try:
             resp = await self._stub.FindMatches(req, timeout=self.fallback_timeout_s)

@@ -16,7 +16,10 @@ class RouterSettings(ServerSettings):
     failover: str = setting("", "failover gRPC address to follow endpoint sets from")
     model: str = setting("", "model folder for the tokenizer; default: the tiny local test model")
     model_name: str = setting("", "served model name reported by /v1/models (default: folder name)")
-    salt_model: str = setting("", "model name in the block-hash salt; must equal the cache-manager's --model")
+    salt_model: str = setting(
+        "", "model string in the block-hash salt make_salt(model, lora, tenant); must equal the cache-manager's "
+        "--model (both default to '', which is what `kvmesh up` runs)"
+    )
     block_size: int = setting(32, "tokens per KV block, equal to the workers'")
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")

@@ -105,12 +105,18 @@ class WorkerPool:
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[str, WorkerHandle] = {}
         self.ready = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._started = False
+        self._closing: set[asyncio.Future[None]] = set()
         self._stopping = asyncio.Event()
         for a in addresses:
             self.add(a)
 
     def add(self, address: str) -> WorkerHandle:
+        """Adds a worker by gRPC address (followed at once if the pool runs); an address already held is kept."""
+        for old in self.handles:
+            if old.address == address:
+                return old
         ch = _worker_channel(address, self._settings)
         h = WorkerHandle(
             address=address,
@@ -120,12 +126,36 @@ class WorkerPool:
             view=WorkerView(id="", healthy=False),
         )
         self.handles.append(h)
-        if self._tasks:  # already started
-            self._tasks.append(asyncio.create_task(self._follow(h)))
+        if self._started:
+            self._tasks[address] = asyncio.create_task(self._follow(h))
         return h
 
+    def remove(self, address: str, grace_s: float = 30.0) -> WorkerHandle | None:
+        """Takes the worker at `address` out of the pool at once (no new request is routed to it); requests
+        already streaming from it keep their channel for up to `grace_s` before it closes."""
+        h = next((x for x in self.handles if x.address == address), None)
+        if h is None:
+            return None
+        self.handles.remove(h)
+        if h.view.id and self.by_id.get(h.view.id) is h:
+            del self.by_id[h.view.id]
+            self.tracker.forget_worker(h.view.id)
+        h.view.healthy = False
+        task = self._tasks.pop(address, None)
+        if task is not None:
+            task.cancel()
+        fut = asyncio.ensure_future(h.channel.close(grace_s))
+        self._closing.add(fut)
+        fut.add_done_callback(self._closing.discard)
+        log.info("worker %s (%s) removed from the pool", h.view.id, address)
+        return h
+
+    def addresses(self) -> set[str]:
+        return {h.address for h in self.handles}
+
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._follow(h)) for h in self.handles]
+        self._started = True
+        self._tasks = {h.address: asyncio.create_task(self._follow(h)) for h in self.handles}
 
     async def wait_ready(self, timeout_s: float) -> bool:
         """Waits until every worker has sent a load report (or `timeout_s`); True if all did."""
@@ -135,13 +165,15 @@ class WorkerPool:
 
     async def stop(self) -> None:
         self._stopping.set()
-        for t in self._tasks:
+        for t in self._tasks.values():
             t.cancel()
-        for t in self._tasks:
+        for t in self._tasks.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for h in self.handles:
             await h.channel.close()
+        for c in list(self._closing):
+            c.cancel()
 
     def views(self, now: float) -> list[WorkerView]:
         """Views of every known worker; stale ones are marked unhealthy; circuit state as of `now`."""

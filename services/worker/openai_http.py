@@ -1,6 +1,10 @@
 """OpenAI-compatible HTTP API of a worker: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE
 with `stream: true`), `GET /v1/models`. Errors use OpenAI's shape: 400 invalid_request_error (with
-`param`), 429 with `Retry-After`, 503. A client that disconnects mid-stream aborts the request."""
+`param`), 429 with `Retry-After`, 503. A client that disconnects mid-stream aborts the request.
+
+Probe paths of other serving stacks, so vLLM's and SGLang's routers can drive a kvmesh worker: `GET /health`
+(vLLM) and `GET /model_info`, `/server_info`, `/get_model_info`, `/get_server_info` (SGLang) answer 200 with
+a minimal JSON `{"model_path", "tokenizer_path", "is_generation"}`. (`/healthz` is the server bootstrap's.)"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from kvmesh.errors import InvalidArgument, KvmeshError, ResourceExhausted, Unava
 from kvmesh.services.worker import metrics as m
 
 FINISH = {"prefill_only": "length"}
+PROBE_PATHS = ("/health", "/model_info", "/server_info", "/get_model_info", "/get_server_info")
 
 
 def render_chat(messages: Any) -> str:
@@ -117,6 +122,11 @@ class OpenAIApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        for path in PROBE_PATHS:
+            app.router.add_get(path, self.probe)
+
+    async def probe(self, _request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model_name, "tokenizer_path": None, "is_generation": True})
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [

@@ -15,6 +15,7 @@ from kvmesh.fleet.reference import pooled_lru_hit_ratio
 from kvmesh.fleet.sim import FleetConfig, FleetSim, HashCache
 from kvmesh.fleet.synthetic import multi_turn_sessions, shared_prefix_tenants
 from kvmesh.hashing import compute_block_hashes
+from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import BlockStored
 
 pytestmark = pytest.mark.unit
@@ -53,9 +54,11 @@ def test_index_mirrors_the_engines_and_uses_index_hashes(small_trace) -> None:  
     cfg = FleetConfig(workers=3, load_scale=2.0, num_blocks=300)  # small pools: evictions happen
     sim = FleetSim(small_trace, make_policy("kvmesh"), cfg)
     sim.run()
+    index = sim.index
+    assert isinstance(index, PrefixIndex)
     assert sum(e.pool.evictions for e in sim.engines) > 0
     for wid, eng in zip(sim.ids, sim.engines, strict=True):
-        held = {int(h) for h in sim.index.blocks_of(wid)}
+        held = {int(h) for h in index.blocks_of(wid)}
         assert held == eng.pool.cached_hashes()
         # the engine's hashes are the index hashes the cache-manager derives from token ids
         for ev in eng.pool.dump()[:20]:

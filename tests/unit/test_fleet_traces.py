@@ -71,20 +71,19 @@ def test_equal_ids_give_equal_hashes_at_block_sizes_dividing_512(block_size: int
 
     tr = read_mooncake(MOONCAKE, limit=400)
     # find two requests sharing exactly k leading chunk ids, k >= 2
-    first = {}
+    first: tuple[TraceRequest, TraceRequest, int] | None = None
     for r in tr:
         for s in tr.requests[: r.index]:
             k = 0
             while k < min(len(r.chunks), len(s.chunks)) and r.chunks[k] == s.chunks[k]:
                 k += 1
             if k >= 2 and min(r.input_len, s.input_len) >= 512 * (k + 1):  # block k full in both
-                first = {"a": s, "b": r, "k": k}
+                first = (s, r, k)
                 break
         if first:
             break
-    assert first, "the trace has shared prefixes"
-    a, b, k = first["a"], first["b"], first["k"]
-    assert isinstance(a, TraceRequest) and isinstance(b, TraceRequest) and isinstance(k, int)
+    assert first is not None, "the trace has shared prefixes"
+    a, b, k = first
     ha = compute_block_hashes(prompt_tokens(a), block_size)
     hb = compute_block_hashes(prompt_tokens(b), block_size)
     shared = k * 512 // block_size

@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu_hour_price=a.gpu_hour_price,
     )
     t0 = time.perf_counter()
+    trace_arg = a.trace + ("+spread" if a.spread_arrivals else "")
     ev = evaluate(
-        a.trace,
+        trace_arg,
         pols,
         base,
         a.bisect_window_s or None,

@@ -29,7 +29,6 @@ from typing import Any
 import aiohttp
 
 from kvmesh.engine.tokenizer import Tokenizer
-from kvmesh.launcher import ServiceProcess, wait_ready, wait_serving
 
 DISTINCT = 64
 
@@ -92,20 +91,6 @@ def start_third_party(
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     _LOGS[proc.pid] = log
     return proc, f"http://127.0.0.1:{port}"
-
-
-def start_compat_worker(tmp: Path, *args: str, timeout: float = 60.0) -> ServiceProcess:
-    """A worker process through `router_worker_compat` (port 0, ready file, gRPC health: like the launcher)."""
-    ready = tmp / f"worker-compat-{time.monotonic_ns()}.ready.json"
-    log = ready.with_suffix(".log")
-    cmd = [sys.executable, "-m", "kvmesh.bench.router_worker_compat", "--port", "0", "--http-port", "0",
-           "--ready-file", str(ready), *args]  # fmt: skip
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    sp = ServiceProcess("worker", proc, ready, log)
-    wait_ready(sp, timeout)
-    wait_serving(sp.address, timeout)
-    return sp
 
 
 _LOGS: dict[int, Path] = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from kvmesh.bench.router_compare import free_port, run_http, start_compat_worker, start_third_party
+from kvmesh.bench.router_compare import free_port, run_http, start_third_party
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.services.router.tokenize import RouterTokenizer, resolve_model_dir
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -129,13 +129,11 @@ def main(argv: Sequence[str]) -> int:
                 if model_dir is None:
                     raise SystemExit("--api http needs the tiny model: run scripts/build_tiny_model.py")
                 wargs += ["--model", str(model_dir)]
-            if compare:  # the same worker, plus the health paths third-party routers probe
-                workers = [
-                    start_compat_worker(Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if zmq else []))
-                    for i in range(a.workers)
-                ]
-            else:
-                workers = [start_service("worker", Path(tmp), *wargs) for _ in range(a.workers)]
+            # the normal worker serves the probe paths third-party routers use (/health, /model_info, ...)
+            workers = [
+                start_service("worker", Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if compare and zmq else []))
+                for i in range(a.workers)
+            ]
             procs += workers
             router = start_service(
                 "router",

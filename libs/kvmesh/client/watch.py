@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
+from kvmesh.changes import ChangeCounter
 from kvmesh.client.endpoints import EndpointSet
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
@@ -35,8 +36,7 @@ class EndpointWatcher:
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
         self.connected_to: str | None = None
-        self.updates = 0
-        self._cond = asyncio.Condition()
+        self._changes = ChangeCounter()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -49,12 +49,14 @@ class EndpointWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @property
+    def updates(self) -> int:
+        """Endpoint sets received so far."""
+        return self._changes.value
+
     async def wait_update(self, seen: int, timeout_s: float) -> int:
         """Wait until `updates` differs from `seen` (bounded by `timeout_s`); returns the current count."""
-        async with self._cond:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.updates != seen), timeout_s)
-            return self.updates
+        return await self._changes.wait_changed(seen, timeout_s)
 
     async def _run(self) -> None:
         k = 0
@@ -68,10 +70,8 @@ class EndpointWatcher:
                     req = failover_pb2.WatchEndpointsRequest(roles=self.roles, zone=self.zone)  # type: ignore[arg-type]
                     async for resp in stub.WatchEndpoints(req, wait_for_ready=False):
                         self.connected_to, failures = target, 0
-                        async with self._cond:
-                            self.current = EndpointSet.from_response(resp)
-                            self.updates += 1
-                            self._cond.notify_all()
+                        self.current = EndpointSet.from_response(resp)
+                        self._changes.bump()
             except grpc.aio.AioRpcError as e:
                 log.info("endpoint watch on %s ended: %s", target, e.code().name)
             self.connected_to = None

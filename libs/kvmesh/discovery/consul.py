@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import aiohttp
 import consul
 import consul.aio
+import consul.exceptions as consul_errors
 
 from kvmesh.discovery.model import (
     KVMESH_TAG,
@@ -130,8 +131,8 @@ class ConsulRegistry:
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise Unavailable(f"consul {self.address} unreachable: {e!r}") from e
         except consul.ConsulException as e:
-            if isinstance(e, consul.base.ClientError):
-                raise
+            if isinstance(e, consul_errors.BadRequest | consul_errors.ClientError):
+                raise  # the agent answered: a 4xx is the caller's problem, not unavailability
             raise Unavailable(f"consul {self.address} error: {e}") from e
 
     # -- registration --------------------------------------------------------------------------
@@ -154,7 +155,7 @@ class ConsulRegistry:
             body = grpc_check(instance, spec)
             try:
                 await self._put_service(instance, body)
-            except consul.base.BadRequest as e:
+            except consul_errors.BadRequest as e:
                 log.warning("consul refused the gRPC check of %s (%s); falling back to TTL", instance.id, e)
                 mode = "ttl"
         if mode == "ttl":

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvmesh.changes import ChangeCounter
 from kvmesh.discovery.lkg import LastKnownGood, LkgRecord
 from kvmesh.discovery.model import CatalogSnapshot
 from kvmesh.discovery.registry import Registry
@@ -50,13 +51,12 @@ class DiscoveryWatcher:
         self.clock = clock
         self.snapshot = CatalogSnapshot()
         self.index = 0
-        self.version = 0
+        self._changes = ChangeCounter()
         self.source = "empty"
         self.reachable: bool | None = None
         self.last_ok_at: float | None = None
         self.last_error: str | None = None
         self.unreachable_since: float | None = None
-        self._cond = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     def status(self) -> DiscoveryStatus:
@@ -80,23 +80,21 @@ class DiscoveryWatcher:
                 await self._task
             self._task = None
 
+    @property
+    def version(self) -> int:
+        """Bumped on every published snapshot or status change."""
+        return self._changes.value
+
     async def changed(self, version: int, timeout_s: float) -> int:
         """Wait until the published version differs from `version` (or `timeout_s`); returns the current."""
-        async with self._cond:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.version != version), timeout_s)
-            return self.version
+        return await self._changes.wait_changed(version, timeout_s)
 
     async def _publish(self, snap: CatalogSnapshot, index: int, source: str) -> None:
-        async with self._cond:
-            self.snapshot, self.index, self.source = snap, index, source
-            self.version += 1
-            self._cond.notify_all()
+        self.snapshot, self.index, self.source = snap, index, source
+        self._changes.bump()
 
     async def _notify(self) -> None:
-        async with self._cond:
-            self.version += 1
-            self._cond.notify_all()
+        self._changes.bump()
 
     async def _run(self) -> None:
         failures = 0

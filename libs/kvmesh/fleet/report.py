@@ -121,14 +121,14 @@ def _plots(ev: dict[str, Any], out: Path) -> None:
     vmax = max(0.05, max(float(np.percentile(m, 99.5)) for m in mats))
     for ax, p, m in zip(axes[:, 0], show, mats, strict=True):
         width = m.shape[1]
-        im = ax.imshow(m, aspect="auto", vmin=0, vmax=vmax, cmap="viridis",
+        im = ax.imshow(m, aspect="auto", vmin=0, vmax=vmax, cmap="viridis", interpolation="nearest",
                        extent=(0, width * bucket / 60.0, len(series), 0))
         ax.set_ylabel(f"{p}\nworker")
         ax.set_title(f"{p}: per-worker compute utilisation per {bucket:.0f} s (std across workers "
                      f"{100 * float(np.std(m.mean(axis=1))):.1f} pp)", fontsize=8)
     axes[-1, 0].set_xlabel("virtual time (min)")
     fig.colorbar(im, ax=axes[:, 0].tolist(), label="compute utilisation")
-    fig.savefig(out / "load_over_time.png", dpi=110)
+    fig.savefig(out / "load_over_time.png", dpi=80)
     plt.close(fig)
 
 
@@ -229,7 +229,12 @@ def render(ev: dict[str, Any]) -> str:
                      f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.4f} | {s['warm_requests']} |")
     if ev.get("analysis_md"):
         L += ["", "## Analysis", "", str(ev["analysis_md"]).strip()]
-    L += ["", "## Notes", ""] + [f"* {n}" for n in ev.get("notes", [])]
+    walls = {p: runs[p].get("wall_s", 0.0) for p in pols}
+    speed = [f"Simulator speed: each whole-trace run at load_scale took {min(walls.values()):.0f}–"
+             f"{max(walls.values()):.0f} s of wall time on this machine ({len(ev['runs'])} runs, "
+             f"{min(runs[p].get('events', 0) for p in pols):,}–{max(runs[p].get('events', 0) for p in pols):,} "
+             "events each, shared CPUs)."]
+    L += ["", "## Notes", ""] + [f"* {n}" for n in [*ev.get("notes", []), *speed]]
     return "\n".join(L) + "\n"
 
 

@@ -30,6 +30,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from kvmesh.config import ServerSettings, load_settings
+from kvmesh.errors import KvmeshError
 from kvmesh.rpc.interceptors import ServiceInterceptor
 from kvmesh.rpc.tls import server_credentials
 from kvmesh.telemetry import metrics
@@ -49,6 +50,8 @@ _SERVER_OPTIONS = [
 ]
 
 Hook = Callable[[], Awaitable[None]]
+
+REGISTER_ATTEMPTS = 30
 
 
 @dataclass
@@ -170,29 +173,56 @@ class ServiceRunner:
         log.info("%s stopped", self.name)
 
     async def _register_in_consul(self) -> None:
-        """Registers this instance (zone, version, role; native gRPC health check, TTL fallback) and
-        deregisters it first thing on drain, so routers stop sending before the server stops accepting."""
+        """Registers this instance in Consul (zone, version, role; native gRPC health check, TTL fallback) in
+        the background with bounded retries — Consul may be down at start and the service must serve anyway —
+        and deregisters it first thing on drain, so routers stop sending before the server stops accepting."""
         from kvmesh.discovery.model import Health, Role
         from kvmesh.discovery.registration import register_self, registry_from
         from kvmesh.discovery.registry import CheckSpec
 
         assert self.ports is not None
-        s = self.settings
+        s, ports = self.settings, self.ports
         registry = registry_from("", s.consul_url)
         assert registry is not None
+        registered: list[str] = []
 
         async def probe() -> Health:
             return Health.CRITICAL if self.stopping.is_set() else Health.PASSING
 
-        http = f"{s.host}:{self.ports.http_port}" if self.ports.http_port else ""
-        await register_self(registry, instance_id=self.service_id, role=Role(self.name), zone=s.zone,
-                            version=s.version, address=s.advertise_address or self.ports.grpc_address,
-                            check=CheckSpec(use_tls=bool(s.tls_cert)), probe=probe,
-                            meta={"http": http} if http else None)
-        close = getattr(registry, "close", None)
-        if close is not None:
-            self.on_stopping.insert(0, close)
-        log.info("%s registered in Consul at %s as %s", self.name, s.consul_url, self.service_id)
+        async def register() -> None:
+            http = f"{s.host}:{ports.http_port}" if ports.http_port else ""
+            for attempt in range(REGISTER_ATTEMPTS):
+                try:
+                    inst = await register_self(
+                        registry, instance_id=self.service_id, role=Role(self.name), zone=s.zone,
+                        version=s.version, address=s.advertise_address or ports.grpc_address,
+                        check=CheckSpec(use_tls=bool(s.tls_cert)), probe=probe, meta={"http": http} if http else None)
+                    registered.append(inst.id)
+                    log.info("%s registered in Consul at %s as %s", self.name, s.consul_url, inst.id)
+                    return
+                except (KvmeshError, OSError) as exc:
+                    log.warning("Consul registration attempt %d failed: %s", attempt + 1, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stopping.wait(), min(5.0, 0.2 * 2**attempt))
+                    if self.stopping.is_set():
+                        return
+            log.error("%s could not register in Consul after %d attempts", self.name, REGISTER_ATTEMPTS)
+
+        task = asyncio.create_task(register())
+
+        async def deregister() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KvmeshError, OSError, TimeoutError):
+                await task
+            for instance_id in registered:
+                with contextlib.suppress(KvmeshError, OSError, TimeoutError):
+                    await asyncio.wait_for(registry.deregister(instance_id), 3.0)
+            close = getattr(registry, "close", None)
+            if close is not None:
+                with contextlib.suppress(KvmeshError, OSError, TimeoutError):
+                    await close(deregister=False)
+
+        self.on_stopping.insert(0, deregister)
 
     async def _start_http(self) -> int:
         self._http_runner = web.AppRunner(self.http_app, access_log=None)
