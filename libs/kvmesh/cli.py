@@ -135,9 +135,10 @@ def up(args: argparse.Namespace) -> int:
     if args.detach:
         print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
         return 0
-    print("press Ctrl-C to stop")
-    # Block SIGINT/SIGTERM and take them synchronously; the 1 s timeout only serves to notice a dead service.
+    # Block SIGINT/SIGTERM (before announcing Ctrl-C: a signal right after the line must not interrupt the
+    # print) and take them synchronously; the 1 s timeout only serves to notice a dead service.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    print("press Ctrl-C to stop", flush=True)
     while all(p.proc.poll() is None for p in started):
         if signal.sigtimedwait([signal.SIGINT, signal.SIGTERM], 1.0) is not None:
             break

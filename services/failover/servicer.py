@@ -9,6 +9,7 @@ import grpc
 
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
+from kvmesh.discovery.traffic import normalise_weights
 from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvmesh.services.failover.engine import FailoverEngine
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
@@ -111,6 +112,11 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         zw, vw = dict(request.weights.zone_weights), dict(request.weights.version_weights)
         if not zw and not vw:
             raise InvalidArgument("weights", "set zone_weights and/or version_weights")
+        # Validate at the API boundary so errors name the request's field path.
+        if zw:
+            normalise_weights("weights.zone_weights", zw)
+        if vw:
+            normalise_weights("weights.version_weights", vw)
         await self.engine.set_weights(zw, vw)
         return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
 

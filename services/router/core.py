@@ -45,6 +45,26 @@ log = logging.getLogger(__name__)
 
 # Worker errors that say "this request is wrong", not "this worker is broken": passed to the client.
 _CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION}
+_TOKEN_IDS_TAG = bytes([(worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number << 3) | 2])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def worker_request_bytes(head: worker_pb2.GenerateRequest, token_ids: bytes) -> bytes:
+    """Wire bytes of `head` with `token_ids` (a serialised `TokenIds`) as its token_ids field: protobuf parses
+    fields in any order, so the prompt is serialised once per request and never copied into a new message
+    (an 8K-token CopyFrom costs ~90 µs). Concatenated `TokenIds` encodings merge (their ids concatenate)."""
+    return head.SerializeToString() + _TOKEN_IDS_TAG + _varint(len(token_ids)) + token_ids
 
 
 @dataclass
@@ -219,6 +239,7 @@ class RouterCore:
         generated: list[int] = list(req.resume_ids)
         n_prompt = len(req.prompt.ids)
         base = np.array(req.prompt.ids, dtype=np.uint32)
+        prompt_bytes = req.prompt.SerializeToString()
         retries = migrations = 0
         exclude: set[str] = set()
         first_client_token = False
@@ -240,15 +261,14 @@ class RouterCore:
             sp.CopyFrom(req.sampling)
             sp.max_tokens = remaining
             sp.min_tokens = max(sp.min_tokens - len(generated), 0)
-            wreq = worker_pb2.GenerateRequest(
+            head = worker_pb2.GenerateRequest(
                 request_id=rid, sampling=sp, tenant=req.tenant, lora_name=req.lora, detokenize=True
             )
-            wreq.token_ids.CopyFrom(req.prompt)
-            if generated:
-                wreq.token_ids.ids.extend(generated)
+            ids = prompt_bytes + common_pb2.TokenIds(ids=generated).SerializeToString() if generated else prompt_bytes
             carrier: dict[str, str] = {}
             inject(carrier)
-            call = h.stub.Generate(wreq, metadata=tuple(carrier.items()))
+            assert h.generate_raw is not None
+            call = h.generate_raw(worker_request_bytes(head, ids), metadata=tuple(carrier.items()))
             n_tok = 0
             t_attempt = time.monotonic()
             t_prev = t_attempt

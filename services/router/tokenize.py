@@ -12,26 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
+from kvmesh.modelfiles import resolve_model_dir
 
 log = logging.getLogger(__name__)
-
-
-def resolve_model_dir(model: str) -> Path | None:
-    """The model folder to load the tokenizer from, or None."""
-    cands = [Path(model)] if model else []
-    if os.environ.get("KVMESH_HOME"):
-        cands.append(Path(os.environ["KVMESH_HOME"]) / "models" / "tiny-llama")
-    cands.append(Path.home() / ".cache" / "kvmesh" / "models" / "tiny-llama")
-    for c in cands:
-        if (c / "tokenizer.json").is_file():
-            return c
-    return None
 
 
 class RouterTokenizer:

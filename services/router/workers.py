@@ -83,6 +83,10 @@ class WorkerHandle:
     last_report_rx: float = float("-inf")
     selections_total: int = 0
     last_report: common_pb2.LoadReport = field(default_factory=common_pb2.LoadReport)
+    generate_raw: grpc.aio.UnaryStreamMultiCallable | None = None  # Generate taking a pre-serialised request
+
+
+GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
 
 
 class WorkerPool:
@@ -124,6 +128,9 @@ class WorkerPool:
             stub=worker_pb2_grpc.WorkerServiceStub(ch),
             breaker=CircuitBreaker(self._breaker_cfg),
             view=WorkerView(id="", healthy=False),
+            generate_raw=ch.unary_stream(  # no request serializer: the caller passes the request's wire bytes
+                GENERATE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GenerateResponse.FromString
+            ),
         )
         self.handles.append(h)
         if self._started:

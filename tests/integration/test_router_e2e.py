@@ -53,7 +53,7 @@ def start_workers(services: Callable[..., ServiceProcess], n: int, *extra: str) 
     if ENGINE["name"] == "sim":
         args = ["--engine", "sim", "--block-size", str(BS), "--kv-blocks", "4096", *extra]
         return [services("worker", *args) for _ in range(n)]
-    args = ["--engine", "vllm", "--model", tiny_model(), "--block-size", str(BS), "--max-model-len", "1024"]
+    args = ["--engine", "vllm", "--model", tiny_model(), "--block-size", str(BS), "--max-model-len", "4096"]
     if "--cache-manager" in extra:
         args += ["--cache-manager", extra[extra.index("--cache-manager") + 1]]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
@@ -177,7 +177,9 @@ def test_full_long_queue_is_resource_exhausted_with_retry_after(
         "0",
     )
     long_ids = toks(300)
-    first = stream(router.address, gen(long_ids, max_tokens=400))
+    # Long enough that the first stream is still running when the next request arrives, even when the tiny
+    # vLLM model decodes quickly and this client is slow to read (a finished stream frees the slot).
+    first = stream(router.address, gen(long_ids, max_tokens=400 if engine == "sim" else 3500))
     assert next(first).token_ids  # the first long request holds the slot now
     with pytest.raises(grpc.RpcError) as ei:
         list(stream(router.address, gen(long_ids, max_tokens=4)))
@@ -252,8 +254,9 @@ def test_kill_9_mid_stream_client_sees_one_complete_stream(
     got: list[int] = []
     msgs = []
     killed = ""
-    # vLLM on the tiny model decodes fast: a long output and an early kill keep the kill mid-stream
-    n_prompt, n_out, kill_at = (590, 150, 20) if engine == "sim" else (200, 700, 1)
+    # vLLM on the tiny model decodes fast and the router buffers ahead of a slow client: a long output and an
+    # early kill keep the kill mid-stream
+    n_prompt, n_out, kill_at = (590, 150, 20) if engine == "sim" else (200, 3500, 1)
     for m in stream(router.address, gen(toks(n_prompt), max_tokens=n_out), key=None, timeout=120):
         msgs.append(m)
         got += m.token_ids

@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 
 from kvmesh.bench.router_compare import free_port, run_http, start_third_party
+from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.launcher import ServiceProcess, start_service
-from kvmesh.services.router.tokenize import RouterTokenizer, resolve_model_dir
+from kvmesh.modelfiles import resolve_model_dir
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DISTINCT = 64
@@ -163,7 +164,7 @@ def main(argv: Sequence[str]) -> int:
                     )
                     others[kind] = proc
                     targets[kind] = [url]
-                tok = RouterTokenizer(str(model_dir))
+                tok = HfTokenizer(str(model_dir))  # what the kvmesh router's tokenizer loads from the same folder
                 res = asyncio.run(run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests))
         finally:
             for proc in others.values():

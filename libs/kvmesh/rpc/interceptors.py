@@ -15,6 +15,7 @@ For each call it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +31,17 @@ from kvmesh.telemetry.context import REQUEST_ID_HEADER, deadline_var, new_reques
 log = logging.getLogger(__name__)
 
 DEADLINE_TRAILER = "x-kvmesh-deadline-ms"
+
+
+@functools.lru_cache(maxsize=4096)
+def _children(service: str, method: str) -> tuple[Any, Any]:
+    """(in-flight gauge, latency histogram) of one method: `labels()` resolved once, not per call."""
+    return metrics.RPC_IN_FLIGHT.labels(service, method), metrics.RPC_LATENCY.labels(service, method)
+
+
+@functools.lru_cache(maxsize=4096)
+def _requests(service: str, method: str, code: grpc.StatusCode) -> Any:
+    return metrics.RPC_REQUESTS.labels(service, method, code.name)
 
 
 class _CallScope:
@@ -53,7 +65,8 @@ class _CallScope:
         )
         self.code = grpc.StatusCode.OK
         self.start = time.perf_counter()
-        metrics.RPC_IN_FLIGHT.labels(service, method).inc()
+        self.in_flight, self.latency = _children(service, method)
+        self.in_flight.inc()
 
     def trailers(self) -> tuple[tuple[str, str], ...]:
         out = [(REQUEST_ID_HEADER, self.request_id)]
@@ -77,9 +90,9 @@ class _CallScope:
             self.code = grpc.StatusCode.CANCELLED
         elif self.code == grpc.StatusCode.OK:
             self.context.set_trailing_metadata(self.trailers())
-        metrics.RPC_IN_FLIGHT.labels(self.service, self.method).dec()
-        metrics.RPC_REQUESTS.labels(self.service, self.method, self.code.name).inc()
-        metrics.RPC_LATENCY.labels(self.service, self.method).observe(time.perf_counter() - self.start)
+        self.in_flight.dec()
+        _requests(self.service, self.method, self.code).inc()
+        self.latency.observe(time.perf_counter() - self.start)
         self.span.set_attribute("rpc.grpc.status_code", self.code.value[0])
         self.span.end()
         request_id_var.reset(self.tokens[0])
@@ -91,6 +104,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, service: str) -> None:
         self.service = service
+        # method -> (handler from the continuation, wrapped handler): built once per method, not per call
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -101,8 +116,18 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
-        if handler_call_details.method.startswith("/grpc."):  # type: ignore[attr-defined]
+        full: str = handler_call_details.method  # type: ignore[attr-defined]
+        if full.startswith("/grpc."):
             return handler  # health and reflection: not ours to instrument
+        hit = self._wrapped.get(full)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = self._wrap(handler, method)
+        if len(self._wrapped) < 4096:
+            self._wrapped[full] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         wrap_unary = _unary_wrapper(self.service, method)
         wrap_stream = _stream_wrapper(self.service, method)
         if handler.unary_unary:

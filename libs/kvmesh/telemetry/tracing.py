@@ -12,16 +12,24 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _configured = False
 
 
 def setup_tracing(service: str, otlp_endpoint: str | None = None, exporter: SpanExporter | None = None) -> None:
-    """Installs the global tracer provider once. `exporter` (tests) wins over `otlp_endpoint`."""
+    """Installs the global tracer provider once. `exporter` (tests) wins over `otlp_endpoint`. With neither,
+    spans are not recorded (sampler ALWAYS_OFF: nothing could read them; trace context still propagates),
+    which keeps span attributes, events and ids off every request's hot path."""
     global _configured
     if _configured:
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": f"kvmesh-{service}"}))
+    resource = Resource.create({"service.name": f"kvmesh-{service}"})
+    if exporter is None and not otlp_endpoint:
+        trace.set_tracer_provider(TracerProvider(resource=resource, sampler=ALWAYS_OFF))
+        _configured = True
+        return
+    provider = TracerProvider(resource=resource)
     if exporter is None and otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
