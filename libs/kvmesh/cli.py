@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,13 +136,18 @@ def up(args: argparse.Namespace) -> int:
     if args.detach:
         print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
         return 0
-    # Block SIGINT/SIGTERM (before announcing Ctrl-C: a signal right after the line must not interrupt the
-    # print) and take them synchronously; the 1 s timeout only serves to notice a dead service.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    # Handlers, not a signal mask: gRPC's threads would take a process-directed signal that only the main
+    # thread blocks. Installed before announcing Ctrl-C, so a signal right after the line is never lost.
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     print("press Ctrl-C to stop", flush=True)
-    while all(p.proc.poll() is None for p in started):
-        if signal.sigtimedwait([signal.SIGINT, signal.SIGTERM], 1.0) is not None:
-            break
+    while not stop.is_set() and all(p.proc.poll() is None for p in started):
+        stop.wait(1.0)  # the timeout only serves to notice a dead service
     dead = [p.name for p in started if p.proc.poll() is not None]
     if dead:
         print(f"stopping: {', '.join(dead)} exited", file=sys.stderr)

@@ -10,7 +10,6 @@ rollback restores both maps as they were before the last change.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from kvmesh.discovery.traffic import HISTORY_LIMIT, TrafficPlan, version_shares
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.errors import FailedPrecondition
 from kvmesh.services.failover import metrics
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,7 @@ class FailoverEngine:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     @property
     def revision(self) -> int:

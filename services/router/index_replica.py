@@ -20,6 +20,7 @@ import numpy as np
 from kvmesh.config import ServerSettings
 from kvmesh.index import PrefixIndex
 from kvmesh.rpc.channel import open_channel
+from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,7 @@ class IndexReplica:
             return
         log.info("cache-manager %r -> %r", self.address, address)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         if self._channel is not None:
             await self._channel.close()
@@ -74,9 +73,7 @@ class IndexReplica:
     async def stop(self) -> None:
         self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
         if self._channel is not None:
             await self._channel.close()
 

@@ -22,7 +22,7 @@ import grpc
 from kvmesh.config import ServerSettings
 from kvmesh.kvevents import LoadReport
 from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
-from kvmesh.rpc.channel import open_channel
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -50,13 +50,7 @@ def report_from_proto(r: common_pb2.LoadReport) -> LoadReport:
 
 
 _FAST_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.enable_retries", 0),
+    *CHANNEL_OPTIONS,
     ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),  # large initial stream window: 100K-token prompts
 ]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -14,6 +13,7 @@ from kvmesh.errors import Unavailable
 from kvmesh.kvevents import AllBlocksCleared, KvEvent, KvEventBatch, LoadReport
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.kvlog import KvEventLog
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,7 @@ class WorkerApp:
     async def stop(self) -> None:
         self.stopping.set()
         if self._pump_task is not None:
-            self._pump_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump_task
+            await stop_task(self._pump_task)
 
     def load(self) -> LoadReport:
         r = self.engine.load_report()

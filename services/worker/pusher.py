@@ -22,6 +22,7 @@ from kvmesh.rpc.channel import open_channel
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.convert import batch_to_proto, dump_messages
 from kvmesh.services.worker.servicer import next_or_stop
+from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2 as cm
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2
@@ -44,9 +45,7 @@ class CacheManagerPusher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     async def _run(self) -> None:
         backoff = 0.2

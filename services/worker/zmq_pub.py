@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
@@ -124,7 +125,5 @@ class ZmqKvPublisher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         self._ctx.destroy(linger=0)

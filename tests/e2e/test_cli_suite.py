@@ -69,8 +69,13 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
             break
         assert len(seen) < 200, "".join(seen)
     pids = _pids(home)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, "".join(seen) + out
-    assert "suite stopped" in out
-    assert not any(_alive(p) for p in pids)
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, "".join(seen) + out
+        assert "suite stopped" in out
+        assert not any(_alive(p) for p in pids)
+    finally:  # never leave a suite behind, whatever failed
+        for pid in [*pids, proc.pid]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

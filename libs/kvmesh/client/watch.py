@@ -8,7 +8,6 @@ meantime, so clients and routers keep working while every failover service is do
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -17,6 +16,7 @@ import grpc.aio
 
 from kvmesh.changes import ChangeCounter
 from kvmesh.client.endpoints import EndpointSet
+from kvmesh.tasks import stop_task
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,7 @@ class EndpointWatcher:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     @property
     def updates(self) -> int:

@@ -10,7 +10,6 @@ error of the backend) marks it unreachable and keeps the current snapshot; retri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from kvmesh.discovery.lkg import LastKnownGood, LkgRecord
 from kvmesh.discovery.model import CatalogSnapshot
 from kvmesh.discovery.registry import Registry
 from kvmesh.errors import KvmeshError
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,7 @@ class DiscoveryWatcher:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     @property

@@ -41,6 +41,7 @@ from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, LoadReport, cache_salt_of
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +296,7 @@ class VllmEngine:
         for rid in list(self._inflight):
             await self.abort(rid)
         if self._events_task is not None:
-            self._events_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._events_task
+            await stop_task(self._events_task)
             self._events_task = None
         if self._llm is not None:
             llm, self._llm = self._llm, None

@@ -12,7 +12,7 @@ from kvmesh.rpc.tls import channel_credentials
 from kvmesh.telemetry import tracing
 from kvmesh.telemetry.context import REQUEST_ID_HEADER, outbound_timeout, request_id_var
 
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 10_000),
@@ -63,5 +63,5 @@ def open_channel(address: str, settings: ServerSettings | None = None) -> grpc.a
     interceptors = [_PropagatingInterceptor()]
     if settings is not None and settings.tls_ca:
         creds = channel_credentials(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key)
-        return grpc.aio.secure_channel(address, creds, options=_CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

@@ -7,7 +7,6 @@ deliver `res.outputs` to their streams and `res.kv_events` to every subscriber. 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -19,6 +18,7 @@ from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,7 @@ class SimEngine:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         for rid in list(self._streams):
             await self.abort(rid)
