@@ -8,6 +8,7 @@ a `grpc.health.v1` check. Every wait is bounded by a deadline; nothing sleeps to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,21 +52,27 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM and wait; returns the exit code (kills after `timeout`)."""
+        """SIGTERM and wait; returns the exit code (kills after `timeout`). Leftover children (e.g. vLLM's
+        engine-core process) are killed with the process group."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.kill()
             raise
+        finally:
+            self._kill_group()
 
     def kill(self) -> None:
-        """SIGKILL (kill -9) and reap."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+        """SIGKILL (kill -9) of the service and every process of its group (it runs in its own session), as a
+        machine or container dying would: no orphaned engine process survives it."""
+        self._kill_group()
         self.proc.wait(timeout=10)
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def start_service(name: str, tmp: Path, *args: str, env: dict[str, str] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from kvmesh.launcher import ServiceProcess
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,6 +218,21 @@ def test_drain_and_rebalance_admin(engine: str, services: Callable[..., ServiceP
     assert r2.json()["prefill_weight"] == pytest.approx(0.2)
 
 
+def _wait_for_holder(cache_manager: str, tokens: list[int], worker_id: str, blocks: int,
+                     timeout_s: float = 60.0) -> None:
+    """Polls FindMatches until `worker_id` holds `blocks` leading blocks of `tokens` (bounded by `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    request = cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=tokens), model="tiny")
+    with grpc.insecure_channel(cache_manager) as ch:
+        stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
+        while True:
+            matches = {m.worker_id: m.matched_blocks for m in stub.FindMatches(request, timeout=10).matches}
+            if matches.get(worker_id, 0) >= blocks:
+                return
+            assert time.monotonic() < deadline, f"{worker_id} never held the prefix: {matches}"
+            time.sleep(0.02)  # bounded poll of another process's state
+
+
 def test_second_turn_goes_to_the_worker_holding_the_prefix(
     engine: str, services: Callable[..., ServiceProcess]
 ) -> None:
@@ -226,8 +242,10 @@ def test_second_turn_goes_to_the_worker_holding_the_prefix(
     turn1 = toks(12 * BS, 100)
     first = list(stream(router.address, gen(turn1, 4, session_id="")))
     home = first[-1].worker_id
-    # the index learns the prefix through worker -> cache-manager -> router watch; poll the observable
-    # outcome (bounded): a follow-up sharing the prefix lands on `home` and reports cached tokens
+    # The index learns the prefix through worker -> cache-manager -> router watch. Wait (bounded) until the
+    # cache-manager reports `home` holding turn 1: a follow-up sent earlier could land elsewhere and make
+    # that worker the better holder.
+    _wait_for_holder(cm.address, turn1, home, blocks=12)
     turn2 = turn1 + [t for m in first for t in m.token_ids] + toks(2 * BS, 500)
     last = None
     for _ in range(50):

@@ -99,7 +99,9 @@ def test_client_deadline_reaches_the_server(services: Start) -> None:
             stub.Rebalance(router_pb2.RebalanceRequest(prefill_weight=-1, decode_weight=1), timeout=3.0)
         trailers = dict(err.value.trailing_metadata() or ())
         seen_ms = int(trailers[DEADLINE_TRAILER])
-        assert 0 < seen_ms <= 3000
+        # gRPC sends the timeout in a `grpc-timeout` header rounded up to its unit (up to tens of ms), so the
+        # server may see a few ms more than the client's 3 s, never a deadline from anywhere else.
+        assert 0 < seen_ms <= 3000 + 50
         assert trailers["x-request-id"]
         # Without a deadline the server sees none.
         with pytest.raises(grpc.RpcError) as err2:
