@@ -8,14 +8,13 @@ import json
 import random
 import subprocess
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from kvmesh.bench.router_compare import free_port, run_http, start_third_party
+from kvmesh.bench.router_compare import free_port, measure, run_http, start_third_party
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.modelfiles import resolve_model_dir
@@ -25,41 +24,9 @@ DISTINCT = 64
 OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 
 
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(int(q * len(s)), len(s) - 1)]
-
-
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
-
-
-async def _measure(send: Callable[[int], Awaitable[None]], n_c1: int, n_cc: int, concurrency: int) -> dict[str, float]:
-    for i in range(min(8, n_c1)):  # warm-up
-        await send(i)
-    lat = []
-    for i in range(n_c1):
-        t0 = time.perf_counter()
-        await send(i)
-        lat.append((time.perf_counter() - t0) * 1000)
-    next_i = 0
-
-    async def loop() -> None:
-        nonlocal next_i
-        while next_i < n_cc:
-            i = next_i
-            next_i += 1
-            await send(i)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    el = time.perf_counter() - t0
-    return {
-        "c1_p50_ms": round(_pct(lat, 0.5), 3),
-        "c1_p99_ms": round(_pct(lat, 0.99), 3),
-        f"c{concurrency}_rps": round(n_cc / el, 1),
-    }
 
 
 async def _run(
@@ -88,8 +55,8 @@ async def _run(
             req = worker_pb2.GenerateRequest(request_id=f"d{p}-{i}", token_ids=prompts[i % DISTINCT], sampling=sp)
             await _drain(wstubs[i % len(wstubs)].Generate(req, timeout=120))
 
-        out["direct"][str(p)] = await _measure(direct, c1_requests, requests, concurrency)
-        out["router"][str(p)] = await _measure(via_router, c1_requests, requests, concurrency)
+        out["direct"][str(p)] = await measure(direct, c1_requests, requests, concurrency)
+        out["router"][str(p)] = await measure(via_router, c1_requests, requests, concurrency)
         out["overhead_p50_ms"][str(p)] = round(
             out["router"][str(p)]["c1_p50_ms"] - out["direct"][str(p)]["c1_p50_ms"], 3
         )
