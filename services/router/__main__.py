@@ -53,7 +53,9 @@ def build_frontend(settings: RouterSettings) -> Frontend:
     model_name = s.model_name or tok.name
     core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model)
     keys = ApiKeys.load(s.api_keys_file)
-    return Frontend(core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name)
+    return Frontend(
+        core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters
+    )
 
 
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:

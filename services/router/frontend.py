@@ -21,13 +21,20 @@ class Frontend:
     """Auth → rate limit → tokenise, plus the admin operations (rebalance, list, drain)."""
 
     def __init__(
-        self, core: RouterCore, tokenizer: RouterTokenizer, keys: ApiKeys, limiter: RateLimiter, model_name: str
+        self,
+        core: RouterCore,
+        tokenizer: RouterTokenizer,
+        keys: ApiKeys,
+        limiter: RateLimiter,
+        model_name: str,
+        lora_adapters: Sequence[str] = (),
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
         self.keys = keys
         self.limiter = limiter
         self.model_name = model_name
+        self.lora_adapters = tuple(lora_adapters)
 
     def authorize(self, presented: str | None) -> str:
         """Checks the API key (Unauthenticated) and takes a rate-limit token (ResourceExhausted)."""
@@ -40,6 +47,21 @@ class Frontend:
         in_range(sp.temperature, "temperature", 0.0, 10.0)
         in_range(sp.top_p, "top_p", 0.0, 1.0)
         require(sp.top_k >= -1, "top_k", f"must be >= -1, got {sp.top_k}")
+
+    def lora_for(self, model: str, lora_name: str) -> str:
+        """The LoRA adapter a request selects: `lora_name` (gRPC), else `model` when it names an adapter (the
+        OpenAI/vLLM convention: an adapter is served as a model of its own); '' = the base model. An unknown
+        name is NotFound (HTTP 404, as vLLM answers), so a typo never silently runs the base model."""
+        serving = ", ".join([self.model_name, *self.lora_adapters])
+        if lora_name:
+            if lora_name not in self.lora_adapters:
+                raise NotFound(f"unknown LoRA adapter {lora_name!r}: serving {serving}")
+            return lora_name
+        if not model or model == self.model_name:
+            return ""
+        if model not in self.lora_adapters:
+            raise NotFound(f"unknown model {model!r}: serving {serving}")
+        return model
 
     async def tokenize_text(self, text: str) -> list[int]:
         """Token ids of `text`; long texts are encoded on a worker thread (HF tokenizers releases the GIL), so

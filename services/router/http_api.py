@@ -146,16 +146,24 @@ class HttpApi:
 
     def _gen_request(self, request: web.Request, body: dict[str, Any], ids: list[int]) -> GenRequest:
         session = request.headers.get("X-Session-Id") or str(body.get("session_id") or body.get("user") or "")
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise InvalidArgument("model", "must be a string")
         return GenRequest(
-            f"http-{uuid.uuid4().hex}", common_pb2.TokenIds(ids=ids), self._sampling(body), session_id=session
+            f"http-{uuid.uuid4().hex}",
+            common_pb2.TokenIds(ids=ids),
+            self._sampling(body),
+            session_id=session,
+            lora=self.front.lora_for(model or "", ""),
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
-        return web.json_response(
-            {"object": "list", "data": [{"id": self.front.model_name, "object": "model", "owned_by": "kvmesh"}]}
-        )
+        base = self.front.model_name
+        data = [{"id": base, "object": "model", "owned_by": "kvmesh"}]
+        data += [{"id": a, "object": "model", "owned_by": "kvmesh", "parent": base} for a in self.front.lora_adapters]
+        return web.json_response({"object": "list", "data": data})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
@@ -186,7 +194,7 @@ class HttpApi:
         api = "chat" if chat else "completions"
         obj = "chat.completion" if chat else "text_completion"
         created = int(time.time())
-        model = self.front.model_name
+        model = req.lora or self.front.model_name
         self.front.core.check(req)
         if not body.get("stream"):
             texts: list[str] = []

@@ -40,6 +40,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             which = request.WhichOneof("prompt")
             require(which is not None, "prompt", "one of text, token_ids or chat is required")
             f.check_sampling(request.sampling)
+            lora = f.lora_for(request.model, request.lora_name)
             if which == "text":
                 prompt = common_pb2.TokenIds(ids=await f.tokenize_text(request.text))
             elif which == "token_ids":
@@ -51,7 +52,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             non_empty(prompt.ids, "prompt")
             rid = request.request_id or uuid.uuid4().hex
             req = GenRequest(
-                rid, prompt, request.sampling, request.session_id, request.tenant, list(request.resume_token_ids)
+                rid,
+                prompt,
+                request.sampling,
+                request.session_id,
+                request.tenant,
+                list(request.resume_token_ids),
+                lora=lora,
             )
             async for c in f.core.generate(req):
                 resp = router_pb2.RouterServiceGenerateResponse(

@@ -16,6 +16,9 @@ class RouterSettings(ServerSettings):
     failover: str = setting("", "failover gRPC address to follow endpoint sets from")
     model: str = setting("", "model folder for the tokenizer; default: the tiny local test model")
     model_name: str = setting("", "served model name reported by /v1/models (default: folder name)")
+    lora_adapters: list[str] = setting(
+        [], "LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP \"model\" selects one"
+    )
     salt_model: str = setting(
         "", "model string in the block-hash salt make_salt(model, lora, tenant); must equal the cache-manager's "
         "--model (both default to '', which is what `kvmesh up` runs)"

@@ -1,5 +1,5 @@
-"""Router end to end with simulated workers (real processes on 127.0.0.1): per-tenant block-hash salting and
-client-side resume (`resume_token_ids`).
+"""Router end to end with simulated workers (real processes on 127.0.0.1): per-tenant and per-LoRA block-hash
+salting and client-side resume (`resume_token_ids`).
 
 Tenant salting: the cache-manager salts a chain's first block with `make_salt(model, lora, tenant)`, and so does
 the router, both with their default salt model (''): tenant B's request for the prompt tenant A has cached gets
@@ -81,6 +81,52 @@ def test_tenant_b_gets_no_credit_for_tenant_a_blocks(services: Callable[..., Ser
     a2 = run(router.address, gen(prompt, 2, tenant="A"))[-1]
     assert routed_cached_tokens(router) - before >= 9 * BS
     assert a2.worker_id == home and a2.usage.cached_tokens >= 9 * BS
+
+
+def test_lora_adapters_are_selected_salted_and_validated(services: Callable[..., ServiceProcess]) -> None:
+    """A LoRA adapter (gRPC `lora_name` or the HTTP body's "model") salts the block hashes like a tenant: the
+    adapter's repeat is credited and served from cache, the base model's request for the same prompt is not;
+    an unknown adapter or model is NOT_FOUND / HTTP 404 and the router keeps serving."""
+    cm = services("cache-manager", "--block-size", str(BS))
+    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS),
+                        "--kv-blocks", "4096", "--cache-manager", cm.address) for _ in range(2)]
+    router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS),
+                      "--cache-manager", cm.address, "--lora-adapters", "sql-lora,chat-lora")
+    http = f"http://127.0.0.1:{router.http_port}"
+    base_name = httpx.get(f"{http}/v1/models", timeout=10).json()["data"][0]["id"]
+    models = {m["id"]: m.get("parent") for m in httpx.get(f"{http}/v1/models", timeout=10).json()["data"]}
+    assert models == {base_name: None, "sql-lora": base_name, "chat-lora": base_name}
+
+    prompt = toks(10 * BS, 77)
+    first = run(router.address, gen(prompt, 2, lora_name="sql-lora"))[-1]
+    assert first.usage.cached_tokens == 0
+    deadline = time.monotonic() + 20
+    credited = False
+    while not credited and time.monotonic() < deadline:
+        before = routed_cached_tokens(router)
+        last = run(router.address, gen(prompt, 2, lora_name="sql-lora"))[-1]
+        credited = routed_cached_tokens(router) - before >= 9 * BS
+    assert credited, "the adapter's repeat never got cached-prefix credit"
+    assert last.usage.cached_tokens >= 9 * BS
+
+    before = routed_cached_tokens(router)
+    base = run(router.address, gen(prompt, 2))[-1]
+    assert routed_cached_tokens(router) - before == 0 and base.usage.cached_tokens == 0
+    other = run(router.address, gen(prompt, 2, lora_name="chat-lora"))[-1]
+    assert other.usage.cached_tokens == 0, "another adapter was served sql-lora's KV blocks"
+
+    # HTTP: "model" names the adapter (the vLLM convention) and is echoed back
+    r = httpx.post(f"{http}/v1/completions", timeout=30,
+                   json={"model": "sql-lora", "prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "sql-lora" and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 9 * BS
+
+    with pytest.raises(grpc.RpcError) as err:
+        run(router.address, gen(prompt, 2, lora_name="no-such-lora"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "no-such-lora" in (err.value.details() or "")
+    r = httpx.post(f"{http}/v1/completions", timeout=30, json={"model": "gpt-4", "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert run(router.address, gen(prompt, 2, lora_name="sql-lora"))[-1].usage.cached_tokens >= 9 * BS
 
 
 def test_resume_token_ids_continue_the_stream(services: Callable[..., ServiceProcess]) -> None:

@@ -141,7 +141,9 @@ async def run_http(
     requests: int,
     concurrency: int,
     c1_requests: int,
+    model: str,
 ) -> dict[str, Any]:
+    """`model`: the served model name (the routers' /v1/models), sent as the body's "model"."""
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
@@ -151,7 +153,7 @@ async def run_http(
         for p in sizes:
             texts = [make_text(tok, p, rng) for _ in range(DISTINCT)]
             out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / DISTINCT)
-            bodies = [{"model": "m", "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
+            bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
             for name, urls in targets.items():
 
                 async def send(i: int, urls: list[str] = urls, bodies: list[Any] = bodies) -> None:

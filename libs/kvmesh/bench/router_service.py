@@ -131,8 +131,12 @@ def main(argv: Sequence[str]) -> int:
                     )
                     others[kind] = proc
                     targets[kind] = [url]
+                assert model_dir is not None  # checked above for --api http
                 tok = HfTokenizer(str(model_dir))  # what the kvmesh router's tokenizer loads from the same folder
-                res = asyncio.run(run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests))
+                served = model_dir.name  # the kvmesh router's /v1/models name (its tokenizer folder)
+                res = asyncio.run(
+                    run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests, served)
+                )
         finally:
             for proc in others.values():
                 proc.terminate()

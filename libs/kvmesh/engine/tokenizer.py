@@ -38,6 +38,9 @@ class ByteTokenizer:
         return "".join(out)
 
 
+_GIL_FREE_CHARS = 2048  # shorter texts: `encode` (cheaper call, the GIL is held only briefly)
+
+
 class HfTokenizer:
     """A Hugging Face `tokenizer.json` (e.g. the tiny local model's), loaded with `tokenizers`."""
 
@@ -49,6 +52,11 @@ class HfTokenizer:
         self.vocab_size = int(self._tok.get_vocab_size())
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`. Long texts go through `encode_batch`, which releases the GIL while it works
+        (`encode` holds it: two threads encoding 100K-token texts run one after the other and block the event
+        loop), so concurrent long prompts tokenise in parallel on several cores."""
+        if len(text) >= _GIL_FREE_CHARS:
+            return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:

@@ -1,4 +1,4 @@
-"""Server interceptor applied to every kvmesh RPC: request id, deadline, tracing, metrics, error mapping.
+"""Instrumentation of every kvmesh RPC handler: request id, deadline, tracing, metrics, error mapping.
 
 For each call it
 - takes `x-request-id` from metadata (or makes one) and puts it in the logging context and the response
@@ -99,8 +99,74 @@ class _CallScope:
         deadline_var.reset(self.tokens[1])
 
 
+def instrument_handler(service: str, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """`handler` wrapped with the per-call bookkeeping above (health and reflection are returned as they are)."""
+    if full_method.startswith("/grpc.") or full_method.startswith("grpc."):
+        return handler  # health and reflection: not ours to instrument
+    method = full_method.rsplit("/", 1)[-1]
+    wrap_unary = _unary_wrapper(service, method)
+    wrap_stream = _stream_wrapper(service, method)
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(
+            wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+        )
+    return grpc.stream_stream_rpc_method_handler(
+        wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+    )
+
+
+class _InstrumentedGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers are instrumented once, on first lookup."""
+
+    def __init__(self, service: str, inner: grpc.GenericRpcHandler) -> None:
+        self._service = service
+        self._inner = inner
+        self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        full: str = handler_call_details.method  # type: ignore[attr-defined]
+        if full in self._cache:
+            return self._cache[full]
+        handler = self._inner.service(handler_call_details)
+        wrapped = None if handler is None else instrument_handler(self._service, full, handler)
+        if len(self._cache) < 4096:
+            self._cache[full] = wrapped
+        return wrapped
+
+
+class InstrumentedServer:
+    """What a generated `add_*Servicer_to_server(servicer, server)` is given instead of the server: it
+    registers the servicer's handlers already wrapped with `instrument_handler`. Same behaviour as
+    `ServiceInterceptor`, but the wrapping happens once at registration, so a call does not go through
+    grpc.aio's per-call interceptor chain (an extra coroutine and lookup per RPC, ~0.3 ms on the router's
+    hot path on 2 shared cores)."""
+
+    def __init__(self, server: grpc.aio.Server, service: str) -> None:
+        self._server = server
+        self._service = service
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_InstrumentedGenericHandler(self._service, h) for h in handlers))
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: dict[str, Any]) -> None:
+        wrapped = {
+            name: instrument_handler(self._service, f"/{service_name}/{name}", h)
+            for name, h in method_handlers.items()
+        }
+        self._server.add_registered_method_handlers(service_name, wrapped)  # type: ignore[attr-defined]
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every handler of a server (see the module docstring)."""
+    """The same instrumentation as a grpc.aio server interceptor, for servers not built by `ServiceRunner`
+    (which registers through `InstrumentedServer` instead)."""
 
     def __init__(self, service: str) -> None:
         self.service = service
@@ -115,36 +181,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        method = handler_call_details.method.rsplit("/", 1)[-1]  # type: ignore[attr-defined]
         full: str = handler_call_details.method  # type: ignore[attr-defined]
-        if full.startswith("/grpc."):
-            return handler  # health and reflection: not ours to instrument
         hit = self._wrapped.get(full)
         if hit is not None and hit[0] is handler:
             return hit[1]
-        wrapped = self._wrap(handler, method)
+        wrapped = instrument_handler(self.service, full, handler)
         if len(self._wrapped) < 4096:
             self._wrapped[full] = (handler, wrapped)
         return wrapped
-
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-        wrap_unary = _unary_wrapper(self.service, method)
-        wrap_stream = _stream_wrapper(self.service, method)
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
-        )
 
 
 def _unary_wrapper(service: str, method: str) -> Callable[[Any], Any]:

@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kvmesh.config import ServerSettings, load_settings
 from kvmesh.errors import KvmeshError
-from kvmesh.rpc.interceptors import ServiceInterceptor
+from kvmesh.rpc.interceptors import InstrumentedServer
 from kvmesh.rpc.tls import server_credentials
 from kvmesh.telemetry import metrics
 from kvmesh.telemetry.logging import setup_logging
@@ -85,7 +85,7 @@ class ServiceRunner:
     _http_runner: web.AppRunner | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(interceptors=[ServiceInterceptor(self.name)], options=_SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.stopping = asyncio.Event()
@@ -104,7 +104,7 @@ class ServiceRunner:
     def add_servicer(self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any,
                      full_name: str) -> None:
         """Registers a generated servicer; `full_name` (e.g. `kvmesh.v1.WorkerService`) gets health + reflection."""
-        add_to_server(servicer, self.server)
+        add_to_server(servicer, InstrumentedServer(self.server, self.name))  # type: ignore[arg-type]
         self._service_names.append(full_name)
 
     async def start(self) -> BoundPorts:

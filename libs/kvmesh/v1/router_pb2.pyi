@@ -84,6 +84,7 @@ class RouterServiceGenerateRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     RESUME_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    LORA_NAME_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Client-chosen id for logs and idempotent resume; generated when empty."""
     text: _builtins.str
@@ -94,6 +95,10 @@ class RouterServiceGenerateRequest(_message.Message):
     """Session id for affinity (keeps a conversation on the worker holding its cache)."""
     tenant: _builtins.str
     """Tenant (KV isolation salt, rate limits)."""
+    lora_name: _builtins.str
+    """LoRA adapter to apply (one of the router's --lora-adapters); empty means the base model. Part of the
+    block-hash salt: a prompt cached under one adapter never matches another adapter's blocks.
+    """
     @_builtins.property
     def token_ids(self) -> _common_pb2.TokenIds:
         """Token ids."""
@@ -124,10 +129,11 @@ class RouterServiceGenerateRequest(_message.Message):
         session_id: _builtins.str = ...,
         tenant: _builtins.str = ...,
         resume_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        lora_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "model", b"model", "prompt", b"prompt", "request_id", b"request_id", "resume_token_ids", b"resume_token_ids", "sampling", b"sampling", "session_id", b"session_id", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "lora_name", b"lora_name", "model", b"model", "prompt", b"prompt", "request_id", b"request_id", "resume_token_ids", b"resume_token_ids", "sampling", b"sampling", "session_id", b"session_id", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["text", "token_ids", "chat"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
