@@ -143,7 +143,7 @@ class SimEngineCore:
             raise InvalidArgument("prompt_token_ids", "the simulated engine needs token ids")
         validate_sampling(req.sampling, cfg.max_tokens_limit)
         prompt = list(req.prompt_token_ids)
-        if any(not 0 <= t < cfg.vocab_size for t in prompt):
+        if prompt and (min(prompt) < 0 or max(prompt) >= cfg.vocab_size):  # C loops: ~10x a generator's speed
             raise InvalidArgument("prompt_token_ids", f"token ids must be in [0, {cfg.vocab_size})")
         max_tokens = resolve_max_tokens(req.sampling, len(prompt), cfg.max_model_len, cfg.max_tokens_limit)
         need = math.ceil((len(prompt) + 1) / cfg.block_size)
