@@ -170,6 +170,12 @@ def test_invalid_arguments() -> None:
     with pytest.raises(InvalidArgument) as ei:
         small.add_request(req("kv", list(range(200))), 0.0)  # 13 blocks > 95 % of 10: can never run here
     assert ei.value.field == "prompt_token_ids"
+    vocab = SimConfig().vocab_size
+    for bad_ids in ([5, vocab, 7], [-1, 4], [vocab + 10**6]):
+        with pytest.raises(InvalidArgument) as ei:
+            core.add_request(req(f"v{bad_ids[0]}", bad_ids), 0.0)
+        assert ei.value.field == "prompt_token_ids" and str(vocab) in ei.value.message
+    core.add_request(req("edge", [0, vocab - 1]), 0.0)  # both ends of the range are valid
 
 
 def test_max_tokens_guard_defaults_to_limit_and_context() -> None:
