@@ -1,6 +1,7 @@
-"""``python -m kvmesh.bench <index|worker|router|fleet|failover> [args...]``: each prints one JSON line.
+"""``python -m kvmesh.bench <index|worker|router|fleet|fleet-live|failover> [args...]``: each prints one JSON line.
 
-Dispatches to ``kvmesh.bench.<name>.main(argv)``; a benchmark is added by creating that module.
+Dispatches to ``kvmesh.bench.<name>.main(argv)`` (``-`` in a name becomes ``_``); a benchmark is added by
+creating that module.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "fleet", "failover")
+BENCHES = ("index", "worker", "router", "fleet", "fleet-live", "failover")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in BENCHES:
         print(f"usage: python -m kvmesh.bench <{'|'.join(BENCHES)}> [args...]", file=sys.stderr)
         return 2
+    name = f"kvmesh.bench.{args[0].replace('-', '_')}"
     try:
-        module = importlib.import_module(f"kvmesh.bench.{args[0]}")
+        module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name != f"kvmesh.bench.{args[0]}":
+        if exc.name != name:
             raise
         print(f"benchmark {args[0]!r} is not implemented yet", file=sys.stderr)
         return 2
