@@ -192,7 +192,14 @@ class RouterCore:
 
     # ---- routing -----------------------------------------------------------------------------------
     async def route(
-        self, rid: str, prompt: np.ndarray, session: str, exclude: set[str], tenant: str = "", lora: str = ""
+        self,
+        rid: str,
+        prompt: np.ndarray,
+        session: str,
+        exclude: set[str],
+        tenant: str = "",
+        lora: str = "",
+        max_tokens: int = 256,
     ) -> tuple[str, int]:
         """Picks a worker for `prompt` (uint32 token ids); returns (worker id, cached overlap tokens on it).
         Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks."""
@@ -204,7 +211,9 @@ class RouterCore:
         if exclude:
             views = [v for v in views if v.id not in exclude]
         self.tracker.apply(views)
-        rr = RouteRequest(rid, len(prompt), hashes, matches, self.limits.block_size, session_id=session)
+        rr = RouteRequest(
+            rid, len(prompt), hashes, matches, self.limits.block_size, session_id=session, max_tokens=max_tokens
+        )
         d = self.profile.decide(rr, views)
         m.DECISION.observe(time.perf_counter() - t0)
         with self._tracer.start_as_current_span("route") as span:
@@ -251,7 +260,9 @@ class RouterCore:
                 yield Chunk([], "", "", migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
             prompt = np.concatenate([base, np.array(generated, dtype=np.uint32)]) if generated else base
-            wid, overlap = await self.route(rid, prompt, req.session_id, exclude, req.tenant, req.lora)
+            wid, overlap = await self.route(
+                rid, prompt, req.session_id, exclude, req.tenant, req.lora, max_tokens=remaining
+            )
             h = self.pool.by_id[wid]
             h.selections_total += 1
             now = time.monotonic()

@@ -14,7 +14,7 @@ def test_default_profile_shape() -> None:
     assert [f.name for f in p.filters] == ["healthy", "not-draining", "circuit-closed", "kv-headroom", "pool"]
     assert [s.name for s, _ in p.scorers] == ["cost", "session-affinity"]
     assert p.picker.name == "min-cost"
-    assert p.weights()["cost.prefill_weight"] == pytest.approx(0.5)
+    assert p.weights()["cost.prefill_weight"] == pytest.approx(0.9)
 
 
 def test_yaml_names_params_and_errors() -> None:
@@ -69,7 +69,7 @@ def test_set_weights_validation_is_all_or_nothing() -> None:
         p.set_weights(0.7, 0.3, scorer_weights={"missing": 1.0})
     with pytest.raises(InvalidArgument):
         p.set_weights(0.0, 0.0)
-    assert p.weights()["cost.prefill_weight"] == pytest.approx(0.5)
+    assert p.weights()["cost.prefill_weight"] == pytest.approx(0.9)
     p.set_weights(scorer_weights={"session-affinity": 0.5})
     assert p.weights()["session-affinity"] == 0.5
     with pytest.raises(InvalidArgument):

@@ -43,3 +43,55 @@ def test_cached_worker_loses_after_bounded_extra_load() -> None:
         wins += 1
         hot.inflight_decode_tokens += 1024
     assert 8 <= wins <= 10
+
+
+def test_itl_term_sends_short_outputs_away_from_queued_prefill() -> None:
+    # "hot" caches 900 of 1000 prompt tokens but is prefilling 20 000 tokens of other prompts.
+    hot = WorkerView("hot", prefill_tokens_queued=20_000)
+    cold = WorkerView("cold")
+    s = CostScorer(prefill_weight=0.9, decode_weight=0.1, itl_weight=10, prefill_slots=8)
+    long_out = RouteRequest("a", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=10_000)
+    short_out = RouteRequest("b", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=4)
+    # T(hot) = 100 + min(20000, 8·100) = 900, T(cold) = 1000; I(hot) = 10·19900/(out − 1), I(cold) = 0
+    # long output: 0.9·900 + 19.9 ≈ 830 < 0.9·1000 = 900 → hot;  short: 0.9·900 + 66 333 → cold
+    c_long = s.score(long_out, [hot, cold], [hot, cold])
+    c_short = s.score(short_out, [hot, cold], [hot, cold])
+    assert c_long[0] < c_long[1]
+    assert c_short[1] < c_short[0]
+    assert c_short == pytest.approx([(810 + 199_000 / 3) / (199_000 / 3), 900 / (199_000 / 3)])
+
+
+def test_prefill_slots_keep_a_cache_hit_on_a_busy_worker() -> None:
+    # Chunked prefill: 100 new tokens behind a 20 000-token queue wait for ≤ k·100 of it, not all of it.
+    req = RouteRequest("r", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=100_000)
+    hot = WorkerView("hot", prefill_tokens_queued=20_000)
+    cold = WorkerView("cold")
+    fifo = CostScorer(1.0, 0.0)  # k = 0: the whole queue counts
+    chunked = CostScorer(1.0, 0.0, prefill_slots=8)
+    assert fifo.score(req, [hot, cold], [hot, cold]) == pytest.approx([1.0, 1000 / 20_100])
+    assert chunked.score(req, [hot, cold], [hot, cold]) == pytest.approx([900 / 1000, 1.0])
+
+
+def test_bad_itl_weight_and_slots_rejected() -> None:
+    with pytest.raises(ValueError):
+        CostScorer(itl_weight=-1)
+    with pytest.raises(ValueError):
+        CostScorer(prefill_slots=-1)
+
+
+def test_interference_term_keeps_cold_prompts_off_busy_workers() -> None:
+    # A cold 8 000-token prompt: E = n · running, so the worker running 3 sequences costs 0.25·8000·3 more.
+    req = RouteRequest("r", prompt_tokens=8000, block_size=100, max_tokens=200)
+    busy = WorkerView("busy", running=3, decode_tokens_active=300)
+    idle = WorkerView("idle", running=0, decode_tokens_active=0)
+    s = CostScorer(0.9, 0.1, interference_weight=0.25)
+    # S = max(T = 8000, X = 6000, D = 300) = 8000
+    assert s.score(req, [busy, idle], [busy, idle]) == pytest.approx(
+        [(0.9 * 8000 + 0.25 * 8000 * 3 + 0.1 * 300) / 8000, 0.9]
+    )
+    # a full cache hit prefills (almost) nothing, so the busy worker's sequences are not delayed
+    hit = RouteRequest("h", prompt_tokens=8000, block_size=100, matches={"busy": 80}, max_tokens=200)
+    c = s.score(hit, [busy, idle], [busy, idle])
+    assert c[0] < c[1]
+    with pytest.raises(ValueError):
+        CostScorer(interference_weight=-0.1)

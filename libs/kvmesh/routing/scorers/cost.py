@@ -1,18 +1,44 @@
-"""The default routing cost: prefill cost and decode load on one shared token scale.
+"""The default routing cost: prefill, decode-interference and decode load on one shared token scale.
 
-    P(w)    = max(prompt - overlap(w), 0) + prefill_tokens_queued(w) + inflight_prefill_tokens(w)
+For request r (prompt tokens, max_tokens = out) and candidate worker w:
+
+    n(w)    = max(prompt - overlap(w), 0)                          tokens r must prefill on w
+    Q(w)    = prefill_tokens_queued(w) + inflight_prefill_tokens(w) prefill work already on w
+    T(w)    = n(w) + min(Q(w), k·n(w))     (k = prefill_slots; k = 0 → n(w) + Q(w))
+    I(w)    = max(Q(w) - n(w), 0) / max(out - 1, 1)
+    E(w)    = n(w) · running(w)
     D(w)    = decode_tokens_active(w) + inflight_decode_tokens(w)
-    S       = max(max_c P(c), max_c D(c), 1)                      over the candidates c
-    alpha   = prefill_weight / (prefill_weight + decode_weight)
-    cost(w) = alpha · P(w)/S + (1 - alpha) · D(w)/S
+    alpha   = prefill_weight / (prefill_weight + decode_weight),  g = itl_weight,  e = interference_weight
+    X(w)    = g·I(w) + e·E(w)
+    S       = max(max_c T(c), max_c X(c), max_c D(c), 1)           over the candidates c
+    cost(w) = (alpha·T(w) + X(w) + (1 - alpha)·D(w)) / S
 
-Both terms are in tokens and divided by the *same* S, so the ranking is that of alpha·P + (1-alpha)·D
-in tokens. This matters for herding: with per-term normalisation (each term divided by its own max) the
-cached worker's decode term is capped at 1 however loaded it gets, and for alpha ≥ 0.5 a shared system
-prompt would send every request to it. On a shared scale each request added to w raises D(w) by its
-prompt length, so w stops winning once (1-alpha)·D(w) exceeds alpha·(tokens another worker would
-prefill): at most about alpha/(1-alpha) extra requests per worker before the others are preferred.
-`set_weights` changes alpha at run time.
+Why each term (chunked prefill, vLLM v1 scheduling: every prefilling sequence gets one chunk of at most
+`prefill_chunk_tokens` per step, up to k = max_batched_tokens / prefill_chunk_tokens of them at once):
+
+* T — r's time to first token, in prefill tokens. Its chunks share steps with the prefills already on w,
+  and a prefill of q_i tokens delays r's n tokens by at most min(q_i, n): Σ_i min(q_i, n) ≤ min(Q, k·n).
+  A request that hits most of its prompt in w's cache (small n) is therefore fast on w even behind a long
+  queue: this is what keeps conversations on their cache. k = 0 charges the whole queue (FIFO prefill).
+* I — r's inter-token latency: the queued prefill that outlives r's own (Q − n) runs in the same steps as
+  r's out − 1 decode steps, so each of r's tokens waits for (Q − n)/(out − 1) prefill tokens. Short
+  outputs are the requests whose mean ITL a co-running long prefill breaks; g weighs that against TTFT
+  (g = ttft_slo/itl_slo = 20 puts both in units of their SLO budgets; the default 10 was picked on a
+  held-out window of the Mooncake trace, see docs/fleet-report/).
+* E — what r's prefill does to the others: each of the running(w) sequences on w shares its steps with r's
+  n(w) prefill tokens, i.e. waits n(w) more prefill tokens; for a decoding sequence with a short output that
+  is what breaks its mean ITL. The router does not know the others' output lengths, so every running
+  sequence counts (e = 0.25 picked on the held-out window). It sends cold long prompts to idle workers
+  rather than onto a worker that is finishing a short request.
+* D — the KV resident on w (decode batch size and memory); with the shared scale it also bounds herding.
+
+All terms are in tokens and divided by the *same* S, so the ranking is that of alpha·T + X + (1-alpha)·D.
+This matters for herding: with per-term normalisation the cached worker's decode term would be capped at 1
+however loaded it gets, and a shared system prompt would send every request to it. On a shared scale each
+request added to w raises D(w) by its prompt length, so w stops winning once (1-alpha)·D(w) exceeds what
+another worker saves: at most about alpha/(1-alpha) · (prompt saved / prompt) extra requests per worker.
+With g = e = 0 and k = 0 this is the earlier cost alpha·P + (1-alpha)·D, P = n + Q. `set_weights` changes
+alpha. Only load-report and in-flight fields of `WorkerView` are used, so the live router computes the same.
 """
 
 from __future__ import annotations
@@ -25,12 +51,29 @@ from kvmesh.routing.types import RouteRequest, WorkerView
 
 @register(SCORERS, "cost")
 class CostScorer:
-    """cost(w) = (alpha·P(w) + (1-alpha)·D(w)) / S"""
+    """cost(w) = (alpha·T(w) + g·I(w) + e·E(w) + (1-alpha)·D(w)) / S   (see the module docstring)"""
 
     name = "cost"
 
-    def __init__(self, prefill_weight: float = 0.5, decode_weight: float = 0.5) -> None:
+    def __init__(
+        self,
+        prefill_weight: float = 0.5,
+        decode_weight: float = 0.5,
+        itl_weight: float = 0.0,
+        prefill_slots: int = 0,
+        interference_weight: float = 0.0,
+    ) -> None:
+        if itl_weight < 0:
+            raise ValueError("itl_weight must be >= 0")
+        if prefill_slots < 0:
+            raise ValueError("prefill_slots must be >= 0")
+        if interference_weight < 0:
+            raise ValueError("interference_weight must be >= 0")
+        self.interference_weight = interference_weight
+
         self.alpha = 0.5
+        self.itl_weight = itl_weight
+        self.prefill_slots = prefill_slots
         self.set_weights(prefill_weight, decode_weight)
 
     def set_weights(self, prefill_weight: float, decode_weight: float) -> None:
@@ -44,22 +87,30 @@ class CostScorer:
     ) -> list[float]:
         a = self.alpha
         b = 1.0 - a
+        k = self.prefill_slots
+        e = self.interference_weight
+        g = self.itl_weight / max(req.max_tokens - 1, 1)
         prompt = req.prompt_tokens
         bs = req.block_size
         matches = req.matches
-        ps: list[int] = []
+        ts: list[int] = []
+        xs: list[float] = []
         ds: list[int] = []
-        scale = 1
+        scale: float = 1.0
         for w in candidates:
             m = matches.get(w.id, 0)
-            new = prompt - m * bs if m else prompt
-            p = (new if new > 0 else 0) + w.prefill_tokens_queued + w.inflight_prefill_tokens
+            n = prompt - m * bs if m else prompt
+            if n < 0:
+                n = 0
+            q = w.prefill_tokens_queued + w.inflight_prefill_tokens
+            t = n + (q if k == 0 or q < k * n else k * n)
+            x = g * (q - n) if q > n else 0.0
+            if e:
+                x += e * w.running * n
             d = w.decode_tokens_active + w.inflight_decode_tokens
-            ps.append(p)
+            ts.append(t)
+            xs.append(x)
             ds.append(d)
-            if p > scale:
-                scale = p
-            if d > scale:
-                scale = d
+            scale = max(scale, t, x, d)
         inv = 1.0 / scale
-        return [(a * p + b * d) * inv for p, d in zip(ps, ds, strict=True)]
+        return [(a * t + x + b * d) * inv for t, x, d in zip(ts, xs, ds, strict=True)]
