@@ -1,4 +1,6 @@
-"""``python -m kvmesh.bench <index|worker|router|fleet|fleet-live|failover> [args...]``: each prints one JSON line.
+"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover> [args...]``.
+
+Each prints one JSON line.
 
 Dispatches to ``kvmesh.bench.<name>.main(argv)`` (``-`` in a name becomes ``_``); a benchmark is added by
 creating that module.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "fleet", "fleet-live", "failover")
+BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover")
 
 
 def main(argv: list[str] | None = None) -> int:
