@@ -69,11 +69,10 @@ class CostScorer:
             raise ValueError("prefill_slots must be >= 0")
         if interference_weight < 0:
             raise ValueError("interference_weight must be >= 0")
-        self.interference_weight = interference_weight
-
         self.alpha = 0.5
         self.itl_weight = itl_weight
         self.prefill_slots = prefill_slots
+        self.interference_weight = interference_weight
         self.set_weights(prefill_weight, decode_weight)
 
     def set_weights(self, prefill_weight: float, decode_weight: float) -> None:
