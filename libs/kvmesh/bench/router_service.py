@@ -18,15 +18,50 @@ from kvmesh.bench.router_compare import free_port, measure, run_http, start_thir
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.modelfiles import resolve_model_dir
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 DISTINCT = 64
 OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+UNIQUE_BASE = 30_000  # prompts' other tokens are < 30000: the unique first token never collides with them
 
 
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+
+
+class UniquePrompts:
+    """Every request a cache miss, on both paths: request k's prompt is one of `DISTINCT` random prompts with
+    its first token replaced by a per-request value, so its whole block-hash chain is new. (Reusing prompts
+    verbatim made the comparison unfair: direct round-robin sends prompt i to worker i mod W, whose simulated
+    prefix cache then always hits, while the router, without a cache-manager here, spreads them and misses.)
+    Wire bytes are built per request from a shared serialised tail: two packed chunks of `TokenIds.ids`,
+    which a parser concatenates, so no 100K-token message is copied per request."""
+
+    def __init__(self, prompts: list[list[int]]) -> None:
+        self.tails = [common_pb2.TokenIds(ids=p[1:]).SerializeToString() for p in prompts]
+        self.next = 0
+
+    def token_ids_bytes(self) -> bytes:
+        k = self.next
+        self.next += 1
+        head = common_pb2.TokenIds(ids=[UNIQUE_BASE + k]).SerializeToString()
+        return head + self.tails[k % len(self.tails)]
 
 
 async def _run(
@@ -40,20 +75,36 @@ async def _run(
     rng = random.Random(0)
     out: dict[str, Any] = {"router": {}, "direct": {}, "overhead_p50_ms": {}}
     rch = grpc.aio.insecure_channel(router.address, options=OPTS)
-    rstub = router_pb2_grpc.RouterServiceStub(rch)
+    router_generate = rch.unary_stream(
+        "/kvmesh.v1.RouterService/Generate",
+        request_serializer=None,
+        response_deserializer=router_pb2.RouterServiceGenerateResponse.FromString,
+    )
     wchs = [grpc.aio.insecure_channel(w.address, options=OPTS) for w in workers]
-    wstubs = [worker_pb2_grpc.WorkerServiceStub(c) for c in wchs]
+    worker_generate = [
+        c.unary_stream(
+            "/kvmesh.v1.WorkerService/Generate",
+            request_serializer=None,
+            response_deserializer=worker_pb2.GenerateResponse.FromString,
+        )
+        for c in wchs
+    ]
     sp = common_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
+    router_tail = router_pb2.RouterServiceGenerateRequest(sampling=sp).SerializeToString()
+    router_ids_field = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
+    worker_ids_field = worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
     for p in sizes:
-        prompts = [common_pb2.TokenIds(ids=[rng.randrange(3, 30000) for _ in range(p)]) for _ in range(DISTINCT)]
-        rreqs = [router_pb2.RouterServiceGenerateRequest(token_ids=t, sampling=sp) for t in prompts]
+        prompts = UniquePrompts([[rng.randrange(3, UNIQUE_BASE) for _ in range(p)] for _ in range(DISTINCT)])
 
-        async def via_router(i: int, rreqs: list[Any] = rreqs) -> None:
-            await _drain(rstub.Generate(rreqs[i % DISTINCT], timeout=120))
+        async def via_router(i: int, prompts: UniquePrompts = prompts) -> None:
+            body = _field(router_ids_field, prompts.token_ids_bytes()) + router_tail
+            await _drain(router_generate(body, timeout=120))
 
-        async def direct(i: int, p: int = p, prompts: list[Any] = prompts) -> None:
-            req = worker_pb2.GenerateRequest(request_id=f"d{p}-{i}", token_ids=prompts[i % DISTINCT], sampling=sp)
-            await _drain(wstubs[i % len(wstubs)].Generate(req, timeout=120))
+        async def direct(i: int, p: int = p, prompts: UniquePrompts = prompts) -> None:
+            k = prompts.next
+            head = worker_pb2.GenerateRequest(request_id=f"d{p}-{k}", sampling=sp).SerializeToString()
+            body = head + _field(worker_ids_field, prompts.token_ids_bytes())
+            await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
 
         out["direct"][str(p)] = await measure(direct, c1_requests, requests, concurrency)
         out["router"][str(p)] = await measure(via_router, c1_requests, requests, concurrency)
