@@ -34,6 +34,7 @@ import numpy as np
 
 from kvmesh import hashing
 from kvmesh.errors import InvalidArgument, ResourceExhausted, Unavailable
+from kvmesh.protowire import length_delimited
 from kvmesh.routing import Admission, InflightTracker, Profile, RouteRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.index_replica import IndexReplica
@@ -45,26 +46,14 @@ log = logging.getLogger(__name__)
 
 # Worker errors that say "this request is wrong", not "this worker is broken": passed to the client.
 _CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION}
-_TOKEN_IDS_TAG = bytes([(worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number << 3) | 2])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+_TOKEN_IDS_FIELD = worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
 
 
 def worker_request_bytes(head: worker_pb2.GenerateRequest, token_ids: bytes) -> bytes:
     """Wire bytes of `head` with `token_ids` (a serialised `TokenIds`) as its token_ids field: protobuf parses
     fields in any order, so the prompt is serialised once per request and never copied into a new message
     (an 8K-token CopyFrom costs ~90 µs). Concatenated `TokenIds` encodings merge (their ids concatenate)."""
-    return head.SerializeToString() + _TOKEN_IDS_TAG + _varint(len(token_ids)) + token_ids
+    return head.SerializeToString() + length_delimited(_TOKEN_IDS_FIELD, token_ids)
 
 
 @dataclass

@@ -144,17 +144,21 @@ class HttpApi:
             sp.ignore_eos = True
         return sp
 
-    def _gen_request(self, request: web.Request, body: dict[str, Any], ids: list[int]) -> GenRequest:
-        session = request.headers.get("X-Session-Id") or str(body.get("session_id") or body.get("user") or "")
+    def _lora(self, body: dict[str, Any]) -> str:
+        """The adapter the body's "model" selects (checked before the prompt is tokenised)."""
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise InvalidArgument("model", "must be a string")
+        return self.front.lora_for(model or "", "")
+
+    def _gen_request(self, request: web.Request, body: dict[str, Any], ids: list[int], lora: str) -> GenRequest:
+        session = request.headers.get("X-Session-Id") or str(body.get("session_id") or body.get("user") or "")
         return GenRequest(
             f"http-{uuid.uuid4().hex}",
             common_pb2.TokenIds(ids=ids),
             self._sampling(body),
             session_id=session,
-            lora=self.front.lora_for(model or "", ""),
+            lora=lora,
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
@@ -168,6 +172,7 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         body = await self._json(request)
+        lora = self._lora(body)
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             ids = await self.front.tokenize_text(prompt)
@@ -175,18 +180,19 @@ class HttpApi:
             ids = [int(t) for t in prompt]
         else:
             raise InvalidArgument("prompt", "must be a non-empty string or list of token ids")
-        return await self._respond(request, body, self._gen_request(request, body, ids), chat=False)
+        return await self._respond(request, body, self._gen_request(request, body, ids, lora), chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self._auth(request)
         body = await self._json(request)
+        lora = self._lora(body)
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not all(
             isinstance(x, dict) and isinstance(x.get("role"), str) and isinstance(x.get("content"), str) for x in msgs
         ):
             raise InvalidArgument("messages", "must be a list of {role, content} objects with string values")
         ids = await self.front.tokenize_chat([(x["role"], x["content"]) for x in msgs])
-        return await self._respond(request, body, self._gen_request(request, body, ids), chat=True)
+        return await self._respond(request, body, self._gen_request(request, body, ids, lora), chat=True)
 
     async def _respond(
         self, request: web.Request, body: dict[str, Any], req: GenRequest, chat: bool

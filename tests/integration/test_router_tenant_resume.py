@@ -51,25 +51,38 @@ def routed_cached_tokens(router: ServiceProcess) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_tenant_b_gets_no_credit_for_tenant_a_blocks(services: Callable[..., ServiceProcess]) -> None:
-    cm = services("cache-manager", "--block-size", str(BS))  # default salt model '' on both sides
+def salted_suite(services: Callable[..., ServiceProcess], *router_flags: str) -> ServiceProcess:
+    """A cache-manager, 2 instant sim workers feeding it, and a router following its index; returns the router."""
+    cm = services("cache-manager", "--block-size", str(BS))
     workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS),
                         "--kv-blocks", "4096", "--cache-manager", cm.address) for _ in range(2)]
-    router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS),
-                      "--cache-manager", cm.address)
+    return services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS),
+                    "--cache-manager", cm.address, *router_flags)
+
+
+def repeat_until_credited(
+    router: ServiceProcess, req: router_pb2.RouterServiceGenerateRequest, min_tokens: int, timeout_s: float = 20
+) -> router_pb2.RouterServiceGenerateResponse | None:
+    """Repeats `req` until the router credits it with ≥ `min_tokens` cached tokens (the first request's blocks
+    reach the router's replica via worker → cache-manager → watch); the last response, None on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = routed_cached_tokens(router)
+        last = run(router.address, req)[-1]
+        if routed_cached_tokens(router) - before >= min_tokens:
+            return last
+    return None
+
+
+def test_tenant_b_gets_no_credit_for_tenant_a_blocks(services: Callable[..., ServiceProcess]) -> None:
+    router = salted_suite(services)  # default salt model '' on both sides
     prompt = toks(10 * BS, 42)
     first = run(router.address, gen(prompt, 2, tenant="A"))
     home = first[-1].worker_id
     assert first[-1].usage.cached_tokens == 0
 
-    # tenant A's blocks reach the router's replica via worker -> cache-manager -> watch: poll the outcome
-    deadline = time.monotonic() + 20
-    credited = False
-    while not credited and time.monotonic() < deadline:
-        before = routed_cached_tokens(router)
-        last = run(router.address, gen(prompt, 2, tenant="A"))[-1]
-        credited = routed_cached_tokens(router) - before >= 9 * BS
-    assert credited, "tenant A's repeat never got cached-prefix credit from the router"
+    last = repeat_until_credited(router, gen(prompt, 2, tenant="A"), 9 * BS)
+    assert last is not None, "tenant A's repeat never got cached-prefix credit from the router"
     assert last.worker_id == home and last.usage.cached_tokens >= 9 * BS
 
     before = routed_cached_tokens(router)
@@ -87,26 +100,18 @@ def test_lora_adapters_are_selected_salted_and_validated(services: Callable[...,
     """A LoRA adapter (gRPC `lora_name` or the HTTP body's "model") salts the block hashes like a tenant: the
     adapter's repeat is credited and served from cache, the base model's request for the same prompt is not;
     an unknown adapter or model is NOT_FOUND / HTTP 404 and the router keeps serving."""
-    cm = services("cache-manager", "--block-size", str(BS))
-    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS),
-                        "--kv-blocks", "4096", "--cache-manager", cm.address) for _ in range(2)]
-    router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS),
-                      "--cache-manager", cm.address, "--lora-adapters", "sql-lora,chat-lora")
+    router = salted_suite(services, "--lora-adapters", "sql-lora,chat-lora")
     http = f"http://127.0.0.1:{router.http_port}"
-    base_name = httpx.get(f"{http}/v1/models", timeout=10).json()["data"][0]["id"]
-    models = {m["id"]: m.get("parent") for m in httpx.get(f"{http}/v1/models", timeout=10).json()["data"]}
+    listed = httpx.get(f"{http}/v1/models", timeout=10).json()["data"]
+    base_name = listed[0]["id"]
+    models = {m["id"]: m.get("parent") for m in listed}
     assert models == {base_name: None, "sql-lora": base_name, "chat-lora": base_name}
 
     prompt = toks(10 * BS, 77)
     first = run(router.address, gen(prompt, 2, lora_name="sql-lora"))[-1]
     assert first.usage.cached_tokens == 0
-    deadline = time.monotonic() + 20
-    credited = False
-    while not credited and time.monotonic() < deadline:
-        before = routed_cached_tokens(router)
-        last = run(router.address, gen(prompt, 2, lora_name="sql-lora"))[-1]
-        credited = routed_cached_tokens(router) - before >= 9 * BS
-    assert credited, "the adapter's repeat never got cached-prefix credit"
+    last = repeat_until_credited(router, gen(prompt, 2, lora_name="sql-lora"), 9 * BS)
+    assert last is not None, "the adapter's repeat never got cached-prefix credit"
     assert last.usage.cached_tokens >= 9 * BS
 
     before = routed_cached_tokens(router)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvmesh import hashing
-from kvmesh.bench.router_service import UNIQUE_BASE, UniquePrompts, _field
+from kvmesh.bench.router_service import UNIQUE_BASE, UniquePrompts
+from kvmesh.protowire import length_delimited
 from kvmesh.v1 import common_pb2, router_pb2
 
 pytestmark = pytest.mark.unit
@@ -28,7 +29,7 @@ def test_router_request_bytes_parse_to_the_prompt() -> None:
     sp = common_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
     field = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
     tail = router_pb2.RouterServiceGenerateRequest(sampling=sp).SerializeToString()
-    body = _field(field, up.token_ids_bytes()) + tail
+    body = length_delimited(field, up.token_ids_bytes()) + tail
     r = router_pb2.RouterServiceGenerateRequest.FromString(body)
     assert r.WhichOneof("prompt") == "token_ids" and list(r.token_ids.ids) == [UNIQUE_BASE, 6, 7, 8]
     assert r.sampling.max_tokens == 1 and r.sampling.ignore_eos

@@ -18,6 +18,7 @@ from kvmesh.bench.router_compare import free_port, measure, run_http, start_thir
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.modelfiles import resolve_model_dir
+from kvmesh.protowire import length_delimited
 from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 DISTINCT = 64
@@ -28,21 +29,6 @@ UNIQUE_BASE = 30_000  # prompts' other tokens are < 30000: the unique first toke
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | 0x80 if n else b)
-        if not n:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
 
 
 class UniquePrompts:
@@ -97,13 +83,13 @@ async def _run(
         prompts = UniquePrompts([[rng.randrange(3, UNIQUE_BASE) for _ in range(p)] for _ in range(DISTINCT)])
 
         async def via_router(i: int, prompts: UniquePrompts = prompts) -> None:
-            body = _field(router_ids_field, prompts.token_ids_bytes()) + router_tail
+            body = length_delimited(router_ids_field, prompts.token_ids_bytes()) + router_tail
             await _drain(router_generate(body, timeout=120))
 
         async def direct(i: int, p: int = p, prompts: UniquePrompts = prompts) -> None:
             k = prompts.next
             head = worker_pb2.GenerateRequest(request_id=f"d{p}-{k}", sampling=sp).SerializeToString()
-            body = head + _field(worker_ids_field, prompts.token_ids_bytes())
+            body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
             await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
 
         out["direct"][str(p)] = await measure(direct, c1_requests, requests, concurrency)
