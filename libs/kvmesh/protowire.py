@@ -20,3 +20,50 @@ def varint(n: int) -> bytes:
 def length_delimited(number: int, payload: bytes) -> bytes:
     """Field `number` (wire type 2: a message, bytes or packed repeated field) holding `payload`."""
     return varint((number << 3) | 2) + varint(len(payload)) + payload
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the varint at `pos`; IndexError when `buf` ends inside it."""
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def field_payload(buf: bytes, number: int) -> bytes | None:
+    """The payload of length-delimited field `number` at the top level of the serialised message `buf`, so a
+    hot path can forward a sub-message's wire bytes instead of re-serialising it. Several occurrences are
+    concatenated (what a parser does: they merge). None when the field is absent, or when `buf` holds
+    something this scanner does not walk (groups, a malformed tail): the caller then serialises instead."""
+    parts: list[bytes] = []
+    pos, end = 0, len(buf)
+    try:
+        while pos < end:
+            key, pos = _read_varint(buf, pos)
+            wire = key & 7
+            if wire == 0:
+                _, pos = _read_varint(buf, pos)
+            elif wire == 2:
+                size, pos = _read_varint(buf, pos)
+                if pos + size > end:
+                    return None
+                if key >> 3 == number:
+                    parts.append(buf[pos : pos + size])
+                pos += size
+            elif wire == 1:
+                pos += 8
+            elif wire == 5:
+                pos += 4
+            else:
+                return None
+    except (IndexError, ValueError):
+        return None
+    if pos != end or not parts:
+        return None
+    return parts[0] if len(parts) == 1 else b"".join(parts)

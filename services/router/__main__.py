@@ -16,7 +16,7 @@ from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.http_api import HttpApi
 from kvmesh.services.router.index_replica import IndexReplica
-from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer
+from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer, add_router_service
 from kvmesh.services.router.settings import RouterSettings
 from kvmesh.services.router.tokenize import RouterTokenizer
 from kvmesh.services.router.workers import WorkerPool
@@ -68,7 +68,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
             front.core.index, static_workers=settings.workers, static_cache_manager=settings.cache_manager,
         )
     runner.add_servicer(
-        router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(front), "kvmesh.v1.RouterService"
+        add_router_service, RouterServicer(front), "kvmesh.v1.RouterService"
     )
     runner.add_servicer(
         router_pb2_grpc.add_RouterAdminServiceServicer_to_server,

@@ -39,7 +39,7 @@ from kvmesh.routing import Admission, InflightTracker, Profile, RouteRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.workers import WorkerPool
-from kvmesh.telemetry.tracing import inject, tracer
+from kvmesh.telemetry.tracing import inject, recording, tracer
 from kvmesh.v1 import common_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class GenRequest:
     tenant: str = ""
     resume_ids: list[int] = field(default_factory=list)
     lora: str = ""
+    prompt_bytes: bytes | None = None  # `prompt`'s wire bytes when the client sent them (forwarded as they are)
 
 
 @dataclass
@@ -118,6 +119,7 @@ class RouterCore:
         self.salt = self.salt_of("", "")
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._tracer = tracer("kvmesh.router")
+        m.QUEUES.admission = admission
 
     def salt_of(self, lora: str, tenant: str) -> int:
         """Block-hash salt = `make_salt(salt_model, lora, tenant)`, as the cache-manager's `IndexHasher` salts a
@@ -135,11 +137,9 @@ class RouterCore:
     async def _admit(self, rid: str, n_prompt: int) -> None:
         now = time.monotonic()
         if self.admission.admit(rid, n_prompt, now):
-            self._gauges()
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
-        self._gauges()
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.limits.queue_timeout_s)
         except TimeoutError:
@@ -158,12 +158,6 @@ class RouterCore:
             f = self._waiters.pop(granted, None)
             if f is not None and not f.done():
                 f.set_result(None)
-        self._gauges()
-
-    def _gauges(self) -> None:
-        for name, s in self.admission.stats().items():
-            m.QUEUE_LEN.labels(name).set(s["waiting"])
-            m.QUEUE_RUNNING.labels(name).set(s["running"])
 
     # ---- validation --------------------------------------------------------------------------------
     def check(self, req: GenRequest) -> int:
@@ -205,8 +199,8 @@ class RouterCore:
         )
         d = self.profile.decide(rr, views)
         m.DECISION.observe(time.perf_counter() - t0)
-        with self._tracer.start_as_current_span("route") as span:
-            if span.is_recording():
+        if recording():
+            with self._tracer.start_as_current_span("route") as span:
                 span.set_attribute("kvmesh.request_id", rid)
                 span.set_attribute("kvmesh.worker", d.worker_id or "")
                 span.set_attribute("kvmesh.decision", json.dumps(d.to_log()))
@@ -237,7 +231,7 @@ class RouterCore:
         generated: list[int] = list(req.resume_ids)
         n_prompt = len(req.prompt.ids)
         base = np.array(req.prompt.ids, dtype=np.uint32)
-        prompt_bytes = req.prompt.SerializeToString()
+        prompt_bytes = req.prompt.SerializeToString() if req.prompt_bytes is None else req.prompt_bytes
         retries = migrations = 0
         exclude: set[str] = set()
         first_client_token = False

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from kvmesh.routing import Admission
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -20,6 +25,28 @@ ROUTED_CACHED_TOKENS = Counter(
 RETRIES = Counter("kvmesh_retries_total", "Requests re-sent to another worker before their first token")
 MIGRATIONS = Counter("kvmesh_migrations_total", "Requests resumed on another worker mid-stream")
 REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
-QUEUE_LEN = Gauge("kvmesh_router_queue_length", "Requests waiting for admission", ["queue"])
-QUEUE_RUNNING = Gauge("kvmesh_router_queue_running", "Requests holding an admission slot", ["queue"])
+
+
+class QueueCollector:
+    """`kvmesh_router_queue_length` / `kvmesh_router_queue_running{queue}`, read from the admission queues when
+    /metrics is scraped rather than set on every request (four labelled gauge updates per request otherwise)."""
+
+    def __init__(self) -> None:
+        self.admission: Admission | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        waiting = GaugeMetricFamily("kvmesh_router_queue_length", "Requests waiting for admission", labels=["queue"])
+        running = GaugeMetricFamily(
+            "kvmesh_router_queue_running", "Requests holding an admission slot", labels=["queue"]
+        )
+        if self.admission is not None:
+            for name, st in self.admission.stats().items():
+                waiting.add_metric([name], st["waiting"])
+                running.add_metric([name], st["running"])
+        yield waiting
+        yield running
+
+
+QUEUES = QueueCollector()  # RouterCore points it at its admission queues
+REGISTRY.register(QUEUES)
 WORKERS_ROUTABLE = Gauge("kvmesh_router_workers_routable", "Workers healthy, not draining, circuit closed")

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from kvmesh.rpc.errors import status_code_for, to_grpc_status
@@ -31,6 +32,7 @@ from kvmesh.telemetry.context import REQUEST_ID_HEADER, deadline_var, new_reques
 log = logging.getLogger(__name__)
 
 DEADLINE_TRAILER = "x-kvmesh-deadline-ms"
+_TRACEPARENT = "traceparent"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -45,7 +47,23 @@ def _requests(service: str, method: str, code: grpc.StatusCode) -> Any:
 
 
 class _CallScope:
-    """Bookkeeping of one call, shared by the four handler shapes."""
+    """Bookkeeping of one call, shared by the four handler shapes. `enter()` makes the call's span (or, when
+    tracing is off, the caller's trace context) current; `close()` undoes it and records the outcome."""
+
+    __slots__ = (
+        "_otel_token",
+        "code",
+        "context",
+        "deadline_ms",
+        "in_flight",
+        "latency",
+        "method",
+        "request_id",
+        "service",
+        "span",
+        "start",
+        "tokens",
+    )
 
     def __init__(self, service: str, method: str, context: grpc.aio.ServicerContext) -> None:
         self.service = service
@@ -59,10 +77,16 @@ class _CallScope:
             request_id_var.set(self.request_id),
             deadline_var.set(None if remaining is None else time.monotonic() + remaining),
         )
-        self.span = tracing.tracer("kvmesh.rpc").start_span(
-            f"{service}/{method}", context=tracing.extract(meta), kind=trace.SpanKind.SERVER,
-            attributes={"rpc.system": "grpc", "rpc.method": method, "kvmesh.request_id": self.request_id},
-        )
+        self._otel_token: object | None = None
+        self.span: trace.Span | None = None
+        if tracing.recording():
+            self.span = tracing.tracer("kvmesh.rpc").start_span(
+                f"{service}/{method}", context=tracing.extract(meta), kind=trace.SpanKind.SERVER,
+                attributes={"rpc.system": "grpc", "rpc.method": method, "kvmesh.request_id": self.request_id},
+            )
+            self._otel_token = otel_context.attach(trace.set_span_in_context(self.span))
+        elif _TRACEPARENT in meta:  # not recording: pass the caller's trace on to the calls made for it
+            self._otel_token = otel_context.attach(tracing.extract(meta))
         self.code = grpc.StatusCode.OK
         self.start = time.perf_counter()
         self.in_flight, self.latency = _children(service, method)
@@ -82,7 +106,9 @@ class _CallScope:
         else:
             log.info("%s/%s -> %s: %s", self.service, self.method, self.code.name, exc)
         status = to_grpc_status(exc, self.request_id)
-        self.span.set_status(trace.Status(trace.StatusCode.ERROR, status.details))
+        if self.span is not None:
+            self.span.record_exception(exc)
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, status.details))
         await self.context.abort(status.code, status.details, tuple(status.trailing_metadata) + self.trailers())
 
     def close(self) -> None:
@@ -93,8 +119,11 @@ class _CallScope:
         self.in_flight.dec()
         _requests(self.service, self.method, self.code).inc()
         self.latency.observe(time.perf_counter() - self.start)
-        self.span.set_attribute("rpc.grpc.status_code", self.code.value[0])
-        self.span.end()
+        if self.span is not None:
+            self.span.set_attribute("rpc.grpc.status_code", self.code.value[0])
+            self.span.end()
+        if self._otel_token is not None:
+            otel_context.detach(self._otel_token)  # type: ignore[arg-type]
         request_id_var.reset(self.tokens[0])
         deadline_var.reset(self.tokens[1])
 
@@ -197,15 +226,14 @@ def _unary_wrapper(service: str, method: str) -> Callable[[Any], Any]:
     def wrap(inner: Any) -> Any:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             scope = _CallScope(service, method, context)
-            with trace.use_span(scope.span, end_on_exit=False):
-                try:
-                    return await inner(request, context)
-                except (grpc.aio.AbortError, asyncio.CancelledError):
-                    raise
-                except BaseException as exc:
-                    await scope.fail(exc)
-                finally:
-                    scope.close()
+            try:
+                return await inner(request, context)
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except BaseException as exc:
+                await scope.fail(exc)
+            finally:
+                scope.close()
 
         return handle
 
@@ -218,16 +246,15 @@ def _stream_wrapper(service: str, method: str) -> Callable[[Any], Any]:
     def wrap(inner: Any) -> Any:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             scope = _CallScope(service, method, context)
-            with trace.use_span(scope.span, end_on_exit=False):
-                try:
-                    async for item in inner(request, context):
-                        yield item
-                except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
-                    raise
-                except BaseException as exc:
-                    await scope.fail(exc)
-                finally:
-                    scope.close()
+            try:
+                async for item in inner(request, context):
+                    yield item
+            except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+                raise
+            except BaseException as exc:
+                await scope.fail(exc)
+            finally:
+                scope.close()
 
         return handle
 

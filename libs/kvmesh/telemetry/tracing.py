@@ -16,19 +16,27 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _configured = False
+_recording = True  # False once `setup_tracing` installed the ALWAYS_OFF provider: no span is worth creating
+
+
+def recording() -> bool:
+    """Whether spans are recorded. When not, hot paths skip creating them altogether (a non-recording span
+    still costs ids, a sampler call and a context switch per request) and only pass trace context along."""
+    return _recording
 
 
 def setup_tracing(service: str, otlp_endpoint: str | None = None, exporter: SpanExporter | None = None) -> None:
     """Installs the global tracer provider once. `exporter` (tests) wins over `otlp_endpoint`. With neither,
     spans are not recorded (sampler ALWAYS_OFF: nothing could read them; trace context still propagates),
     which keeps span attributes, events and ids off every request's hot path."""
-    global _configured
+    global _configured, _recording
     if _configured:
         return
     resource = Resource.create({"service.name": f"kvmesh-{service}"})
     if exporter is None and not otlp_endpoint:
         trace.set_tracer_provider(TracerProvider(resource=resource, sampler=ALWAYS_OFF))
         _configured = True
+        _recording = False
         return
     provider = TracerProvider(resource=resource)
     if exporter is None and otlp_endpoint:
