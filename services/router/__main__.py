@@ -32,7 +32,8 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         p95_threshold_ms=s.breaker_p95_ms, error_rate_threshold=s.breaker_error_rate, cooldown_s=s.breaker_cooldown_s
     )
     pool = WorkerPool(
-        list(s.workers), s, tracker, breaker, load_interval_ms=s.load_interval_ms, stale_after_s=s.worker_stale_s
+        list(s.workers), s, tracker, breaker, load_interval_ms=s.load_interval_ms, stale_after_s=s.worker_stale_s,
+        transport=s.worker_transport,
     )
     index = IndexReplica(s.cache_manager, s)
     admission = Admission(

@@ -38,6 +38,7 @@ from kvmesh.protowire import length_delimited
 from kvmesh.routing import Admission, InflightTracker, Profile, RouteRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.index_replica import IndexReplica
+from kvmesh.services.router.worker_stream import StreamedRequest
 from kvmesh.services.router.workers import WorkerPool
 from kvmesh.telemetry.tracing import inject, recording, tracer
 from kvmesh.v1 import common_pb2, worker_pb2
@@ -47,6 +48,12 @@ log = logging.getLogger(__name__)
 # Worker errors that say "this request is wrong", not "this worker is broken": passed to the client.
 _CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION}
 _TOKEN_IDS_FIELD = worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
+_TRAILERS_GRACE_S = 5.0  # after a worker's final message, how long its call may take to end on its own
+
+
+def _cancel_if_pending(call: grpc.aio.UnaryStreamCall | StreamedRequest) -> None:
+    if not call.done():
+        call.cancel()
 
 
 def worker_request_bytes(head: worker_pb2.GenerateRequest, token_ids: bytes) -> bytes:
@@ -56,7 +63,7 @@ def worker_request_bytes(head: worker_pb2.GenerateRequest, token_ids: bytes) -> 
     return head.SerializeToString() + length_delimited(_TOKEN_IDS_FIELD, token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class GenRequest:
     """A request after tokenisation. `resume_ids`: tokens the client already has from a broken stream."""
 
@@ -70,7 +77,7 @@ class GenRequest:
     prompt_bytes: bytes | None = None  # `prompt`'s wire bytes when the client sent them (forwarded as they are)
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One streamed step to the client (`finish_reason`/`usage` on the last one)."""
 
@@ -261,13 +268,14 @@ class RouterCore:
             ids = prompt_bytes + common_pb2.TokenIds(ids=generated).SerializeToString() if generated else prompt_bytes
             carrier: dict[str, str] = {}
             inject(carrier)
-            assert h.generate_raw is not None
-            call = h.generate_raw(worker_request_bytes(head, ids), metadata=tuple(carrier.items()))
+            call: grpc.aio.UnaryStreamCall | StreamedRequest | None = None
             n_tok = 0
             t_attempt = time.monotonic()
             t_prev = t_attempt
             max_gap_ms = 0.0
+            finished = False
             try:
+                call = await h.generate(rid, worker_request_bytes(head, ids), carrier)
                 async for resp in call:
                     t = time.monotonic()
                     if resp.token_ids:
@@ -294,6 +302,7 @@ class RouterCore:
                         )
                         h.breaker.record(t, max_gap_ms, True)
                         m.E2E.observe(t - started)
+                        finished = True
                         yield Chunk(list(resp.token_ids), resp.text, wid, migrations, resp.finish_reason, usage)
                         return
                     if resp.token_ids or resp.text:
@@ -303,7 +312,7 @@ class RouterCore:
             except grpc.aio.AioRpcError as e:
                 if e.code() in _CLIENT_ERRORS:
                     raise InvalidArgument("request", f"worker rejected the request: {e.details()}") from None
-                if e.code() == grpc.StatusCode.CANCELLED and call.cancelled():
+                if e.code() == grpc.StatusCode.CANCELLED and call is not None and call.cancelled():
                     raise
                 err = f"{e.code().name}: {e.details()}"
                 if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -311,8 +320,11 @@ class RouterCore:
                 else:
                     h.breaker.record(time.monotonic(), 0.0, True)
             finally:
-                if not call.done():
-                    call.cancel()
+                if call is not None and not call.done():
+                    if finished:  # its trailers are on their way: no abort, and none on the client's critical path
+                        asyncio.get_running_loop().call_later(_TRAILERS_GRACE_S, _cancel_if_pending, call)
+                    else:
+                        call.cancel()
                 self.tracker.finish(rid)
             exclude.add(wid)
             if n_tok == 0:

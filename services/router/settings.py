@@ -41,6 +41,10 @@ class RouterSettings(ServerSettings):
     max_tokens_limit: int = setting(8192, "largest accepted max_tokens")
     max_retries: int = setting(3, "times one request may be re-sent before its first token")
     max_migrations: int = setting(3, "times one request may move to another worker")
+    worker_transport: str = setting(
+        "stream", "router → worker requests: stream (all on one GenerateStream per worker, where the worker "
+        "offers it; else a call each) or call (a Generate call per request)"
+    )
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
     worker_stale_s: float = setting(10.0, "a worker without a load report this long is out of rotation")
     breaker_p95_ms: float = setting(1200.0, "circuit breaker: p95 latency threshold")

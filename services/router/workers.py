@@ -23,6 +23,7 @@ from kvmesh.config import ServerSettings
 from kvmesh.kvevents import LoadReport
 from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
+from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,17 @@ class WorkerHandle:
     selections_total: int = 0
     last_report: common_pb2.LoadReport = field(default_factory=common_pb2.LoadReport)
     generate_raw: grpc.aio.UnaryStreamMultiCallable | None = None  # Generate taking a pre-serialised request
+    stream: WorkerStream | None = None  # GenerateStream transport (transport "stream")
+    stream_offered: bool = False  # the worker's GetInfo says it serves GenerateStream
+
+    async def generate(
+        self, request_id: str, request_bytes: bytes, carrier: dict[str, str]
+    ) -> grpc.aio.UnaryStreamCall | StreamedRequest:
+        """Sends a serialised GenerateRequest; returns a call-like handle of its response steps."""
+        if self.stream is not None and self.stream_offered:
+            return await self.stream.start(request_id, request_bytes, carrier.get("traceparent", ""))
+        assert self.generate_raw is not None
+        return self.generate_raw(request_bytes, metadata=tuple(carrier.items()))
 
 
 GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
@@ -94,7 +106,11 @@ class WorkerPool:
         breaker: BreakerConfig | None = None,
         load_interval_ms: int = 200,
         stale_after_s: float = 10.0,
+        transport: str = "stream",
     ) -> None:
+        if transport not in ("stream", "call"):
+            raise ValueError(f"worker transport must be stream or call, got {transport!r}")
+        self.transport = transport
         self.tracker = tracker
         self.load_interval_ms = load_interval_ms
         self.stale_after_s = stale_after_s
@@ -125,6 +141,7 @@ class WorkerPool:
             generate_raw=ch.unary_stream(  # no request serializer: the caller passes the request's wire bytes
                 GENERATE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GenerateResponse.FromString
             ),
+            stream=WorkerStream(ch, address) if self.transport == "stream" else None,
         )
         self.handles.append(h)
         if self._started:
@@ -145,6 +162,7 @@ class WorkerPool:
         task = self._tasks.pop(address, None)
         if task is not None:
             task.cancel()
+        h.stream_offered = False  # new requests to it (none are routed) would open a call; pending ones finish
         fut = asyncio.ensure_future(h.channel.close(grace_s))
         self._closing.add(fut)
         fut.add_done_callback(self._closing.discard)
@@ -172,6 +190,8 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for h in self.handles:
+            if h.stream is not None:
+                await h.stream.close()
             await h.channel.close()
         for c in list(self._closing):
             c.cancel()
@@ -231,6 +251,7 @@ class WorkerPool:
         h.view.version = info.version
         h.view.kv_blocks_total = info.kv_blocks_total
         h.model = info.model
+        h.stream_offered = info.generate_stream
         self.by_id[wid] = h
 
     def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:

@@ -19,6 +19,7 @@ from kvmesh.services.worker.convert import (
     output_to_proto,
     request_from_proto,
 )
+from kvmesh.services.worker.generate_stream import GenerateStreamSession
 from kvmesh.services.worker.kvlog import Cursor
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -63,10 +64,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.app = app
         self.settings = settings
 
-    async def Generate(  # type: ignore[override]
+    def Generate(  # type: ignore[override]
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        """Streams deltas; cancellation or the deadline closes the engine stream, which aborts the request."""
+        """Streams deltas; cancellation or the deadline closes the engine stream, which aborts the request.
+        Returns `outputs(request)` itself (the per-call instrumentation iterates it): no extra generator layer
+        per streamed step."""
+        return self.outputs(request)
+
+    async def GenerateStream(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[worker_pb2.GenerateStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateStreamResponse]:
+        """Generate requests multiplexed on one stream (`kvmesh.services.worker.generate_stream`)."""
+        async for msg in GenerateStreamSession(self.outputs, self.app.stopping).run(request_iterator):
+            yield msg  # type: ignore[misc]
+
+    async def outputs(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """One request's steps, as both Generate and GenerateStream send them."""
         validate_generate(request)
         req = request_from_proto(request)
         timer = m.StreamTimer(time.monotonic())
@@ -150,5 +164,5 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             worker_id=self.app.worker_id, engine=self.app.engine_kind, model=eng.model_name,
             block_size=eng.block_size, kv_blocks_total=eng.load_report().kv_blocks_total,
             max_model_len=eng.max_model_len, instance_id=self.app.instance_id, zone=self.settings.zone,
-            version=self.settings.version,
+            version=self.settings.version, generate_stream=True,
         )  # fmt: skip

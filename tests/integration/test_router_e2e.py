@@ -299,3 +299,42 @@ def test_large_http_body_is_read_whole(engine: str, services: Callable[..., Serv
                    json={"prompt": prompt, "max_tokens": 1}, timeout=60)  # fmt: skip
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(prompt)
+
+
+def _worker_metric(worker: ServiceProcess, line_start: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{worker.http_port}/metrics", timeout=10).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(line_start))
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("transport", ["stream", "call"])
+def test_worker_transports_serve_and_migrate(transport: str, services: Callable[..., ServiceProcess]) -> None:
+    """Both router → worker transports carry requests and survive a kill -9 mid-stream; the workers' own
+    call metrics show which one was used (one GenerateStream per worker, or a Generate call per request)."""
+    workers = start_workers(services, 2, "--sim-speed", "1")
+    router = start_router(services, workers, "--worker-transport", transport)
+    for i in range(4):
+        last = list(stream(router.address, gen(toks(40, start=100 * i), max_tokens=3), key=None))[-1]
+        assert last.usage.completion_tokens == 3
+    generate_calls = sum(_worker_metric(w, 'kvmesh_rpc_requests_total{code="OK",method="Generate"') for w in workers)
+    streams_open = sum(_worker_metric(w, 'kvmesh_rpc_in_flight{method="GenerateStream"') for w in workers)
+    if transport == "stream":
+        assert generate_calls == 0 and streams_open >= 1
+    else:
+        assert generate_calls == 4 and streams_open == 0
+    by_address = {w.address: w for w in workers}
+    with grpc.insecure_channel(router.address) as ch:
+        admin = router_pb2_grpc.RouterAdminServiceStub(ch)
+        listed = admin.ListWorkers(router_pb2.ListWorkersRequest()).workers
+        ids = {w.endpoint.id: by_address[w.endpoint.address] for w in listed}
+    got: list[int] = []
+    msgs = []
+    killed = ""
+    for m in stream(router.address, gen(toks(590), max_tokens=150), key=None, timeout=120):
+        msgs.append(m)
+        got += m.token_ids
+        if len(got) >= 20 and not killed:
+            killed = m.worker_id
+            ids[killed].kill()
+    assert len(got) == 150 and msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert msgs[-1].migrations == 1 and msgs[-1].worker_id != killed

@@ -44,30 +44,49 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(int(q * len(s)), len(s) - 1)]
 
 
-async def measure(send: Callable[[int], Awaitable[None]], n_c1: int, n_cc: int, concurrency: int) -> dict[str, float]:
-    for i in range(min(8, n_c1)):
-        await send(i)
-    lat = []
-    for i in range(n_c1):
+async def measure(
+    sends: dict[str, Callable[[int], Awaitable[None]]], n_c1: int, n_cc: int, concurrency: int, rounds: int = 4
+) -> dict[str, dict[str, float]]:
+    """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`.
+    The c1 samples of all paths are taken in `rounds` interleaved rounds (after a warm-up of every path), so a
+    slow spell of this shared machine lands on every path instead of biasing one side of a difference.
+    `send(i)` gets i = 0, 1, ... per path."""
+    nxt = dict.fromkeys(sends, 0)
+
+    async def one(name: str) -> None:
+        i = nxt[name]
+        nxt[name] = i + 1
+        await sends[name](i)
+
+    for name in sends:
+        for _ in range(min(32, n_c1)):
+            await one(name)
+    lat: dict[str, list[float]] = {name: [] for name in sends}
+    per_round = [n_c1 // rounds + (1 if r < n_c1 % rounds else 0) for r in range(rounds)]
+    for n in per_round:
+        for name in sends:
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await one(name)
+                lat[name].append((time.perf_counter() - t0) * 1000)
+    out: dict[str, dict[str, float]] = {}
+    for name in sends:
+        left = n_cc
+
+        async def loop(name: str = name) -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await one(name)
+
         t0 = time.perf_counter()
-        await send(i)
-        lat.append((time.perf_counter() - t0) * 1000)
-    nxt = 0
-
-    async def loop() -> None:
-        nonlocal nxt
-        while nxt < n_cc:
-            i = nxt
-            nxt += 1
-            await send(i)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return {
-        "c1_p50_ms": round(_pct(lat, 0.5), 3),
-        "c1_p99_ms": round(_pct(lat, 0.99), 3),
-        f"c{concurrency}_rps": round(n_cc / (time.perf_counter() - t0), 1),
-    }
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+        out[name] = {
+            "c1_p50_ms": round(_pct(lat[name], 0.5), 3),
+            "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
+            f"c{concurrency}_rps": round(n_cc / (time.perf_counter() - t0), 1),
+        }
+    return out
 
 
 def start_third_party(
@@ -154,13 +173,18 @@ async def run_http(
             texts = [make_text(tok, p, rng) for _ in range(DISTINCT)]
             out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / DISTINCT)
             bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
-            for name, urls in targets.items():
 
-                async def send(i: int, urls: list[str] = urls, bodies: list[Any] = bodies) -> None:
+            def sender(urls: list[str], bodies: list[Any] = bodies) -> Callable[[int], Awaitable[None]]:
+                async def send(i: int) -> None:
                     async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % DISTINCT]) as r:
                         body = await r.read()
                         if r.status != 200:
                             raise RuntimeError(f"{r.status}: {body[:300]!r}")
 
-                out[name][str(p)] = await measure(send, c1_requests, requests, concurrency)
+                return send
+
+            got = await measure({name: sender(urls) for name, urls in targets.items()}, c1_requests, requests,
+                                concurrency)
+            for name, figures in got.items():
+                out[name][str(p)] = figures
     return out

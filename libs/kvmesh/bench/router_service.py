@@ -92,8 +92,9 @@ async def _run(
             body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
             await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
 
-        out["direct"][str(p)] = await measure(direct, c1_requests, requests, concurrency)
-        out["router"][str(p)] = await measure(via_router, c1_requests, requests, concurrency)
+        got = await measure({"direct": direct, "router": via_router}, c1_requests, requests, concurrency)
+        out["direct"][str(p)] = got["direct"]
+        out["router"][str(p)] = got["router"]
         out["overhead_p50_ms"][str(p)] = round(
             out["router"][str(p)]["c1_p50_ms"] - out["direct"][str(p)]["c1_p50_ms"], 3
         )

@@ -195,13 +195,13 @@ class Profile:
             for s, wgt in scorers:
                 vals = s.score(req, cands, workers)
                 terms[s.name] = vals
-                if wgt:
+                if wgt and any(vals):  # e.g. session affinity without a session: all zero, nothing to add
                     totals = [t + wgt * v for t, v in zip(totals, vals, strict=True)]
         i = self.picker.pick(req, cands, totals)
         d = Decision(
             req.request_id,
             cands[i].id,
-            candidates=tuple(w.id for w in cands),
+            candidates=tuple([w.id for w in cands]),
             totals=totals,
             terms=terms,
             removed=removed,

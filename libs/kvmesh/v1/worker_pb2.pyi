@@ -118,6 +118,76 @@ class GenerateResponse(_message.Message):
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 
 @_typing.final
+class GenerateStreamRequest(_message.Message):
+    """One message from the router on a GenerateStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    CANCEL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    cancel_request_id: _builtins.str
+    """Abort the request with this id."""
+    traceparent: _builtins.str
+    """W3C traceparent of the started request's caller (empty: none)."""
+    @_builtins.property
+    def start(self) -> Global___GenerateRequest:
+        """Start a request (start.request_id must not be in flight on this stream)."""
+
+    def __init__(
+        self,
+        *,
+        start: Global___GenerateRequest | None = ...,
+        cancel_request_id: _builtins.str = ...,
+        traceparent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel_request_id", b"cancel_request_id", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "cancel_request_id", b"cancel_request_id", "start", b"start", "traceparent", b"traceparent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["start", "cancel_request_id"]  # noqa: Y015
+    _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
+
+Global___GenerateStreamRequest: _TypeAlias = GenerateStreamRequest  # noqa: Y015
+
+@_typing.final
+class GenerateStreamResponse(_message.Message):
+    """One message to the router on a GenerateStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The request this message belongs to."""
+    error_code: _builtins.int
+    """Non-zero when the request failed instead: a gRPC status code (what Generate would have ended with)."""
+    error_message: _builtins.str
+    """The error's details."""
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse:
+        """One step of its generation (as Generate streams them)."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        response: Global___GenerateResponse | None = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "request_id", b"request_id", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateStreamResponse: _TypeAlias = GenerateStreamResponse  # noqa: Y015
+
+@_typing.final
 class AbortRequest(_message.Message):
     """Aborts a request."""
 
@@ -293,6 +363,7 @@ class GetInfoResponse(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     ZONE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    GENERATE_STREAM_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -311,6 +382,8 @@ class GetInfoResponse(_message.Message):
     """Zone of the worker."""
     version: _builtins.str
     """Version of the worker."""
+    generate_stream: _builtins.bool
+    """The worker serves GenerateStream (routers use it instead of a Generate call per request)."""
     def __init__(
         self,
         *,
@@ -323,10 +396,11 @@ class GetInfoResponse(_message.Message):
         instance_id: _builtins.str = ...,
         zone: _builtins.str = ...,
         version: _builtins.str = ...,
+        generate_stream: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "model", b"model", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "model", b"model", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -40,6 +40,11 @@ class WorkerServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_worker__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_worker__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.stream_stream(
+                '/kvmesh.v1.WorkerService/GenerateStream',
+                request_serializer=kvmesh_dot_v1_dot_worker__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_worker__pb2.GenerateStreamResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/kvmesh.v1.WorkerService/Abort',
                 request_serializer=kvmesh_dot_v1_dot_worker__pb2.AbortRequest.SerializeToString,
@@ -68,6 +73,15 @@ class WorkerServiceServicer:
 
     def Generate(self, request, context):
         """Generates tokens for one request, streamed as they are produced. Cancelling the call aborts the request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateStream(self, request_iterator, context):
+        """Many Generate requests multiplexed on one long-lived stream: the router's transport to a worker. Each
+        request and response names its request id; a request ends with its final step or an error message.
+        Saves a new HTTP/2 stream, headers and trailers per request. Closing the stream aborts its requests.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +122,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=kvmesh_dot_v1_dot_worker__pb2.GenerateRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_worker__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=kvmesh_dot_v1_dot_worker__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_worker__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -158,6 +177,33 @@ class WorkerService:
             '/kvmesh.v1.WorkerService/Generate',
             kvmesh_dot_v1_dot_worker__pb2.GenerateRequest.SerializeToString,
             kvmesh_dot_v1_dot_worker__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvmesh.v1.WorkerService/GenerateStream',
+            kvmesh_dot_v1_dot_worker__pb2.GenerateStreamRequest.SerializeToString,
+            kvmesh_dot_v1_dot_worker__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,11 @@ class WorkerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
     Generate: _grpc.UnaryStreamMultiCallable[_worker_pb2.GenerateRequest, _worker_pb2.GenerateResponse]
     """Generates tokens for one request, streamed as they are produced. Cancelling the call aborts the request."""
+    GenerateStream: _grpc.StreamStreamMultiCallable[_worker_pb2.GenerateStreamRequest, _worker_pb2.GenerateStreamResponse]
+    """Many Generate requests multiplexed on one long-lived stream: the router's transport to a worker. Each
+    request and response names its request id; a request ends with its final step or an error message.
+    Saves a new HTTP/2 stream, headers and trailers per request. Closing the stream aborts its requests.
+    """
     Abort: _grpc.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]
     """Aborts a request by id (also done implicitly when a Generate call is cancelled)."""
     StreamLoad: _grpc.UnaryStreamMultiCallable[_worker_pb2.StreamLoadRequest, _worker_pb2.StreamLoadResponse]
@@ -51,6 +56,11 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryStreamMultiCallable[_worker_pb2.GenerateRequest, _worker_pb2.GenerateResponse]  # type: ignore[assignment]
     """Generates tokens for one request, streamed as they are produced. Cancelling the call aborts the request."""
+    GenerateStream: _aio.StreamStreamMultiCallable[_worker_pb2.GenerateStreamRequest, _worker_pb2.GenerateStreamResponse]  # type: ignore[assignment]
+    """Many Generate requests multiplexed on one long-lived stream: the router's transport to a worker. Each
+    request and response names its request id; a request ends with its final step or an error message.
+    Saves a new HTTP/2 stream, headers and trailers per request. Closing the stream aborts its requests.
+    """
     Abort: _aio.UnaryUnaryMultiCallable[_worker_pb2.AbortRequest, _worker_pb2.AbortResponse]  # type: ignore[assignment]
     """Aborts a request by id (also done implicitly when a Generate call is cancelled)."""
     StreamLoad: _aio.UnaryStreamMultiCallable[_worker_pb2.StreamLoadRequest, _worker_pb2.StreamLoadResponse]  # type: ignore[assignment]
@@ -70,6 +80,17 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_worker_pb2.GenerateResponse], _abc.AsyncIterator[_worker_pb2.GenerateResponse]]:
         """Generates tokens for one request, streamed as they are produced. Cancelling the call aborts the request."""
+
+    @_abc_1.abstractmethod
+    def GenerateStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.GenerateStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.GenerateStreamResponse], _abc.AsyncIterator[_worker_pb2.GenerateStreamResponse]]:
+        """Many Generate requests multiplexed on one long-lived stream: the router's transport to a worker. Each
+        request and response names its request id; a request ends with its final step or an error message.
+        Saves a new HTTP/2 stream, headers and trailers per request. Closing the stream aborts its requests.
+        """
 
     @_abc_1.abstractmethod
     def Abort(
