@@ -20,7 +20,15 @@ import httpx
 import pytest
 
 from kvmesh.launcher import ServiceProcess
-from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -338,3 +346,27 @@ def test_worker_transports_serve_and_migrate(transport: str, services: Callable[
             ids[killed].kill()
     assert len(got) == 150 and msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert msgs[-1].migrations == 1 and msgs[-1].worker_id != killed
+
+
+@pytest.mark.parametrize("transport", ["stream", "call"])
+def test_client_cancel_aborts_the_request_on_the_worker(
+    transport: str, services: Callable[..., ServiceProcess]
+) -> None:
+    """A client that cancels its stream makes the router abort the request on the worker (its KV is freed)."""
+    (worker,) = start_workers(services, 1, "--sim-speed", "1")
+    router = start_router(services, [worker], "--worker-transport", transport)
+    with grpc.insecure_channel(router.address) as ch, grpc.insecure_channel(worker.address) as wch:
+        call = router_pb2_grpc.RouterServiceStub(ch).Generate(gen(toks(300), max_tokens=3000), timeout=60)
+        next(call)  # the request is running on the worker
+        loads = worker_pb2_grpc.WorkerServiceStub(wch).StreamLoad(
+            worker_pb2.StreamLoadRequest(interval_ms=20), timeout=30
+        )
+        assert next(loads).report.running == 1
+        call.cancel()
+        for msg in loads:  # bounded by the load stream's timeout
+            if msg.report.running == 0:
+                assert msg.report.kv_blocks_used == 0
+                break
+        else:
+            pytest.fail("the worker kept running the cancelled request")
+        loads.cancel()
