@@ -132,8 +132,9 @@ class WorkerStream:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
             self._pending.pop(request_id, None)
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"generate stream to {self.address} broke: {e}") from None
-        except BaseException:
+        except BaseException:  # cancelled while writing: the start may have gone out, so abort it too
             self._pending.pop(request_id, None)
+            self.send_cancel(request_id)
             raise
         return req
 
@@ -165,6 +166,10 @@ class WorkerStream:
             err = rpc_error(e.code(), e.details() or "")
         except asyncio.CancelledError:
             err = rpc_error(grpc.StatusCode.CANCELLED, "router closing")
+        except Exception as e:  # e.g. an undecodable message: the stream is unusable, fail what waits on it
+            log.exception("generate stream to %s failed", self.address)
+            call.cancel()
+            err = rpc_error(grpc.StatusCode.UNAVAILABLE, f"generate stream to {self.address} failed: {e!r}")
         if self._call is call:
             self._call = None
         for rid, req in list(self._pending.items()):

@@ -27,7 +27,6 @@ from kvmesh.v1 import worker_pb2
 log = logging.getLogger(__name__)
 
 Outputs = Callable[[worker_pb2.GenerateRequest], AsyncIterator[worker_pb2.GenerateResponse]]
-_END = object()
 
 
 class GenerateStreamSession:
@@ -38,16 +37,18 @@ class GenerateStreamSession:
         self._outputs = outputs
         self._stopping = stopping
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._out: asyncio.Queue[object] = asyncio.Queue()
+        self._out: asyncio.Queue[worker_pb2.GenerateStreamResponse | None] = asyncio.Queue()  # None: the end
         self._reading = True
 
-    async def run(self, requests: AsyncIterator[worker_pb2.GenerateStreamRequest]) -> AsyncIterator[object]:
+    async def run(
+        self, requests: AsyncIterator[worker_pb2.GenerateStreamRequest]
+    ) -> AsyncIterator[worker_pb2.GenerateStreamResponse]:
         reader = asyncio.create_task(self._read(requests))
         watcher = asyncio.create_task(self._end_when_stopping())
         try:
             while True:
                 msg = await self._out.get()
-                if msg is _END:
+                if msg is None:
                     return
                 yield msg
         finally:
@@ -115,4 +116,4 @@ class GenerateStreamSession:
     def _maybe_end(self) -> None:
         """The stream ends when the router closed its side, or the worker stops, and no request runs."""
         if not self._tasks and (not self._reading or self._stopping.is_set()):
-            self._out.put_nowait(_END)
+            self._out.put_nowait(None)

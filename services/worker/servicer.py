@@ -77,7 +77,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> AsyncIterator[worker_pb2.GenerateStreamResponse]:
         """Generate requests multiplexed on one stream (`kvmesh.services.worker.generate_stream`)."""
         async for msg in GenerateStreamSession(self.outputs, self.app.stopping).run(request_iterator):
-            yield msg  # type: ignore[misc]
+            yield msg
 
     async def outputs(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateResponse]:
         """One request's steps, as both Generate and GenerateStream send them."""
