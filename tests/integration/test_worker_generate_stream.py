@@ -15,22 +15,18 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.launcher import ServiceProcess
 from kvmesh.services.router.worker_stream import WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.support.sim_worker import gen_req as sim_gen_req
+from tests.support.sim_worker import start_sim_worker
 
 pytestmark = pytest.mark.integration
-BS = 16
-
-
-def start_worker(tmp: Path, *flags: str) -> ServiceProcess:
-    return start_service("worker", tmp, "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "2048",
-                         "--max-model-len", "8192", *flags, timeout=60)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
+    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
     yield sp
     assert sp.terminate(timeout=30) == 0
 
@@ -42,10 +38,7 @@ async def channel(worker: ServiceProcess) -> AsyncIterator[grpc.aio.Channel]:
 
 
 def gen_req(rid: str, ids: list[int], max_tokens: int = 4) -> worker_pb2.GenerateRequest:
-    return worker_pb2.GenerateRequest(
-        request_id=rid, token_ids=common_pb2.TokenIds(ids=ids), detokenize=True,
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0),
-    )  # fmt: skip
+    return sim_gen_req(rid, ids, max_tokens, detokenize=True)
 
 
 async def collect(ws: WorkerStream, req: worker_pb2.GenerateRequest) -> list[worker_pb2.GenerateResponse]:
@@ -123,12 +116,12 @@ async def test_duplicate_id_in_flight_is_refused_by_the_worker(channel: grpc.aio
     assert first.request_id == "dup" and not first.error_code
     await stream.write(worker_pb2.GenerateStreamRequest(start=gen_req("dup", [1, 2], max_tokens=1)))
     await stream.write(worker_pb2.GenerateStreamRequest(start=gen_req("", [1, 2], max_tokens=1)))
-    errors = {}
+    errors: dict[str, tuple[int, str]] = {}
     async with asyncio.timeout(10):
         while len(errors) < 2:
             msg = await stream.read()
             if msg.error_code:
-                errors[msg.request_id] = (grpc.StatusCode.INVALID_ARGUMENT.value[0], msg.error_message)
+                errors[msg.request_id] = (msg.error_code, msg.error_message)
     assert errors["dup"][0] == errors[""][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "in flight" in errors["dup"][1] and "request_id" in errors[""][1]
     await stream.write(worker_pb2.GenerateStreamRequest(cancel_request_id="dup"))
@@ -140,7 +133,7 @@ async def test_duplicate_id_in_flight_is_refused_by_the_worker(channel: grpc.aio
 
 
 async def test_killed_worker_fails_every_pending_request(tmp_path: Path) -> None:
-    sp = start_worker(tmp_path, "--sim-speed", "1")
+    sp = start_sim_worker(tmp_path, "--sim-speed", "1")
     async with grpc.aio.insecure_channel(sp.address) as ch:
         ws = WorkerStream(ch, sp.address)
         calls = [await ws.start(f"k{i}", gen_req(f"k{i}", list(range(1, 60)), 5000).SerializeToString())
@@ -160,7 +153,7 @@ async def test_killed_worker_fails_every_pending_request(tmp_path: Path) -> None
 
 
 async def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(tmp_path: Path) -> None:
-    sp = start_worker(tmp_path, "--sim-speed", "1")
+    sp = start_sim_worker(tmp_path, "--sim-speed", "1")
     async with grpc.aio.insecure_channel(sp.address) as ch:
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         stream = stub.GenerateStream(timeout=60)

@@ -12,22 +12,17 @@ import pytest
 import pytest_asyncio
 
 from kvmesh.hashing import compute_block_hashes
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.launcher import ServiceProcess
 from kvmesh.rpc.errors import bad_request_fields, retry_after_s
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.support.sim_worker import BS, gen_req, start_sim_worker
 
 pytestmark = pytest.mark.integration
-BS = 16
-
-
-def start_worker(tmp: Path, *flags: str) -> ServiceProcess:
-    return start_service("worker", tmp, "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "2048",
-                         "--max-model-len", "8192", *flags, timeout=60)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
+    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
     yield sp
     assert sp.terminate(timeout=30) == 0
 
@@ -36,13 +31,6 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]
 async def stub(worker: ServiceProcess) -> AsyncIterator[worker_pb2_grpc.WorkerServiceStub]:
     async with grpc.aio.insecure_channel(worker.address) as ch:
         yield worker_pb2_grpc.WorkerServiceStub(ch)
-
-
-def gen_req(rid: str, ids: list[int], max_tokens: int = 4, **kw: object) -> worker_pb2.GenerateRequest:
-    return worker_pb2.GenerateRequest(
-        request_id=rid, token_ids=common_pb2.TokenIds(ids=ids),
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0), **kw,  # type: ignore[arg-type]
-    )  # fmt: skip
 
 
 async def test_stream_prefix_hit_and_kv_events(stub: worker_pb2_grpc.WorkerServiceStub) -> None:
@@ -121,7 +109,7 @@ async def test_invalid_arguments(stub: worker_pb2_grpc.WorkerServiceStub) -> Non
 
 
 async def test_queue_full_is_resource_exhausted_with_retry_info(tmp_path: Path) -> None:
-    sp = start_worker(tmp_path, "--sim-speed", "1", "--max-queue", "1", "--max-num-seqs", "1")
+    sp = start_sim_worker(tmp_path, "--sim-speed", "1", "--max-queue", "1", "--max-num-seqs", "1")
     try:
         async with grpc.aio.insecure_channel(sp.address) as ch:
             stub = worker_pb2_grpc.WorkerServiceStub(ch)
