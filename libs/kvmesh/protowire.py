@@ -36,16 +36,20 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-def field_payload(buf: bytes, number: int) -> bytes | None:
+def field_payload(buf: bytes, number: int, oneof_siblings: frozenset[int] = frozenset()) -> bytes | None:
     """The payload of length-delimited field `number` at the top level of the serialised message `buf`, so a
     hot path can forward a sub-message's wire bytes instead of re-serialising it. Several occurrences are
-    concatenated (what a parser does: they merge). None when the field is absent, or when `buf` holds
-    something this scanner does not walk (groups, a malformed tail): the caller then serialises instead."""
+    concatenated (what a parser does: they merge). None when the field is absent, when a field of
+    `oneof_siblings` (the other members of `number`'s oneof) is present too (a parser keeps only what follows
+    the last switch), or when `buf` holds something this scanner does not walk (groups, a malformed tail):
+    the caller then serialises instead."""
     parts: list[bytes] = []
     pos, end = 0, len(buf)
     try:
         while pos < end:
             key, pos = _read_varint(buf, pos)
+            if key >> 3 in oneof_siblings:
+                return None
             wire = key & 7
             if wire == 0:
                 _, pos = _read_varint(buf, pos)

@@ -17,6 +17,9 @@ from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 _GenerateRequest = router_pb2.RouterServiceGenerateRequest
 _TOKEN_IDS_FIELD = _GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
+_PROMPT_SIBLINGS = frozenset(  # text, chat: on the wire with token_ids, the parsed prompt may differ from the bytes
+    f.number for f in _GenerateRequest.DESCRIPTOR.oneofs_by_name["prompt"].fields if f.number != _TOKEN_IDS_FIELD
+)
 
 
 class ReceivedGenerate(NamedTuple):
@@ -83,7 +86,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 prompt = common_pb2.TokenIds(ids=await f.tokenize_text(request.text))
             elif which == "token_ids":
                 prompt = request.token_ids
-                prompt_bytes = None if raw is None else field_payload(raw, _TOKEN_IDS_FIELD)
+                prompt_bytes = None if raw is None else field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
             else:
                 prompt = common_pb2.TokenIds(
                     ids=await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])

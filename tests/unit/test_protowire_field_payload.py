@@ -47,3 +47,20 @@ def test_absent_field_and_unwalkable_input_give_none() -> None:
     group = varint((_IDS << 3) | 3) + varint((_IDS << 3) | 4)  # deprecated group wire types: not walked
     assert field_payload(group, _IDS) is None
     assert field_payload(b"\xff" * 11, _IDS) is None  # a varint that never ends
+
+
+def test_a_oneof_sibling_on_the_wire_gives_none() -> None:
+    """token_ids, then text, then token_ids again parses to the last token_ids only: the scanner must not
+    concatenate both, so it declines and the router serialises the parsed prompt instead."""
+    siblings = frozenset(
+        f.number
+        for f in router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.oneofs_by_name["prompt"].fields
+        if f.number != _IDS
+    )
+    first = length_delimited(_IDS, common_pb2.TokenIds(ids=[1, 2]).SerializeToString())
+    text = router_pb2.RouterServiceGenerateRequest(text="hi").SerializeToString()
+    last = length_delimited(_IDS, common_pb2.TokenIds(ids=[3]).SerializeToString())
+    wire = first + text + last
+    assert list(router_pb2.RouterServiceGenerateRequest.FromString(wire).token_ids.ids) == [3]
+    assert field_payload(wire, _IDS, siblings) is None
+    assert field_payload(first + last, _IDS, siblings) is not None
