@@ -66,15 +66,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.front = front
 
     async def Generate(  # type: ignore[override]
-        self, received: ReceivedGenerate | router_pb2.RouterServiceGenerateRequest, context: grpc.aio.ServicerContext
+        self, received: ReceivedGenerate, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.RouterServiceGenerateResponse]:
-        """`received`: a `ReceivedGenerate` when registered by `add_router_service`, else the message."""
+        """`received`: the message and its wire bytes (registered by `add_router_service`)."""
         f = self.front
         outcome = "error"
-        if isinstance(received, ReceivedGenerate):
-            request, raw = received
-        else:
-            request, raw = received, None
+        request, raw = received
         try:
             f.authorize(api_key_from(context))
             which = request.WhichOneof("prompt")
@@ -86,7 +83,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 prompt = common_pb2.TokenIds(ids=await f.tokenize_text(request.text))
             elif which == "token_ids":
                 prompt = request.token_ids
-                prompt_bytes = None if raw is None else field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
+                prompt_bytes = field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
             else:
                 prompt = common_pb2.TokenIds(
                     ids=await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])

@@ -35,6 +35,7 @@ GENERATE_STREAM_METHOD = "/kvmesh.v1.WorkerService/GenerateStream"
 _FIELDS = worker_pb2.GenerateStreamRequest.DESCRIPTOR.fields_by_name
 _START = _FIELDS["start"].number
 _TRACEPARENT = _FIELDS["traceparent"].number
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}  # error_code on the wire -> grpc code
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -66,7 +67,7 @@ class StreamedRequest:
                 raise item
             if item.error_code:
                 self._finish()
-                raise rpc_error(_status_code(item.error_code), item.error_message)
+                raise rpc_error(_STATUS_CODES.get(item.error_code, grpc.StatusCode.UNKNOWN), item.error_message)
             step = item.response
             if step.finish_reason:
                 self._finish()  # done before the final step is handed out: the caller may stop iterating there
@@ -193,9 +194,3 @@ class WorkerStream:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-
-def _status_code(value: int) -> grpc.StatusCode:
-    for code in grpc.StatusCode:
-        if code.value[0] == value:
-            return code
-    return grpc.StatusCode.UNKNOWN
