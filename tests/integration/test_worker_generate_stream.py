@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -24,16 +24,9 @@ from tests.support.sim_worker import start_sim_worker
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
-    yield sp
-    assert sp.terminate(timeout=30) == 0
-
-
 @pytest_asyncio.fixture
-async def channel(worker: ServiceProcess) -> AsyncIterator[grpc.aio.Channel]:
-    async with grpc.aio.insecure_channel(worker.address) as ch:
+async def channel(sim_worker: ServiceProcess) -> AsyncIterator[grpc.aio.Channel]:
+    async with grpc.aio.insecure_channel(sim_worker.address) as ch:
         yield ch
 
 

@@ -4,7 +4,7 @@ stream with dump / replay, load reports, cancel -> abort, INVALID_ARGUMENT and R
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -20,16 +20,9 @@ from tests.support.sim_worker import BS, gen_req, start_sim_worker
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "20")
-    yield sp
-    assert sp.terminate(timeout=30) == 0
-
-
 @pytest_asyncio.fixture
-async def stub(worker: ServiceProcess) -> AsyncIterator[worker_pb2_grpc.WorkerServiceStub]:
-    async with grpc.aio.insecure_channel(worker.address) as ch:
+async def stub(sim_worker: ServiceProcess) -> AsyncIterator[worker_pb2_grpc.WorkerServiceStub]:
+    async with grpc.aio.insecure_channel(sim_worker.address) as ch:
         yield worker_pb2_grpc.WorkerServiceStub(ch)
 
 
