@@ -32,8 +32,9 @@ def main() -> int:
     p.add_argument("--window", default="0:900", help="t0:t1 seconds of trace time, or 'full'")
     p.add_argument("--scale", type=float, default=0.5)
     p.add_argument("--bisect", action="store_true")
-    p.add_argument("--no-stop", action="store_true", help="run to the end (full metrics) instead of stopping "
-                   "once the SLO is lost")
+    p.add_argument(
+        "--no-stop", action="store_true", help="run to the end (full metrics) instead of stopping once the SLO is lost"
+    )
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -49,22 +50,40 @@ def main() -> int:
         r = FleetSim(tr, make_policy(a.policy, a.profile), cfg, hc).run()
         s = r.summary
         ok = bool(s.get("meets_slo")) and not r.truncated
-        out = {"policy": a.policy, "profile": a.profile, "window": a.window, "seed": a.seed, "scale": round(scale, 4),
-               "meets": ok, "stopped": r.stopped_early, "n": len(tr),
-               "excess_p99_ms": round(s.get("ttft_excess_ms_p99", float("nan")), 1),
-               "itl_p99_ms": round(s.get("itl_ms", {}).get("p99", float("nan")), 1),
-               "ttft_p99_ms": round(s.get("ttft_ms", {}).get("p99", float("nan")), 1),
-               "hit": round(s.get("hit_ratio", float("nan")), 4),
-               "goodput": round(s.get("goodput", float("nan")), 4),
-               "wall_s": round(time.perf_counter() - t, 1)}
+        out = {
+            "policy": a.policy,
+            "profile": a.profile,
+            "window": a.window,
+            "seed": a.seed,
+            "scale": round(scale, 4),
+            "meets": ok,
+            "stopped": r.stopped_early,
+            "n": len(tr),
+            "excess_p99_ms": round(s.get("ttft_excess_ms_p99", float("nan")), 1),
+            "itl_p99_ms": round(s.get("itl_ms", {}).get("p99", float("nan")), 1),
+            "ttft_p99_ms": round(s.get("ttft_ms", {}).get("p99", float("nan")), 1),
+            "hit": round(s.get("hit_ratio", float("nan")), 4),
+            "goodput": round(s.get("goodput", float("nan")), 4),
+            "wall_s": round(time.perf_counter() - t, 1),
+        }
         print(json.dumps(out), flush=True)
         return ok
 
     if a.bisect:
         cap = bisect_capacity(run, start=0.5, rel_tol=0.05, max_iter=10)
-        print(json.dumps({"policy": a.policy, "profile": a.profile, "window": a.window,
-                          "slo_capacity": round(cap.value, 4), "upper": round(cap.upper, 4),
-                          "probes": [(round(s, 3), ok) for s, ok in cap.probes]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "policy": a.policy,
+                    "profile": a.profile,
+                    "window": a.window,
+                    "slo_capacity": round(cap.value, 4),
+                    "upper": round(cap.upper, 4),
+                    "probes": [(round(s, 3), ok) for s, ok in cap.probes],
+                }
+            ),
+            flush=True,
+        )
     else:
         run(a.scale)
     return 0

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 scripts/bootstrap.sh
 export PATH="$root/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 KVMESH_REQUIRE_NATIVE=1
-echo "== ruff"; ruff check .
+echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy libs services
 echo "== protos"; scripts/check_protos.sh
 echo "== pytest"; python -m pytest -p no:cacheprovider "$@"

@@ -60,9 +60,24 @@ def _start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         raise SystemExit("redis-server is not installed: run scripts/bootstrap.sh (or drop --redis)")
     port = _free_port()
     directory.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port)
@@ -79,8 +94,17 @@ def _start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
-    entries = [{"id": p.info["id"], "role": p.name, "address": p.address, "zone": p.info.get("zone", "local"),
-                "version": "v1", "meta": {"http": f"127.0.0.1:{p.info['http_port']}"}} for p in procs]
+    entries = [
+        {
+            "id": p.info["id"],
+            "role": p.name,
+            "address": p.address,
+            "zone": p.info.get("zone", "local"),
+            "version": "v1",
+            "meta": {"http": f"127.0.0.1:{p.info['http_port']}"},
+        }
+        for p in procs
+    ]
     path.write_text(yaml.safe_dump({"services": entries}, sort_keys=False))
 
 
@@ -95,8 +119,15 @@ def up(args: argparse.Namespace) -> int:
     redis_proc: subprocess.Popen[bytes] | None = None
     common = ("--zone", args.zone, "--log-level", args.log_level)
     try:
-        cm_flags = [*common, "--block-size", str(args.block_size), "--checkpoint-dir", str(rd / "checkpoints"),
-                    "--model", args.salt_model]  # the index hash salt's model string, equal to the router's
+        cm_flags = [
+            *common,
+            "--block-size",
+            str(args.block_size),
+            "--checkpoint-dir",
+            str(rd / "checkpoints"),
+            "--model",
+            args.salt_model,
+        ]  # the index hash salt's model string, equal to the router's
         if args.redis:
             redis_proc, url = _start_redis(rd / "redis")
             cm_flags += ["--redis-url", url]
@@ -105,22 +136,41 @@ def up(args: argparse.Namespace) -> int:
         timeout = 300 if args.engine == "vllm" else 60
         workers = []
         for i in range(args.workers):
-            flags = [*common, "--service-id", f"worker-{args.zone}-{i}", "--engine", args.engine,
-                     "--block-size", str(args.block_size), "--cache-manager", cache.address]
+            flags = [
+                *common,
+                "--service-id",
+                f"worker-{args.zone}-{i}",
+                "--engine",
+                args.engine,
+                "--block-size",
+                str(args.block_size),
+                "--cache-manager",
+                cache.address,
+            ]
             if args.model:
                 flags += ["--model", args.model]
             workers.append(start_service("worker", logs, *flags, timeout=timeout))
         started.extend(workers)
-        r_flags = [*common, "--block-size", str(args.block_size), "--cache-manager", cache.address,
-                   "--workers", ",".join(w.address for w in workers), "--salt-model", args.salt_model]
+        r_flags = [
+            *common,
+            "--block-size",
+            str(args.block_size),
+            "--cache-manager",
+            cache.address,
+            "--workers",
+            ",".join(w.address for w in workers),
+            "--salt-model",
+            args.salt_model,
+        ]
         if args.model:
             r_flags += ["--model", args.model]
         router = start_service("router", logs, *r_flags, timeout=120)
         started.append(router)
         registry = rd / "registry.yaml"
         _write_registry(registry, started)
-        failover = start_service("failover", logs, *common, "--registry-file", str(registry),
-                                 "--lkg-file", str(rd / "lkg.json"), timeout=60)
+        failover = start_service(
+            "failover", logs, *common, "--registry-file", str(registry), "--lkg-file", str(rd / "lkg.json"), timeout=60
+        )
         started.append(failover)
     except BaseException:
         for sp in reversed(started):
@@ -128,9 +178,20 @@ def up(args: argparse.Namespace) -> int:
         if redis_proc is not None:
             redis_proc.kill()
         raise
-    state = {"services": [{"name": p.name, "id": p.info["id"], "pid": p.proc.pid, "grpc": p.address,
-                           "http_port": p.info["http_port"], "log": str(p.log_path)} for p in started],
-             "redis_pid": redis_proc.pid if redis_proc else None}
+    state = {
+        "services": [
+            {
+                "name": p.name,
+                "id": p.info["id"],
+                "pid": p.proc.pid,
+                "grpc": p.address,
+                "http_port": p.info["http_port"],
+                "log": str(p.log_path),
+            }
+            for p in started
+        ],
+        "redis_pid": redis_proc.pid if redis_proc else None,
+    }
     _state_path().write_text(json.dumps(state, indent=1))
     _print_endpoints(state)
     if args.detach:
@@ -250,9 +311,11 @@ def demo(args: argparse.Namespace) -> int:
     assert final is not None
     print(f"prompt: {args.prompt!r}")
     print(f"completion ({final.worker_id}): {''.join(pieces)!r}")
-    print(f"usage: prompt={final.usage.prompt_tokens} cached={final.usage.cached_tokens} "
-          f"completion={final.usage.completion_tokens}; ttft {1000 * ((first or started) - started):.1f} ms, "
-          f"total {1000 * (time.perf_counter() - started):.1f} ms")
+    print(
+        f"usage: prompt={final.usage.prompt_tokens} cached={final.usage.cached_tokens} "
+        f"completion={final.usage.completion_tokens}; ttft {1000 * ((first or started) - started):.1f} ms, "
+        f"total {1000 * (time.perf_counter() - started):.1f} ms"
+    )
     return 0
 
 
@@ -269,8 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     p_up.add_argument("--model", default="", help="model folder (default: the tiny local model)")
     p_up.add_argument("--block-size", type=int, default=32)
-    p_up.add_argument("--salt-model", default="", help="model string of the KV index hash salt, given to the "
-                      "cache-manager (--model) and the router (--salt-model) alike")
+    p_up.add_argument(
+        "--salt-model",
+        default="",
+        help="model string of the KV index hash salt, given to the "
+        "cache-manager (--model) and the router (--salt-model) alike",
+    )
     p_up.add_argument("--zone", default="local")
     p_up.add_argument("--redis", action="store_true", help="checkpoints in a local redis-server")
     p_up.add_argument("--detach", action="store_true", help="leave the suite running and return")

@@ -83,13 +83,15 @@ def _converter(tp: Any) -> Any:
     raise TypeError(f"unsupported settings type {tp!r}")
 
 
-def load_settings(cls: type[T], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                  service: str = "") -> T:
+def load_settings(
+    cls: type[T], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, service: str = ""
+) -> T:
     """Builds `cls` from flags (argv), then env (`KVMESH_<SERVICE>_<FIELD>`, `KVMESH_<FIELD>`), then defaults."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(prog=f"kvmesh-{service}" if service else None,
-                                     description=(cls.__doc__ or "").strip())
+    parser = argparse.ArgumentParser(
+        prog=f"kvmesh-{service}" if service else None, description=(cls.__doc__ or "").strip()
+    )
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         parser.add_argument(_flag(f.name), dest=f.name, default=None, help=f.metadata.get("help", ""))
     parsed = parser.parse_args(list(argv) if argv is not None else None)

@@ -75,17 +75,33 @@ class ServiceProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def start_service(name: str, tmp: Path, *args: str, env: dict[str, str] | None = None,
-                  timeout: float = 60.0, wait_healthy: bool = True, port: int = 0,
-                  http_port: int = 0) -> ServiceProcess:
+def start_service(
+    name: str,
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    wait_healthy: bool = True,
+    port: int = 0,
+    http_port: int = 0,
+) -> ServiceProcess:
     """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{name}-{time.monotonic_ns()}.ready.json"
     log_path = ready.with_suffix(".log")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [sys.executable, "-m", SERVICES[name], "--port", str(port), "--http-port", str(http_port),
-           "--ready-file", str(ready),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        SERVICES[name],
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--ready-file",
+        str(ready),
+        *args,
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     sp = ServiceProcess(name, proc, ready, log_path)
@@ -109,8 +125,9 @@ def wait_ready(sp: ServiceProcess, timeout: float) -> None:
     raise TimeoutError(f"{sp.name} not ready within {timeout}s:\n{sp.log()[-4000:]}")
 
 
-def wait_serving(address: str, timeout: float, service: str = "",
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+def wait_serving(
+    address: str, timeout: float, service: str = "", credentials: grpc.ChannelCredentials | None = None
+) -> None:
     """Blocks until grpc.health.v1 reports SERVING (wait_for_ready, bounded by `timeout`)."""
     channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
     with channel:

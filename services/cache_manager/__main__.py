@@ -85,14 +85,21 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
     """Wires the cache-manager: store, core, servicer, ZMQ subscribers and periodic loops."""
     store, location = make_store(settings)
     core = CacheCore(settings.block_size, settings.model, store, window_s=settings.warm_window_s)
-    cfg = WarmingConfig(threshold=settings.warm_threshold, window_s=settings.warm_window_s,
-                        max_replicas=settings.warm_max_replicas)
-    warmer = Warmer(core, cfg, settings.warm_capacity_blocks, settings.warm_half_life_s,
-                    templates=read_templates(settings.warm_templates),
-                    lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None)
+    cfg = WarmingConfig(
+        threshold=settings.warm_threshold, window_s=settings.warm_window_s, max_replicas=settings.warm_max_replicas
+    )
+    warmer = Warmer(
+        core,
+        cfg,
+        settings.warm_capacity_blocks,
+        settings.warm_half_life_s,
+        templates=read_templates(settings.warm_templates),
+        lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None,
+    )
     servicer = CacheManagerServicer(core, warmer, runner.stopping, location)
-    runner.add_servicer(cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer,
-                        "kvmesh.v1.CacheManagerService")
+    runner.add_servicer(
+        cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer, "kvmesh.v1.CacheManagerService"
+    )
     zmq_specs = [parse_zmq(s) for s in settings.vllm_zmq if s]
     wake = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -113,8 +120,13 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
     async def started(_ports: BoundPorts) -> None:
         if store is not None:
             rec = await core.restore()
-            log.info("recovered %d pairs (+%d log records) from %s in %.3fs", core.index.num_pairs(),
-                     rec.records, location, rec.load_s + rec.restore_s + rec.replay_s)
+            log.info(
+                "recovered %d pairs (+%d log records) from %s in %.3fs",
+                core.index.num_pairs(),
+                rec.records,
+                location,
+                rec.load_s + rec.restore_s + rec.replay_s,
+            )
         refresh_gauges(core)
         sink = ZmqSink(core, wake)
         for wid, pub, replay in zmq_specs:
@@ -123,10 +135,12 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         tasks.append(asyncio.create_task(flush_loop()))
         tasks.append(asyncio.create_task(periodic(runner.stopping, 5.0, gauges, "gauges")))
         if store is not None:
-            tasks.append(asyncio.create_task(
-                periodic(runner.stopping, settings.checkpoint_interval_s, checkpoint, "checkpoint")))
-        tasks.append(asyncio.create_task(
-            periodic(runner.stopping, settings.warm_interval_s, warmer.dynamic_round, "warming")))
+            tasks.append(
+                asyncio.create_task(periodic(runner.stopping, settings.checkpoint_interval_s, checkpoint, "checkpoint"))
+            )
+        tasks.append(
+            asyncio.create_task(periodic(runner.stopping, settings.warm_interval_s, warmer.dynamic_round, "warming"))
+        )
 
     async def stopped() -> None:
         wake.set()

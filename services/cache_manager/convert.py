@@ -13,8 +13,15 @@ def event_from_proto(e: common_pb2.KvEvent) -> KvEvent | None:
     if which == "block_stored":
         s = e.block_stored
         parent = s.parent_block_hash if s.HasField("parent_block_hash") else None
-        return BlockStored(tuple(s.block_hashes), parent, tuple(s.token_ids), s.block_size,
-                           s.lora_name or None, s.medium or None, s.tenant or None)
+        return BlockStored(
+            tuple(s.block_hashes),
+            parent,
+            tuple(s.token_ids),
+            s.block_size,
+            s.lora_name or None,
+            s.medium or None,
+            s.tenant or None,
+        )
     if which == "block_removed":
         return BlockRemoved(tuple(e.block_removed.block_hashes), e.block_removed.medium or None)
     if which == "all_blocks_cleared":
@@ -28,8 +35,9 @@ def events_from_proto(b: common_pb2.KvEventBatch) -> tuple[KvEvent, ...]:
 
 def batch_from_proto(b: common_pb2.KvEventBatch, worker_id: str, instance_id: str) -> KvEventBatch:
     """Proto batch → domain; the stream's hello fills a missing worker/instance id."""
-    return KvEventBatch(b.worker_id or worker_id, b.instance_id or instance_id, b.sequence, b.timestamp,
-                        events_from_proto(b), b.dp_rank)
+    return KvEventBatch(
+        b.worker_id or worker_id, b.instance_id or instance_id, b.sequence, b.timestamp, events_from_proto(b), b.dp_rank
+    )
 
 
 def delta_to_proto(d: IndexDelta) -> cache_manager_pb2.IndexDelta:

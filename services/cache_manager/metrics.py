@@ -15,8 +15,11 @@ EVENTS = Counter("kvmesh_cache_events_total", "KV events applied (rate() = event
 GAPS = Counter("kvmesh_cache_sequence_gaps_total", "Sequence gaps detected")
 RESTARTS = Counter("kvmesh_cache_worker_restarts_total", "New worker instances seen")
 RESYNCS = Counter("kvmesh_cache_resyncs_total", "Resyncs requested", ["kind"])
-QUERY_LATENCY = Histogram("kvmesh_cache_query_latency_seconds", "FindMatches latency inside the index",
-                          buckets=(0.00001, 0.00005, 0.0001, 0.00025, *LATENCY_BUCKETS))
+QUERY_LATENCY = Histogram(
+    "kvmesh_cache_query_latency_seconds",
+    "FindMatches latency inside the index",
+    buckets=(0.00001, 0.00005, 0.0001, 0.00025, *LATENCY_BUCKETS),
+)
 HIT_RATIO = Gauge("kvmesh_cache_hit_ratio", "Σ best matched blocks / Σ queried blocks since start")
 MISS_RATIO = Gauge("kvmesh_cache_miss_ratio", "1 − kvmesh_cache_hit_ratio")
 WARMING = Counter("kvmesh_cache_warming_actions_total", "Prefill-only warming requests issued", ["reason"])

@@ -56,8 +56,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         st = self.core.ingestor.workers.get(worker_id)
         need = st is not None and st.phase is Phase.DUMP_NEEDED
         reason = res.resync.reason if res is not None and res.resync is not None else ("dump" if need else "")
-        return pb.PublishKvEventsResponse(next_sequence=st.next_sequence if st else 0, resync_required=need,
-                                          reason=reason)
+        return pb.PublishKvEventsResponse(
+            next_sequence=st.next_sequence if st else 0, resync_required=need, reason=reason
+        )
 
     async def PublishKvEvents(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.PublishKvEventsRequest], context: grpc.aio.ServicerContext
@@ -68,8 +69,11 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 worker_id, instance_id = req.hello.worker_id, req.hello.instance_id
                 require(bool(worker_id), "hello.worker_id", "required")
                 if req.hello.block_size and req.hello.block_size != self.core.block_size:
-                    raise InvalidArgument("hello.block_size", f"cache-manager indexes blocks of "
-                                          f"{self.core.block_size} tokens, worker sends {req.hello.block_size}")
+                    raise InvalidArgument(
+                        "hello.block_size",
+                        f"cache-manager indexes blocks of "
+                        f"{self.core.block_size} tokens, worker sends {req.hello.block_size}",
+                    )
                 self.warmer.register(worker_id, req.hello.address)
                 if not req.HasField("batch"):
                     yield self._ack(worker_id, None)
@@ -125,7 +129,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         ordered = sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
         return pb.FindMatchesResponse(
             matches=[pb.WorkerMatch(worker_id=w, matched_blocks=n) for w, n in ordered],
-            total_blocks=len(hashes), block_size=core.block_size)
+            total_blocks=len(hashes),
+            block_size=core.block_size,
+        )
 
     async def WatchIndex(  # type: ignore[override]
         self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
@@ -138,11 +144,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             for s in snap:
                 hs = list(s.hashes)
                 for i in range(0, max(len(hs), 1), SNAPSHOT_CHUNK):
-                    msgs.append(pb.IndexDelta(worker_id=s.worker, cleared=(i == 0),
-                                              stored=hs[i:i + SNAPSHOT_CHUNK]))
+                    msgs.append(pb.IndexDelta(worker_id=s.worker, cleared=(i == 0), stored=hs[i : i + SNAPSHOT_CHUNK]))
             for i, d in enumerate(msgs):
-                yield pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=rev,
-                                            snapshot_done=(i == len(msgs) - 1))
+                yield pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=rev, snapshot_done=(i == len(msgs) - 1))
             if not msgs:
                 yield pb.WatchIndexResponse(snapshot=True, snapshot_done=True, revision=rev)
             while not self.stopping.is_set():
@@ -197,8 +201,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
         t0 = time.perf_counter()
         rec = await self.core.restore()
-        return pb.RestoreResponse(pairs=self.core.index.num_pairs(), events_replayed=rec.records,
-                                  seconds=time.perf_counter() - t0)
+        return pb.RestoreResponse(
+            pairs=self.core.index.num_pairs(), events_replayed=rec.records, seconds=time.perf_counter() - t0
+        )
 
     async def GetStats(  # type: ignore[override]
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
@@ -207,9 +212,15 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         c = core.ingestor.counters
         refresh_gauges(core)
         return pb.GetStatsResponse(
-            workers=len(core.index.workers()), blocks=core.index.num_entries(), pairs=core.index.num_pairs(),
-            batches_total=c.batches, gaps_total=c.gaps, resyncs_total=c.resyncs_full,
-            hit_ratio=core.queries.hit_ratio, warming_actions_total=self.warmer.actions_total)
+            workers=len(core.index.workers()),
+            blocks=core.index.num_entries(),
+            pairs=core.index.num_pairs(),
+            batches_total=c.batches,
+            gaps_total=c.gaps,
+            resyncs_total=c.resyncs_full,
+            hit_ratio=core.queries.hit_ratio,
+            warming_actions_total=self.warmer.actions_total,
+        )
 
 
 def refresh_gauges(core: CacheCore) -> None:

@@ -18,14 +18,19 @@ class CacheManagerSettings(ServerSettings):
     redis_prefix: str = setting("kvmesh:cm", "key prefix of this cache-manager's checkpoint in Redis")
     checkpoint_interval_s: float = setting(30.0, "seconds between automatic checkpoints (0 = off)")
     vllm_zmq: list[str] = setting(
-        [], "stock vLLM KV event publishers to follow: worker_id=PUB_ENDPOINT[;REPLAY_ENDPOINT],...")
+        [], "stock vLLM KV event publishers to follow: worker_id=PUB_ENDPOINT[;REPLAY_ENDPOINT],..."
+    )
     warm_threshold: int = setting(5, "a prefix seen this many times in the window is warmed onto more workers")
     warm_window_s: float = setting(60.0, "sliding window of prefix statistics, seconds")
     warm_max_replicas: int = setting(4, "most workers a hot prefix is warmed onto")
     warm_capacity_blocks: int = setting(100_000, "blocks kept warm by the LFU+LRU policy")
     warm_half_life_s: float = setting(120.0, "half-life of the LFU+LRU score (large = LFU, small = LRU)")
     warm_interval_s: float = setting(10.0, "seconds between dynamic warming rounds (0 = off)")
-    warm_templates: str = setting("", "YAML/JSON file of prefix templates preloaded onto workers as they register "
-                                      "(a list of {name, token_ids, replicas}; replicas 0 = every worker)")
-    warm_lfu_weight: float = setting(-1.0, "keep-warm score: w·count + (1−w)·recency for w in [0, 1]; "
-                                           "< 0 = LRFU decayed count")
+    warm_templates: str = setting(
+        "",
+        "YAML/JSON file of prefix templates preloaded onto workers as they register "
+        "(a list of {name, token_ids, replicas}; replicas 0 = every worker)",
+    )
+    warm_lfu_weight: float = setting(
+        -1.0, "keep-warm score: w·count + (1−w)·recency for w in [0, 1]; < 0 = LRFU decayed count"
+    )

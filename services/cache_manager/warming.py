@@ -38,9 +38,16 @@ ANY_LOAD = 2.0  # above every load share: operator-requested warming (templates,
 class Warmer:
     """Worker registry + warming rounds (see module docstring)."""
 
-    def __init__(self, core: CacheCore, cfg: WarmingConfig, capacity_blocks: int, half_life_s: float,
-                 request_timeout_s: float = 60.0, templates: Sequence[Template] = (),
-                 lfu_weight: float | None = None) -> None:
+    def __init__(
+        self,
+        core: CacheCore,
+        cfg: WarmingConfig,
+        capacity_blocks: int,
+        half_life_s: float,
+        request_timeout_s: float = 60.0,
+        templates: Sequence[Template] = (),
+        lfu_weight: float | None = None,
+    ) -> None:
         self.core = core
         self.cfg = cfg
         self.warm = HybridWarmSet(capacity_blocks, half_life_s, lfu_weight)
@@ -90,8 +97,15 @@ class Warmer:
                 i = self.templates.index(t)
                 return self.holders(t.token_ids) | self.static_done.get(i, set())
 
-            plan = plan_static(self.templates, self.loads(), holders, self.warm,
-                               lambda t: keys[self.templates.index(t)], self.core.block_size, ANY_LOAD)
+            plan = plan_static(
+                self.templates,
+                self.loads(),
+                holders,
+                self.warm,
+                lambda t: keys[self.templates.index(t)],
+                self.core.block_size,
+                ANY_LOAD,
+            )
             done = await self.issue(plan.actions)
             for a, ok in done:
                 if ok:
@@ -145,10 +159,13 @@ class Warmer:
         if ch is None:
             ch = self.channels[a.worker] = open_channel(self.addresses[a.worker])
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
-        req = worker_pb2.GenerateRequest(request_id=f"warm-{uuid.uuid4().hex[:12]}",
-                                         token_ids=common_pb2.TokenIds(ids=list(a.token_ids)),
-                                         sampling=common_pb2.SamplingParams(max_tokens=1), prefill_only=True,
-                                         tenant=a.tenant or "")
+        req = worker_pb2.GenerateRequest(
+            request_id=f"warm-{uuid.uuid4().hex[:12]}",
+            token_ids=common_pb2.TokenIds(ids=list(a.token_ids)),
+            sampling=common_pb2.SamplingParams(max_tokens=1),
+            prefill_only=True,
+            tenant=a.tenant or "",
+        )
         async for _ in stub.Generate(req, timeout=self.request_timeout_s):
             pass
 
@@ -167,8 +184,13 @@ class Warmer:
         if p.lfu_weight:
             self.warm.set_lfu_weight(p.lfu_weight)
         self.cfg = cfg
-        return pb.WarmingPolicy(hot_threshold=cfg.threshold, window_s=cfg.window_s, max_replicas=cfg.max_replicas,
-                                capacity=self.warm.capacity, lfu_weight=self.warm.lfu_weight or 0.0)
+        return pb.WarmingPolicy(
+            hot_threshold=cfg.threshold,
+            window_s=cfg.window_s,
+            max_replicas=cfg.max_replicas,
+            capacity=self.warm.capacity,
+            lfu_weight=self.warm.lfu_weight or 0.0,
+        )
 
     async def close(self) -> None:
         for t in list(self._tasks):

@@ -37,9 +37,12 @@ REGISTER_ATTEMPTS = 30
 
 def make_policy(s: FailoverSettings) -> FailoverPolicy:
     zp = ZonePolicy(
-        min_worker_fraction=s.min_worker_fraction, require_cache_manager=s.require_cache_manager,
-        up_observations=s.up_observations, up_hold_s=s.up_hold_s,
-        min_dwell_s=s.min_dwell_s, ramp_s=s.ramp_s,
+        min_worker_fraction=s.min_worker_fraction,
+        require_cache_manager=s.require_cache_manager,
+        up_observations=s.up_observations,
+        up_hold_s=s.up_hold_s,
+        min_dwell_s=s.min_dwell_s,
+        ramp_s=s.ramp_s,
     )
     if s.zone_weights:
         zw, default = parse_weights("zone_weights", s.zone_weights), 0.0
@@ -51,13 +54,18 @@ def make_policy(s: FailoverSettings) -> FailoverPolicy:
     return FailoverPolicy.create(zp, zw, vw, s.zones, default_zone_weight=default)
 
 
-async def _register_self(registry: Registry, runner: ServiceRunner, s: FailoverSettings,
-                         ports: BoundPorts) -> ServiceInstance | None:
+async def _register_self(
+    registry: Registry, runner: ServiceRunner, s: FailoverSettings, ports: BoundPorts
+) -> ServiceInstance | None:
     """Register with bounded retries (the registry may be down at start; last-known-good still serves)."""
     for attempt in range(REGISTER_ATTEMPTS):
         try:
             return await register_self(
-                registry, instance_id=runner.service_id, role=Role.FAILOVER, zone=s.zone, version=s.version,
+                registry,
+                instance_id=runner.service_id,
+                role=Role.FAILOVER,
+                zone=s.zone,
+                version=s.version,
                 address=f"{s.advertise_host or ports.host}:{ports.grpc_port}",
                 check=CheckSpec(interval_s=s.check_interval_s, timeout_s=s.check_interval_s),
             )
@@ -81,14 +89,18 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     await watcher.start()
     engine = FailoverEngine(watcher, make_policy(settings), tick_s=settings.health_interval_s)
     await engine.start()
-    runner.add_servicer(failover_pb2_grpc.add_FailoverServiceServicer_to_server,
-                        FailoverServicer(engine, registry, runner.stopping), "kvmesh.v1.FailoverService")
+    runner.add_servicer(
+        failover_pb2_grpc.add_FailoverServiceServicer_to_server,
+        FailoverServicer(engine, registry, runner.stopping),
+        "kvmesh.v1.FailoverService",
+    )
     me: dict[str, ServiceInstance | None] = {"inst": None}
     tasks: list[asyncio.Task[None]] = []
 
     async def started(ports: BoundPorts) -> None:
         if settings.consul_url:
             return  # the shared bootstrap registers every service in Consul
+
         async def reg() -> None:
             me["inst"] = await _register_self(registry, runner, settings, ports)
 

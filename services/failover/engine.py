@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 class FailoverEngine:
     def __init__(
-        self, watcher: DiscoveryWatcher, policy: FailoverPolicy, tick_s: float = 1.0,
+        self,
+        watcher: DiscoveryWatcher,
+        policy: FailoverPolicy,
+        tick_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.watcher = watcher
@@ -75,8 +78,13 @@ class FailoverEngine:
             direction = "up" if tr.healthy else "down"
             metrics.SWITCHOVERS.labels(tr.zone, direction).inc()
             metrics.SWITCHOVER_SECONDS.labels(direction).observe(tr.duration_s)
-            log.warning("zone %s is now %s after %.3fs (reasons: %s)", tr.zone,
-                        "healthy" if tr.healthy else "UNHEALTHY", tr.duration_s, "; ".join(tr.reasons) or "-")
+            log.warning(
+                "zone %s is now %s after %.3fs (reasons: %s)",
+                tr.zone,
+                "healthy" if tr.healthy else "UNHEALTHY",
+                tr.duration_s,
+                "; ".join(tr.reasons) or "-",
+            )
         self._export(d)
         key = self._content_key(d)
         if key != self._key:
@@ -86,7 +94,9 @@ class FailoverEngine:
     def version_weights(self) -> dict[str, float]:
         """Effective version shares among versions with an up router in a zone carrying traffic."""
         present = {
-            r.version for z, v in self.decision.views.items() if self.decision.zone_weights.get(z, 0) > 0
+            r.version
+            for z, v in self.decision.views.items()
+            if self.decision.zone_weights.get(z, 0) > 0
             for r in v.routers
         }
         shares = version_shares(self.policy.version_plan.weights, present)
@@ -94,9 +104,14 @@ class FailoverEngine:
 
     def _content_key(self, d: Decision) -> Any:
         zones = tuple(
-            (z, d.states[z].healthy, round(d.zone_weights.get(z, 0.0), 4),
-             tuple((i.id, i.health.value, i.target) for i in (*v.routers, *v.cache_managers, *v.workers,
-                                                              *v.failovers)))
+            (
+                z,
+                d.states[z].healthy,
+                round(d.zone_weights.get(z, 0.0), 4),
+                tuple(
+                    (i.id, i.health.value, i.target) for i in (*v.routers, *v.cache_managers, *v.workers, *v.failovers)
+                ),
+            )
             for z, v in sorted(d.views.items())
         )
         vw = tuple(sorted((k, round(w, 4)) for k, w in self.version_weights().items()))
@@ -108,8 +123,12 @@ class FailoverEngine:
             metrics.ZONE_WEIGHT.labels(z).set(d.zone_weights.get(z, 0.0))
             v = d.views.get(z)
             if v is not None:
-                for role, items in ((Role.ROUTER, v.routers), (Role.CACHE_MANAGER, v.cache_managers),
-                                    (Role.WORKER, v.workers), (Role.FAILOVER, v.failovers)):
+                for role, items in (
+                    (Role.ROUTER, v.routers),
+                    (Role.CACHE_MANAGER, v.cache_managers),
+                    (Role.WORKER, v.workers),
+                    (Role.FAILOVER, v.failovers),
+                ):
                     metrics.ENDPOINTS.labels(z, role.value).set(len(items))
         for ver, w in self.policy.version_plan.weights.items():
             metrics.VERSION_WEIGHT.labels(ver).set(w)
@@ -130,6 +149,9 @@ class FailoverEngine:
         if not self._history:
             raise FailedPrecondition("no previous traffic weights to roll back to")
         self.policy.zone_plan, self.policy.version_plan = self._history.pop()
-        log.info("traffic weights rolled back: zones %s, versions %s",
-                 dict(self.policy.zone_plan.weights), dict(self.policy.version_plan.weights))
+        log.info(
+            "traffic weights rolled back: zones %s, versions %s",
+            dict(self.policy.zone_plan.weights),
+            dict(self.policy.version_plan.weights),
+        )
         await self._evaluate()

@@ -10,8 +10,10 @@ VERSION_WEIGHT = Gauge("kvmesh_failover_version_weight", "Share of traffic sent 
 ENDPOINTS = Gauge("kvmesh_failover_endpoints", "Up endpoints per zone and role", ["zone", "role"])
 SWITCHOVERS = Counter("kvmesh_failover_switchovers_total", "Zone state flips", ["zone", "direction"])
 SWITCHOVER_SECONDS = Histogram(
-    "kvmesh_failover_switchover_seconds", "From the first observation of a zone change to the flip",
-    ["direction"], buckets=(0, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120),
+    "kvmesh_failover_switchover_seconds",
+    "From the first observation of a zone change to the flip",
+    ["direction"],
+    buckets=(0, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120),
 )
 REGISTRY_REACHABLE = Gauge("kvmesh_failover_registry_reachable", "1 when the registry (Consul) answers")
 SERVING_STALE = Gauge("kvmesh_failover_serving_last_known_good", "1 when serving last-known-good endpoints")

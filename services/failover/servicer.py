@@ -15,19 +15,29 @@ from kvmesh.services.failover.engine import FailoverEngine
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
 ROLE_TO_PB = {
-    Role.ROUTER: common_pb2.SERVICE_ROLE_ROUTER, Role.WORKER: common_pb2.SERVICE_ROLE_WORKER,
-    Role.CACHE_MANAGER: common_pb2.SERVICE_ROLE_CACHE_MANAGER, Role.FAILOVER: common_pb2.SERVICE_ROLE_FAILOVER,
+    Role.ROUTER: common_pb2.SERVICE_ROLE_ROUTER,
+    Role.WORKER: common_pb2.SERVICE_ROLE_WORKER,
+    Role.CACHE_MANAGER: common_pb2.SERVICE_ROLE_CACHE_MANAGER,
+    Role.FAILOVER: common_pb2.SERVICE_ROLE_FAILOVER,
 }
 PB_TO_ROLE = {v: k for k, v in ROLE_TO_PB.items()}
 HEALTH_TO_PB = {
-    Health.PASSING: common_pb2.HEALTH_STATE_PASSING, Health.WARNING: common_pb2.HEALTH_STATE_WARNING,
+    Health.PASSING: common_pb2.HEALTH_STATE_PASSING,
+    Health.WARNING: common_pb2.HEALTH_STATE_WARNING,
     Health.CRITICAL: common_pb2.HEALTH_STATE_CRITICAL,
 }
 
 
 def endpoint_pb(i: ServiceInstance) -> common_pb2.Endpoint:
-    return common_pb2.Endpoint(id=i.id, role=ROLE_TO_PB[i.role], address=i.target, zone=i.zone,
-                               version=i.version, health=HEALTH_TO_PB[i.health], meta=dict(i.meta))
+    return common_pb2.Endpoint(
+        id=i.id,
+        role=ROLE_TO_PB[i.role],
+        address=i.target,
+        zone=i.zone,
+        version=i.version,
+        health=HEALTH_TO_PB[i.health],
+        meta=dict(i.meta),
+    )
 
 
 def instance_from_pb(e: common_pb2.Endpoint) -> ServiceInstance:
@@ -41,8 +51,9 @@ def instance_from_pb(e: common_pb2.Endpoint) -> ServiceInstance:
         capacity = float(meta.pop("capacity", "1"))
     except ValueError as exc:
         raise InvalidArgument("endpoint.meta[capacity]", "not a number") from exc
-    return ServiceInstance(e.id, PB_TO_ROLE[e.role], e.zone, e.version or "v1", host, int(port),
-                           capacity=capacity, meta=meta)
+    return ServiceInstance(
+        e.id, PB_TO_ROLE[e.role], e.zone, e.version or "v1", host, int(port), capacity=capacity, meta=meta
+    )
 
 
 class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
@@ -57,14 +68,23 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         d = self.engine.decision
         zones = []
         for z, v in sorted(d.views.items()):
-            items = [i for i in (*v.routers, *v.cache_managers, *v.workers, *v.failovers)
-                     if not roles or i.role in roles]
-            zones.append(failover_pb2.ZoneEndpoints(
-                zone=z, healthy=d.states[z].healthy, weight=d.zone_weights.get(z, 0.0),
-                endpoints=[endpoint_pb(i) for i in items]))
+            items = [
+                i for i in (*v.routers, *v.cache_managers, *v.workers, *v.failovers) if not roles or i.role in roles
+            ]
+            zones.append(
+                failover_pb2.ZoneEndpoints(
+                    zone=z,
+                    healthy=d.states[z].healthy,
+                    weight=d.zone_weights.get(z, 0.0),
+                    endpoints=[endpoint_pb(i) for i in items],
+                )
+            )
         return failover_pb2.WatchEndpointsResponse(
-            zones=zones, version_weights=self.engine.version_weights(), revision=self.engine.revision,
-            stale=self.engine.stale)
+            zones=zones,
+            version_weights=self.engine.version_weights(),
+            revision=self.engine.revision,
+            stale=self.engine.stale,
+        )
 
     async def WatchEndpoints(  # type: ignore[override]
         self, request: failover_pb2.WatchEndpointsRequest, context: grpc.aio.ServicerContext
@@ -104,7 +124,8 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     def _weights(self) -> failover_pb2.TrafficWeights:
         return failover_pb2.TrafficWeights(
             zone_weights=dict(self.engine.policy.zone_plan.weights),
-            version_weights=dict(self.engine.policy.version_plan.weights))
+            version_weights=dict(self.engine.policy.version_plan.weights),
+        )
 
     async def SetTrafficWeights(  # type: ignore[override]
         self, request: failover_pb2.SetTrafficWeightsRequest, context: grpc.aio.ServicerContext
@@ -137,10 +158,14 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         d = self.engine.decision
         zones = [
             failover_pb2.ZoneHealth(
-                zone=z, healthy=d.states[z].healthy, reason="; ".join(v.reasons),
-                routers=len(v.routers), cache_managers=len(v.cache_managers), workers=len(v.workers),
-                since=d.states[z].since)
+                zone=z,
+                healthy=d.states[z].healthy,
+                reason="; ".join(v.reasons),
+                routers=len(v.routers),
+                cache_managers=len(v.cache_managers),
+                workers=len(v.workers),
+                since=d.states[z].since,
+            )
             for z, v in sorted(d.views.items())
         ]
-        return failover_pb2.GetZoneHealthResponse(
-            zones=zones, registry_reachable=self.engine.watcher.reachable is True)
+        return failover_pb2.GetZoneHealthResponse(zones=zones, registry_reachable=self.engine.watcher.reachable is True)

@@ -32,7 +32,12 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         p95_threshold_ms=s.breaker_p95_ms, error_rate_threshold=s.breaker_error_rate, cooldown_s=s.breaker_cooldown_s
     )
     pool = WorkerPool(
-        list(s.workers), s, tracker, breaker, load_interval_ms=s.load_interval_ms, stale_after_s=s.worker_stale_s,
+        list(s.workers),
+        s,
+        tracker,
+        breaker,
+        load_interval_ms=s.load_interval_ms,
+        stale_after_s=s.worker_stale_s,
         transport=s.worker_transport,
     )
     index = IndexReplica(s.cache_manager, s)
@@ -65,12 +70,14 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
     follower: FailoverFollower | None = None
     if settings.failover:
         follower = FailoverFollower(
-            [t.strip() for t in settings.failover.split(",") if t.strip()], settings.zone, front.core.pool,
-            front.core.index, static_workers=settings.workers, static_cache_manager=settings.cache_manager,
+            [t.strip() for t in settings.failover.split(",") if t.strip()],
+            settings.zone,
+            front.core.pool,
+            front.core.index,
+            static_workers=settings.workers,
+            static_cache_manager=settings.cache_manager,
         )
-    runner.add_servicer(
-        add_router_service, RouterServicer(front), "kvmesh.v1.RouterService"
-    )
+    runner.add_servicer(add_router_service, RouterServicer(front), "kvmesh.v1.RouterService")
     runner.add_servicer(
         router_pb2_grpc.add_RouterAdminServiceServicer_to_server,
         RouterAdminServicer(front),

@@ -49,8 +49,13 @@ class FailoverFollower:
     """Keeps the pool and the index replica equal to what the failover service says."""
 
     def __init__(
-        self, targets: Sequence[str], zone: str, pool: WorkerPool, index: IndexReplica,
-        static_workers: Sequence[str] = (), static_cache_manager: str = "",
+        self,
+        targets: Sequence[str],
+        zone: str,
+        pool: WorkerPool,
+        index: IndexReplica,
+        static_workers: Sequence[str] = (),
+        static_cache_manager: str = "",
     ) -> None:
         self.zone = zone
         self.pool = pool

@@ -17,11 +17,12 @@ class RouterSettings(ServerSettings):
     model: str = setting("", "model folder for the tokenizer; default: the tiny local test model")
     model_name: str = setting("", "served model name reported by /v1/models (default: folder name)")
     lora_adapters: list[str] = setting(
-        [], "LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP \"model\" selects one"
+        [], 'LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP "model" selects one'
     )
     salt_model: str = setting(
-        "", "model string in the block-hash salt make_salt(model, lora, tenant); must equal the cache-manager's "
-        "--model (both default to '', which is what `kvmesh up` runs)"
+        "",
+        "model string in the block-hash salt make_salt(model, lora, tenant); must equal the cache-manager's "
+        "--model (both default to '', which is what `kvmesh up` runs)",
     )
     block_size: int = setting(32, "tokens per KV block, equal to the workers'")
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
@@ -42,8 +43,9 @@ class RouterSettings(ServerSettings):
     max_retries: int = setting(3, "times one request may be re-sent before its first token")
     max_migrations: int = setting(3, "times one request may move to another worker")
     worker_transport: str = setting(
-        "stream", "router → worker requests: stream (all on one GenerateStream per worker, where the worker "
-        "offers it; else a call each) or call (a Generate call per request)"
+        "stream",
+        "router → worker requests: stream (all on one GenerateStream per worker, where the worker "
+        "offers it; else a call each) or call (a Generate call per request)",
     )
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
     worker_stale_s: float = setting(10.0, "a worker without a load report this long is out of rotation")

@@ -193,4 +193,3 @@ class WorkerStream:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-

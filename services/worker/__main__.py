@@ -21,8 +21,9 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     engine = build_engine(settings)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
-    runner.add_servicer(worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings),
-                        "kvmesh.v1.WorkerService")  # fmt: skip
+    runner.add_servicer(
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings), "kvmesh.v1.WorkerService"
+    )
     OpenAIApi(engine, model_name(settings)).add_routes(runner.http_app)
     pusher = CacheManagerPusher(app, settings.cache_manager, settings) if settings.cache_manager else None
     zpub: list[ZmqKvPublisher] = []
@@ -31,8 +32,9 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         app.set_worker_id(runner.service_id)
         app.address = ports.grpc_address
         if settings.zmq_publish:
-            pub = ZmqKvPublisher(settings.zmq_publish, settings.zmq_replay, settings.zmq_topic,
-                                 settings.kv_event_buffer)  # fmt: skip
+            pub = ZmqKvPublisher(
+                settings.zmq_publish, settings.zmq_replay, settings.zmq_topic, settings.kv_event_buffer
+            )
             zpub.append(pub)
             app.sinks.append(pub.publish)
         app.start()

@@ -64,13 +64,22 @@ def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker
 
 def load_to_proto(r: LoadReport) -> common_pb2.LoadReport:
     return common_pb2.LoadReport(
-        worker_id=r.worker_id, running=r.running, waiting=r.waiting, max_queue=r.max_queue,
-        kv_usage=r.kv_usage, kv_blocks_total=r.kv_blocks_total, kv_blocks_used=r.kv_blocks_used,
-        prefill_tokens_queued=r.prefill_tokens_queued, decode_tokens_active=r.decode_tokens_active,
-        decode_latency_p50_ms=r.decode_latency_p50_ms, decode_latency_p95_ms=r.decode_latency_p95_ms,
-        prefix_hit_rate=r.prefix_hit_rate, error_rate=r.error_rate, errors_total=r.errors_total,
+        worker_id=r.worker_id,
+        running=r.running,
+        waiting=r.waiting,
+        max_queue=r.max_queue,
+        kv_usage=r.kv_usage,
+        kv_blocks_total=r.kv_blocks_total,
+        kv_blocks_used=r.kv_blocks_used,
+        prefill_tokens_queued=r.prefill_tokens_queued,
+        decode_tokens_active=r.decode_tokens_active,
+        decode_latency_p50_ms=r.decode_latency_p50_ms,
+        decode_latency_p95_ms=r.decode_latency_p95_ms,
+        prefix_hit_rate=r.prefix_hit_rate,
+        error_rate=r.error_rate,
+        errors_total=r.errors_total,
         timestamp=r.timestamp,
-    )  # fmt: skip
+    )
 
 
 def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
@@ -98,9 +107,13 @@ def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
 
 def batch_to_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
     return common_pb2.KvEventBatch(
-        worker_id=b.worker_id, instance_id=b.instance_id, sequence=b.sequence, timestamp=b.timestamp,
-        events=[event_to_proto(e) for e in b.events], dp_rank=b.dp_rank,
-    )  # fmt: skip
+        worker_id=b.worker_id,
+        instance_id=b.instance_id,
+        sequence=b.sequence,
+        timestamp=b.timestamp,
+        events=[event_to_proto(e) for e in b.events],
+        dp_rank=b.dp_rank,
+    )
 
 
 def dump_messages(
@@ -111,10 +124,16 @@ def dump_messages(
     chunks = [blocks[i : i + chunk] for i in range(0, len(blocks), chunk)] or [[]]
     for i, part in enumerate(chunks):
         kind = common_pb2.KV_STREAM_KIND_DUMP_BEGIN if i == 0 else common_pb2.KV_STREAM_KIND_DUMP_CHUNK
-        yield kind, common_pb2.KvEventBatch(
-            worker_id=worker_id, instance_id=instance_id, sequence=seq, timestamp=timestamp,
-            events=[event_to_proto(e) for e in part],
-        )  # fmt: skip
+        yield (
+            kind,
+            common_pb2.KvEventBatch(
+                worker_id=worker_id,
+                instance_id=instance_id,
+                sequence=seq,
+                timestamp=timestamp,
+                events=[event_to_proto(e) for e in part],
+            ),
+        )
     yield (
         common_pb2.KV_STREAM_KIND_DUMP_END,
         common_pb2.KvEventBatch(worker_id=worker_id, instance_id=instance_id, sequence=seq, timestamp=timestamp),

@@ -36,8 +36,14 @@ def build_engine(s: WorkerSettings) -> Engine:
         if s.model and (Path(s.model) / "tokenizer.json").exists():
             hf = HfTokenizer(s.model)
             tok, vocab = hf, hf.vocab_size
-        cfg = SimConfig(block_size=s.block_size, num_blocks=s.kv_blocks, max_waiting=s.max_queue,
-                        max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs, vocab_size=vocab)  # fmt: skip
+        cfg = SimConfig(
+            block_size=s.block_size,
+            num_blocks=s.kv_blocks,
+            max_waiting=s.max_queue,
+            max_model_len=s.max_model_len,
+            max_num_seqs=s.max_num_seqs,
+            vocab_size=vocab,
+        )
         clock: Clock = VirtualClock() if s.sim_speed == 0 else RealClock(s.sim_speed)
         return SimEngine(cfg, model_name=model_name(s), clock=clock, tokenizer=tok)
     if s.engine == "vllm":
@@ -46,8 +52,14 @@ def build_engine(s: WorkerSettings) -> Engine:
         model = model_name(s)
         if not s.model and not Path(model).exists():
             raise FailedPrecondition(f"no model given and {model} is missing: run scripts/build_tiny_model.py")
-        return VllmEngine(VllmEngineConfig(
-            model=model, block_size=s.block_size, max_model_len=s.max_model_len, dtype=s.vllm_dtype,
-            extra_args=tuple(shlex.split(s.vllm_args)), cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
-        ))  # fmt: skip
+        return VllmEngine(
+            VllmEngineConfig(
+                model=model,
+                block_size=s.block_size,
+                max_model_len=s.max_model_len,
+                dtype=s.vllm_dtype,
+                extra_args=tuple(shlex.split(s.vllm_args)),
+                cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
+            )
+        )
     raise InvalidArgument("engine", f"unknown engine {s.engine!r} (sim or vllm)")

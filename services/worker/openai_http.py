@@ -105,12 +105,14 @@ def error_response(e: Exception) -> web.Response:
     if isinstance(e, ResourceExhausted):
         return web.json_response(
             {"error": {"message": e.message, "type": "rate_limit_exceeded", "param": None, "code": None}},
-            status=429, headers={"Retry-After": str(max(1, math.ceil(e.retry_after_s)))},
-        )  # fmt: skip
+            status=429,
+            headers={"Retry-After": str(max(1, math.ceil(e.retry_after_s)))},
+        )
     msg = e.message if isinstance(e, KvmeshError) else "internal error"
     status = 503 if isinstance(e, Unavailable) else 500
-    return web.json_response({"error": {"message": msg, "type": "server_error", "param": None, "code": None}},
-                             status=status)  # fmt: skip
+    return web.json_response(
+        {"error": {"message": msg, "type": "server_error", "param": None, "code": None}}, status=status
+    )
 
 
 class OpenAIApi:
@@ -129,8 +131,9 @@ class OpenAIApi:
         return web.json_response({"model_path": self.model_name, "tokenizer_path": None, "is_generation": True})
 
     async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "kvmesh"}]})  # fmt: skip
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "kvmesh"}]}
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
@@ -173,8 +176,14 @@ class OpenAIApi:
         if out.finished:
             m.observe_finished(out.usage, out.finish_reason)
 
-    async def _whole(self, rid: str, chat: bool, first: EngineOutput, stream: AsyncGenerator[EngineOutput, None],
-                     timer: m.StreamTimer) -> web.Response:  # fmt: skip
+    async def _whole(
+        self,
+        rid: str,
+        chat: bool,
+        first: EngineOutput,
+        stream: AsyncGenerator[EngineOutput, None],
+        timer: m.StreamTimer,
+    ) -> web.Response:
         text, last = [first.text], first
         self._observe(first, timer)
         while not last.finished:
@@ -187,14 +196,27 @@ class OpenAIApi:
             choice["message"] = {"role": "assistant", "content": "".join(text)}
         else:
             choice["text"] = "".join(text)
-        return web.json_response({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": [choice], "usage": usage_json(last.usage),
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": [choice],
+                "usage": usage_json(last.usage),
+            }
+        )
 
-    async def _sse(self, request: web.Request, rid: str, chat: bool, first: EngineOutput,
-                   stream: AsyncGenerator[EngineOutput, None], timer: m.StreamTimer,
-                   include_usage: bool) -> web.StreamResponse:  # fmt: skip
+    async def _sse(
+        self,
+        request: web.Request,
+        rid: str,
+        chat: bool,
+        first: EngineOutput,
+        stream: AsyncGenerator[EngineOutput, None],
+        timer: m.StreamTimer,
+        include_usage: bool,
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         created = int(time.time())
@@ -221,8 +243,16 @@ class OpenAIApi:
                 break
             out = await anext(stream)
         if include_usage:
-            await send({"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": [],
-                        "usage": usage_json(out.usage)})  # fmt: skip
+            await send(
+                {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": self.model_name,
+                    "choices": [],
+                    "usage": usage_json(out.usage),
+                }
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -95,9 +95,14 @@ class CacheManagerPusher:
         try:
             call = cm_grpc.CacheManagerServiceStub(channel).PublishKvEvents()
             self.sessions += 1
-            hello = cm.WorkerHello(worker_id=lg.worker_id, instance_id=lg.instance_id, address=app.address,
-                                   block_size=app.engine.block_size, model=app.engine.model_name,
-                                   zone=self.settings.zone)  # fmt: skip
+            hello = cm.WorkerHello(
+                worker_id=lg.worker_id,
+                instance_id=lg.instance_id,
+                address=app.address,
+                block_size=app.engine.block_size,
+                model=app.engine.model_name,
+                zone=self.settings.zone,
+            )
             sent = await self._sync(call, await self._send(call, cm.PublishKvEventsRequest(hello=hello)))
             ended: asyncio.Future[object] = asyncio.ensure_future(call.code())
             try:

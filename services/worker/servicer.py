@@ -161,8 +161,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.GetInfoResponse:
         eng = self.app.engine
         return worker_pb2.GetInfoResponse(
-            worker_id=self.app.worker_id, engine=self.app.engine_kind, model=eng.model_name,
-            block_size=eng.block_size, kv_blocks_total=eng.load_report().kv_blocks_total,
-            max_model_len=eng.max_model_len, instance_id=self.app.instance_id, zone=self.settings.zone,
-            version=self.settings.version, generate_stream=True,
-        )  # fmt: skip
+            worker_id=self.app.worker_id,
+            engine=self.app.engine_kind,
+            model=eng.model_name,
+            block_size=eng.block_size,
+            kv_blocks_total=eng.load_report().kv_blocks_total,
+            max_model_len=eng.max_model_len,
+            instance_id=self.app.instance_id,
+            zone=self.settings.zone,
+            version=self.settings.version,
+            generate_stream=True,
+        )

@@ -73,8 +73,18 @@ def encode_batch(b: KvEventBatch) -> bytes:
     for e in b.events:
         if isinstance(e, BlockStored):
             parent = None if e.parent_block_hash is None else e.parent_block_hash & MASK64
-            events.append(_BlockStored([h & MASK64 for h in e.block_hashes], parent, list(e.token_ids),
-                                       e.block_size, None, e.medium, e.lora_name, extra_keys_of(e)))  # fmt: skip
+            events.append(
+                _BlockStored(
+                    [h & MASK64 for h in e.block_hashes],
+                    parent,
+                    list(e.token_ids),
+                    e.block_size,
+                    None,
+                    e.medium,
+                    e.lora_name,
+                    extra_keys_of(e),
+                )
+            )
         elif isinstance(e, BlockRemoved):
             events.append(_BlockRemoved([h & MASK64 for h in e.block_hashes], e.medium))
         elif isinstance(e, AllBlocksCleared):

@@ -103,8 +103,11 @@ class CheckRunner:
             if now >= next_reap:
                 next_reap = now + self.reap_interval_s
                 for c in list(self.state.checks.values()):
-                    if (c.deregister_after_s > 0 and c.critical_since is not None
-                            and now - c.critical_since > c.deregister_after_s):
+                    if (
+                        c.deregister_after_s > 0
+                        and c.critical_since is not None
+                        and now - c.critical_since > c.deregister_after_s
+                    ):
                         changed |= self.state.remove_service(c.service_id)
             if changed:
                 await self.state.changed()

@@ -45,7 +45,10 @@ class StandinProcess:
 
 
 def start_standin(
-    port: int = 0, data_dir: Path | None = None, reap_interval_s: float = 30.0, timeout_s: float = 20.0,
+    port: int = 0,
+    data_dir: Path | None = None,
+    reap_interval_s: float = 30.0,
+    timeout_s: float = 20.0,
     hosts: tuple[str, ...] = ("127.0.0.1",),
 ) -> StandinProcess:
     args = ["--port", str(port), "--reap-interval", str(reap_interval_s)]
@@ -55,8 +58,12 @@ def start_standin(
         args += ["--data-dir", str(data_dir)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.consul_standin", *args], cwd=REPO, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [sys.executable, "-m", "tests.consul_standin", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s

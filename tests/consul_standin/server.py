@@ -59,8 +59,7 @@ class StandinConsul:
 
     # -- helpers -------------------------------------------------------------------------------
     def _headers(self, index: int) -> dict[str, str]:
-        return {"X-Consul-Index": str(max(1, index)), "X-Consul-KnownLeader": "true",
-                "X-Consul-LastContact": "0"}
+        return {"X-Consul-Index": str(max(1, index)), "X-Consul-KnownLeader": "true", "X-Consul-LastContact": "0"}
 
     async def _block(self, request: web.Request, index_of: Any) -> int | web.Response:
         q = request.query
@@ -94,33 +93,72 @@ class StandinConsul:
 
     def _node(self) -> dict[str, Any]:
         s = self.state
-        return {"ID": NODE_ID, "Node": s.node, "Address": s.address, "Datacenter": s.dc,
-                "TaggedAddresses": {"lan": s.address, "wan": s.address}, "Meta": {},
-                "CreateIndex": 5, "ModifyIndex": 5}
+        return {
+            "ID": NODE_ID,
+            "Node": s.node,
+            "Address": s.address,
+            "Datacenter": s.dc,
+            "TaggedAddresses": {"lan": s.address, "wan": s.address},
+            "Meta": {},
+            "CreateIndex": 5,
+            "ModifyIndex": 5,
+        }
 
     def _check_json(self, c: Check) -> dict[str, Any]:
         svc = self.state.services.get(c.service_id)
-        return {"Node": self.state.node, "CheckID": c.check_id, "Name": c.name, "Status": c.status,
-                "Notes": c.notes, "Output": c.output, "ServiceID": c.service_id,
-                "ServiceName": c.service_name, "ServiceTags": list(svc.tags) if svc else [],
-                "Type": c.type, "Definition": {}, "CreateIndex": c.create_index,
-                "ModifyIndex": c.modify_index}
+        return {
+            "Node": self.state.node,
+            "CheckID": c.check_id,
+            "Name": c.name,
+            "Status": c.status,
+            "Notes": c.notes,
+            "Output": c.output,
+            "ServiceID": c.service_id,
+            "ServiceName": c.service_name,
+            "ServiceTags": list(svc.tags) if svc else [],
+            "Type": c.type,
+            "Definition": {},
+            "CreateIndex": c.create_index,
+            "ModifyIndex": c.modify_index,
+        }
 
     def _serf(self) -> dict[str, Any]:
-        return {"Node": self.state.node, "CheckID": "serfHealth", "Name": "Serf Health Status",
-                "Status": "passing", "Notes": "", "Output": "Agent alive and reachable", "ServiceID": "",
-                "ServiceName": "", "ServiceTags": [], "Type": "", "Definition": {}, "CreateIndex": 5,
-                "ModifyIndex": 5}
+        return {
+            "Node": self.state.node,
+            "CheckID": "serfHealth",
+            "Name": "Serf Health Status",
+            "Status": "passing",
+            "Notes": "",
+            "Output": "Agent alive and reachable",
+            "ServiceID": "",
+            "ServiceName": "",
+            "ServiceTags": [],
+            "Type": "",
+            "Definition": {},
+            "CreateIndex": 5,
+            "ModifyIndex": 5,
+        }
 
     def _service_json(self, s: Service) -> dict[str, Any]:
-        return {"ID": s.id, "Service": s.name, "Tags": list(s.tags), "Address": s.address,
-                "Meta": dict(s.meta), "Port": s.port, "Weights": dict(s.weights),
-                "EnableTagOverride": False, "CreateIndex": s.create_index, "ModifyIndex": s.modify_index}
+        return {
+            "ID": s.id,
+            "Service": s.name,
+            "Tags": list(s.tags),
+            "Address": s.address,
+            "Meta": dict(s.meta),
+            "Port": s.port,
+            "Weights": dict(s.weights),
+            "EnableTagOverride": False,
+            "CreateIndex": s.create_index,
+            "ModifyIndex": s.modify_index,
+        }
 
     def _matching(self, name: str, request: web.Request) -> list[Service]:
         tags = request.query.getall("tag", [])
-        return sorted((s for s in self.state.services.values()
-                       if s.name == name and all(t in s.tags for t in tags)), key=lambda s: s.id)
+        return sorted(
+            (s for s in self.state.services.values() if s.name == name and all(t in s.tags for t in tags)),
+            key=lambda s: s.id,
+        )
 
     # -- agent ---------------------------------------------------------------------------------
     def _parse_check(self, raw: Any, svc: Service, n: int, total: int) -> Check:
@@ -132,8 +170,12 @@ class StandinConsul:
         if status not in ("passing", "warning", "critical"):
             raise ValueError(f"Invalid check: status {status!r}")
         common: dict[str, Any] = dict(
-            check_id=cid, name=str(c.get("name") or f"Service '{svc.name}' check"), service_id=svc.id,
-            service_name=svc.name, status=status, notes=str(c.get("notes") or ""),
+            check_id=cid,
+            name=str(c.get("name") or f"Service '{svc.name}' check"),
+            service_id=svc.id,
+            service_name=svc.name,
+            status=status,
+            notes=str(c.get("notes") or ""),
             deregister_after_s=parse_duration(c.get("deregistercriticalserviceafter") or 0),
         )
         if common["deregister_after_s"]:
@@ -149,8 +191,14 @@ class StandinConsul:
             if interval <= 0:
                 raise ValueError("Invalid check: Interval must be > 0 for GRPC and TCP checks")
             if c.get("grpc"):
-                return Check(type="grpc", interval_s=interval, timeout_s=timeout, grpc=str(c["grpc"]),
-                             grpc_use_tls=bool(c.get("grpcusetls", False)), **common)
+                return Check(
+                    type="grpc",
+                    interval_s=interval,
+                    timeout_s=timeout,
+                    grpc=str(c["grpc"]),
+                    grpc_use_tls=bool(c.get("grpcusetls", False)),
+                    **common,
+                )
             return Check(type="tcp", interval_s=interval, timeout_s=timeout, tcp=str(c["tcp"]), **common)
         raise ValueError("Invalid check: stand-in supports TTL, GRPC and TCP checks only")
 
@@ -162,10 +210,12 @@ class StandinConsul:
         if not body.get("name"):
             return _bad("Missing service name")
         svc = Service(
-            id=str(body.get("id") or body["name"]), name=str(body["name"]),
+            id=str(body.get("id") or body["name"]),
+            name=str(body["name"]),
             tags=[str(t) for t in body.get("tags") or []],
             meta={str(k): str(v) for k, v in (body.get("meta") or {}).items()},
-            address=str(body.get("address") or ""), port=int(body.get("port") or 0),
+            address=str(body.get("address") or ""),
+            port=int(body.get("port") or 0),
             weights={str(k): int(v) for k, v in (norm(body.get("weights")) or {}).items()}
             or {"Passing": 1, "Warning": 1},
         )
@@ -182,8 +232,10 @@ class StandinConsul:
     async def deregister(self, request: web.Request) -> web.Response:
         sid = request.match_info["id"]
         if not self.state.remove_service(sid):
-            return web.Response(status=404, text=f'Unknown service ID "{sid}". Ensure that the service '
-                                                 "ID is passed, not the service name.")
+            return web.Response(
+                status=404,
+                text=f'Unknown service ID "{sid}". Ensure that the service ID is passed, not the service name.',
+            )
         await self.state.changed()
         return web.Response(status=200)
 
@@ -205,16 +257,25 @@ class StandinConsul:
         return web.Response(status=200)
 
     async def agent_services(self, request: web.Request) -> web.Response:
-        return web.json_response({s.id: {**self._service_json(s), "Datacenter": self.state.dc}
-                                  for s in self.state.services.values()})
+        return web.json_response(
+            {s.id: {**self._service_json(s), "Datacenter": self.state.dc} for s in self.state.services.values()}
+        )
 
     async def agent_checks(self, request: web.Request) -> web.Response:
         return web.json_response({c.check_id: self._check_json(c) for c in self.state.checks.values()})
 
     async def agent_self(self, request: web.Request) -> web.Response:
-        return web.json_response({"Config": {"Datacenter": self.state.dc, "NodeName": self.state.node,
-                                              "NodeID": NODE_ID, "Version": "standin"},
-                                  "Member": {"Name": self.state.node, "Addr": self.state.address}})
+        return web.json_response(
+            {
+                "Config": {
+                    "Datacenter": self.state.dc,
+                    "NodeName": self.state.node,
+                    "NodeID": NODE_ID,
+                    "Version": "standin",
+                },
+                "Member": {"Name": self.state.node, "Addr": self.state.address},
+            }
+        )
 
     async def leader(self, request: web.Request) -> web.Response:
         return web.json_response(f"{self.state.address}:8300")
@@ -229,8 +290,11 @@ class StandinConsul:
         only_passing = passing_q is not None and passing_q.lower() not in ("false", "0")
         out = []
         for s in self._matching(name, request):
-            checks = [self._serf()] + [self._check_json(c) for c in sorted(
-                self.state.checks.values(), key=lambda c: c.check_id) if c.service_id == s.id]
+            checks = [self._serf()] + [
+                self._check_json(c)
+                for c in sorted(self.state.checks.values(), key=lambda c: c.check_id)
+                if c.service_id == s.id
+            ]
             if only_passing and any(c["Status"] != "passing" for c in checks):
                 continue
             out.append({"Node": self._node(), "Service": self._service_json(s), "Checks": checks})
@@ -252,26 +316,43 @@ class StandinConsul:
         if isinstance(idx, web.Response):
             return idx
         n = self._node()
-        out = [{"ID": NODE_ID, "Node": n["Node"], "Address": n["Address"], "Datacenter": n["Datacenter"],
-                "TaggedAddresses": n["TaggedAddresses"], "NodeMeta": {}, "ServiceID": s.id,
-                "ServiceName": s.name, "ServiceTags": list(s.tags), "ServiceAddress": s.address,
-                "ServicePort": s.port, "ServiceMeta": dict(s.meta), "ServiceWeights": dict(s.weights),
-                "ServiceEnableTagOverride": False, "CreateIndex": s.create_index,
-                "ModifyIndex": s.modify_index} for s in self._matching(name, request)]
+        out = [
+            {
+                "ID": NODE_ID,
+                "Node": n["Node"],
+                "Address": n["Address"],
+                "Datacenter": n["Datacenter"],
+                "TaggedAddresses": n["TaggedAddresses"],
+                "NodeMeta": {},
+                "ServiceID": s.id,
+                "ServiceName": s.name,
+                "ServiceTags": list(s.tags),
+                "ServiceAddress": s.address,
+                "ServicePort": s.port,
+                "ServiceMeta": dict(s.meta),
+                "ServiceWeights": dict(s.weights),
+                "ServiceEnableTagOverride": False,
+                "CreateIndex": s.create_index,
+                "ModifyIndex": s.modify_index,
+            }
+            for s in self._matching(name, request)
+        ]
         return self._json(out, idx)
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.add_routes([
-            web.put("/v1/agent/service/register", self.register),
-            web.put("/v1/agent/service/deregister/{id}", self.deregister),
-            web.put(r"/v1/agent/check/{verb:pass|warn|fail|update}/{id}", self.check_update),
-            web.get("/v1/agent/services", self.agent_services),
-            web.get("/v1/agent/checks", self.agent_checks),
-            web.get("/v1/agent/self", self.agent_self),
-            web.get("/v1/status/leader", self.leader),
-            web.get("/v1/health/service/{name}", self.health_service),
-            web.get("/v1/catalog/services", self.catalog_services),
-            web.get("/v1/catalog/service/{name}", self.catalog_service),
-        ])
+        app.add_routes(
+            [
+                web.put("/v1/agent/service/register", self.register),
+                web.put("/v1/agent/service/deregister/{id}", self.deregister),
+                web.put(r"/v1/agent/check/{verb:pass|warn|fail|update}/{id}", self.check_update),
+                web.get("/v1/agent/services", self.agent_services),
+                web.get("/v1/agent/checks", self.agent_checks),
+                web.get("/v1/agent/self", self.agent_self),
+                web.get("/v1/status/leader", self.leader),
+                web.get("/v1/health/service/{name}", self.health_service),
+                web.get("/v1/catalog/services", self.catalog_services),
+                web.get("/v1/catalog/service/{name}", self.catalog_service),
+            ]
+        )
         return app

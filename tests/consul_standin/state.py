@@ -91,7 +91,13 @@ class AgentState:
     def upsert_service(self, svc: Service, checks: list[Check]) -> None:
         old = self.services.get(svc.id)
         same = old is not None and (old.name, old.tags, old.meta, old.address, old.port, old.weights) == (
-            svc.name, svc.tags, svc.meta, svc.address, svc.port, svc.weights)
+            svc.name,
+            svc.tags,
+            svc.meta,
+            svc.address,
+            svc.port,
+            svc.weights,
+        )
         old_defs = {c.check_id: c.definition() for c in self.checks.values() if c.service_id == svc.id}
         new_defs = {c.check_id: c.definition() for c in checks}
         if same and old_defs == new_defs:

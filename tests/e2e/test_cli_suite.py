@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.integration]
 
 def _kvmesh(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KVMESH_HOME": str(home)}
-    return subprocess.run([sys.executable, "-m", "kvmesh.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvmesh.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _pids(home: Path) -> list[int]:
@@ -59,8 +60,13 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
 def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {**os.environ, "KVMESH_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "kvmesh.cli", "up", "--workers", "1"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvmesh.cli", "up", "--workers", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:  # bounded: the suite prints a fixed banner, then "press Ctrl-C"

@@ -25,8 +25,9 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.mark.fault
-async def test_kill9_restart_from_redis_gives_same_index(services: Callable[..., ServiceProcess],
-                                                         redis_server: RedisServer) -> None:
+async def test_kill9_restart_from_redis_gives_same_index(
+    services: Callable[..., ServiceProcess], redis_server: RedisServer
+) -> None:
     flags = ("--redis-url", redis_server.url, "--redis-prefix", "kvmesh:cm:test")
     cm = start_cm(services, *flags)
     hasher = IndexHasher("toy")

@@ -26,9 +26,28 @@ def test_zone_kill_loses_no_request(scenario: str) -> None:
         pytest.skip(reason)
     extra = ["--consul-stop-s", "8"] if scenario == "consul" else []
     out = subprocess.run(
-        [sys.executable, "-m", "kvmesh.bench", "failover", "--zones", "2", "--workers-per-zone", "1",
-         "--duration", "32", "--clients", "3", "--scenario", scenario, *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-m",
+            "kvmesh.bench",
+            "failover",
+            "--zones",
+            "2",
+            "--workers-per-zone",
+            "1",
+            "--duration",
+            "32",
+            "--clients",
+            "3",
+            "--scenario",
+            scenario,
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])

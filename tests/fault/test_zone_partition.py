@@ -82,30 +82,69 @@ async def test_zone_link_partition_detected_and_healed(
                 procs.append(netns.start_in_zone(z, name, tmp_path / "svc"))
             procs.append(netns.start_in_zone(z, "router", tmp_path / "svc"))
             fo = netns.start_in_zone(
-                z, "failover", tmp_path / "svc", "--consul-url", f"http://{z.host_ip}:{consul.port}",
-                "--advertise-host", z.ns_ip, "--zones", "a,b", "--health-interval-s", "0.2",
-                "--watch-wait-s", "2", "--registry-timeout-s", "1", "--up-observations", "2",
-                "--up-hold-s", "1", "--min-dwell-s", "2", "--ramp-s", str(RAMP_S),
-                "--lkg-file", str(tmp_path / f"lkg-{z.name}.json"))
+                z,
+                "failover",
+                tmp_path / "svc",
+                "--consul-url",
+                f"http://{z.host_ip}:{consul.port}",
+                "--advertise-host",
+                z.ns_ip,
+                "--zones",
+                "a,b",
+                "--health-interval-s",
+                "0.2",
+                "--watch-wait-s",
+                "2",
+                "--registry-timeout-s",
+                "1",
+                "--up-observations",
+                "2",
+                "--up-hold-s",
+                "1",
+                "--min-dwell-s",
+                "2",
+                "--ramp-s",
+                str(RAMP_S),
+                "--lkg-file",
+                str(tmp_path / f"lkg-{z.name}.json"),
+            )
             procs.append(fo)
             failovers[z.name] = fo
         async with grpc.aio.insecure_channel(failovers["b"].address) as ch:
             stub = failover_pb2_grpc.FailoverServiceStub(ch)
-            roles = {"router": common_pb2.SERVICE_ROLE_ROUTER, "worker": common_pb2.SERVICE_ROLE_WORKER,
-                     "cache-manager": common_pb2.SERVICE_ROLE_CACHE_MANAGER}
+            roles = {
+                "router": common_pb2.SERVICE_ROLE_ROUTER,
+                "worker": common_pb2.SERVICE_ROLE_WORKER,
+                "cache-manager": common_pb2.SERVICE_ROLE_CACHE_MANAGER,
+            }
             for sp in procs:
                 if sp.name in roles:
-                    await stub.Register(failover_pb2.RegisterRequest(
-                        endpoint=common_pb2.Endpoint(id=sp.info["id"], role=roles[sp.name], address=sp.address,
-                                                     zone=sp.info["zone"], version="v1"),
-                        check_interval_s=CHECK_INTERVAL_S), timeout=5)
+                    await stub.Register(
+                        failover_pb2.RegisterRequest(
+                            endpoint=common_pb2.Endpoint(
+                                id=sp.info["id"],
+                                role=roles[sp.name],
+                                address=sp.address,
+                                zone=sp.info["zone"],
+                                version="v1",
+                            ),
+                            check_interval_s=CHECK_INTERVAL_S,
+                        ),
+                        timeout=5,
+                    )
 
         watcher = EndpointWatcher([failovers["b"].address])
         await watcher.start()
         try:
-            both = await wait_set(watcher, lambda e: e.zone_healthy == {"a": True, "b": True}
-                                  and e.zone_weights == {"a": 0.5, "b": 0.5} and len(healthy_zone_ids(e, "a")) >= 4,
-                                  30)
+            both = await wait_set(
+                watcher,
+                lambda e: (
+                    e.zone_healthy == {"a": True, "b": True}
+                    and e.zone_weights == {"a": 0.5, "b": 0.5}
+                    and len(healthy_zone_ids(e, "a")) >= 4
+                ),
+                30,
+            )
             assert {i.role.value for i in both.instances if i.zone == "a"} >= {"router", "worker", "cache-manager"}
 
             t0 = time.monotonic()

@@ -14,7 +14,10 @@ pytestmark = pytest.mark.integration
 def test_grpc_hop_bench_prints_one_json_line_with_a_positive_hop() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "kvmesh.bench", "grpc-hop", "--calls", "60", "--payload-bytes", "4096"],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, out.stdout

@@ -23,8 +23,9 @@ MODEL = "toy"
 
 def ev_proto(e: KvEvent) -> common_pb2.KvEvent:
     if isinstance(e, BlockStored):
-        s = common_pb2.BlockStored(block_hashes=list(e.block_hashes), token_ids=list(e.token_ids),
-                                   block_size=e.block_size)
+        s = common_pb2.BlockStored(
+            block_hashes=list(e.block_hashes), token_ids=list(e.token_ids), block_size=e.block_size
+        )
         if e.parent_block_hash is not None:
             s.parent_block_hash = e.parent_block_hash
         return common_pb2.KvEvent(block_stored=s)
@@ -35,8 +36,13 @@ def ev_proto(e: KvEvent) -> common_pb2.KvEvent:
 
 
 def batch_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
-    return common_pb2.KvEventBatch(worker_id=b.worker_id, instance_id=b.instance_id, sequence=b.sequence,
-                                   timestamp=b.timestamp, events=[ev_proto(e) for e in b.events])
+    return common_pb2.KvEventBatch(
+        worker_id=b.worker_id,
+        instance_id=b.instance_id,
+        sequence=b.sequence,
+        timestamp=b.timestamp,
+        events=[ev_proto(e) for e in b.events],
+    )
 
 
 class Publisher:
@@ -59,23 +65,34 @@ class Publisher:
         return await asyncio.wait_for(self.call.read(), 20)
 
     async def hello(self) -> pb.PublishKvEventsResponse:
-        return await self.send(pb.PublishKvEventsRequest(hello=pb.WorkerHello(
-            worker_id=self.eng.worker, instance_id=self.eng.instance, block_size=BS, model=MODEL)))
+        return await self.send(
+            pb.PublishKvEventsRequest(
+                hello=pb.WorkerHello(
+                    worker_id=self.eng.worker, instance_id=self.eng.instance, block_size=BS, model=MODEL
+                )
+            )
+        )
 
     async def live(self, b: KvEventBatch) -> pb.PublishKvEventsResponse:
-        return await self.send(pb.PublishKvEventsRequest(kind=common_pb2.KV_STREAM_KIND_LIVE,
-                                                         batch=batch_proto(b)))
+        return await self.send(pb.PublishKvEventsRequest(kind=common_pb2.KV_STREAM_KIND_LIVE, batch=batch_proto(b)))
 
     async def dump(self) -> pb.PublishKvEventsResponse:
         """Full dump at the engine's current sequence: BEGIN, CHUNKs of 2 events, END."""
         evs = self.eng.dump()
         last = self.eng.seq - 1
-        mk = lambda kind, chunk: pb.PublishKvEventsRequest(kind=kind, batch=common_pb2.KvEventBatch(  # noqa: E731
-            worker_id=self.eng.worker, instance_id=self.eng.instance, sequence=last,
-            events=[ev_proto(e) for e in chunk]))
+
+        def mk(kind: int, chunk: list) -> pb.PublishKvEventsRequest:
+            batch = common_pb2.KvEventBatch(
+                worker_id=self.eng.worker,
+                instance_id=self.eng.instance,
+                sequence=last,
+                events=[ev_proto(e) for e in chunk],
+            )
+            return pb.PublishKvEventsRequest(kind=kind, batch=batch)
+
         await self.send(mk(common_pb2.KV_STREAM_KIND_DUMP_BEGIN, []))
         for i in range(0, len(evs), 2):
-            await self.send(mk(common_pb2.KV_STREAM_KIND_DUMP_CHUNK, evs[i:i + 2]))
+            await self.send(mk(common_pb2.KV_STREAM_KIND_DUMP_CHUNK, evs[i : i + 2]))
         return await self.send(mk(common_pb2.KV_STREAM_KIND_DUMP_END, []))
 
     async def close(self) -> None:
@@ -102,8 +119,18 @@ async def index_via_watch(stub: cache_manager_pb2_grpc.CacheManagerServiceStub) 
 
 
 def start_cm(services: Callable[..., ServiceProcess], *extra: str) -> ServiceProcess:
-    return services("cache-manager", "--block-size", str(BS), "--model", MODEL, "--warm-interval-s", "0",
-                    "--checkpoint-interval-s", "0", *extra)
+    return services(
+        "cache-manager",
+        "--block-size",
+        str(BS),
+        "--model",
+        MODEL,
+        "--warm-interval-s",
+        "0",
+        "--checkpoint-interval-s",
+        "0",
+        *extra,
+    )
 
 
 def workload(rng: random.Random, eng: ToyEngine, prefixes: list[list[int]], n: int) -> list[KvEventBatch]:
@@ -183,6 +210,11 @@ async def test_gap_resync_and_queries_over_grpc(services: Callable[..., ServiceP
     import urllib.request
 
     body = urllib.request.urlopen(f"http://127.0.0.1:{cm.http_port}/metrics", timeout=10).read().decode()
-    for name in ("kvmesh_cache_hit_ratio", "kvmesh_cache_miss_ratio", "kvmesh_cache_sequence_gaps_total 1.0",
-                 "kvmesh_cache_query_latency_seconds_bucket", "kvmesh_cache_index_pairs"):
+    for name in (
+        "kvmesh_cache_hit_ratio",
+        "kvmesh_cache_miss_ratio",
+        "kvmesh_cache_sequence_gaps_total 1.0",
+        "kvmesh_cache_query_latency_seconds_bucket",
+        "kvmesh_cache_index_pairs",
+    ):
         assert name in body, name

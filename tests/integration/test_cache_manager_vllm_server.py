@@ -37,22 +37,60 @@ def free_port() -> int:
 
 @pytest.fixture
 def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
-    model = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")], check=True,
-                           capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]
+    model = (
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     scratch = Path(tempfile.mkdtemp(prefix="kvz", dir="/tmp"))
     pub, replay = f"ipc://{scratch}/pub", f"ipc://{scratch}/replay"
     port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "TMPDIR": str(scratch), "VLLM_CACHE_ROOT": str(scratch / "cache")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TMPDIR": str(scratch),
+        "VLLM_CACHE_ROOT": str(scratch / "cache"),
+    }
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
     log = scratch / "vllm.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--block-size", str(BS),
-             "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--enable-prompt-tokens-details",
-             "--kv-events-config", json.dumps(cfg)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--block-size",
+                str(BS),
+                "--max-model-len",
+                "512",
+                "--dtype",
+                "bfloat16",
+                "--enforce-eager",
+                "--enable-prompt-tokens-details",
+                "--kv-events-config",
+                json.dumps(cfg),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 400
         import urllib.request
@@ -77,8 +115,9 @@ def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
             proc.wait(timeout=10)
 
 
-async def wait_blocks(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, watch: grpc.aio.StreamStreamCall,
-                      prompt: list[int], n: int) -> None:
+async def wait_blocks(
+    stub: cache_manager_pb2_grpc.CacheManagerServiceStub, watch: grpc.aio.StreamStreamCall, prompt: list[int], n: int
+) -> None:
     """Follow the index watch until the cache-manager sees `n` leading blocks of `prompt` on vllm0."""
     for _ in range(10_000):
         got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt)))
@@ -90,15 +129,35 @@ async def wait_blocks(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, watc
 
 
 @pytest.mark.asyncio
-async def test_index_equals_vllm_prefix_cache(vllm_server: tuple[int, str, str, Path],
-                                              services: Callable[..., ServiceProcess]) -> None:
+async def test_index_equals_vllm_prefix_cache(
+    vllm_server: tuple[int, str, str, Path], services: Callable[..., ServiceProcess]
+) -> None:
     port, pub, replay, _log = vllm_server
-    cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny", "--warm-interval-s", "0",
-                  "--checkpoint-interval-s", "0", "--vllm-zmq", f"vllm0={pub};{replay}")
+    cm = services(
+        "cache-manager",
+        "--block-size",
+        str(BS),
+        "--model",
+        "tiny",
+        "--warm-interval-s",
+        "0",
+        "--checkpoint-interval-s",
+        "0",
+        "--vllm-zmq",
+        f"vllm0={pub};{replay}",
+    )
     rng = random.Random(0)
     base = [rng.randrange(3, 1000) for _ in range(200)]
-    prompts = [base[:100], base[:150], base[:64] + [5] * 40, base[:100], base[:33] + [7] * 70, base[:180],
-               [rng.randrange(3, 1000) for _ in range(90)], base[:150]]
+    prompts = [
+        base[:100],
+        base[:150],
+        base[:64] + [5] * 40,
+        base[:100],
+        base[:33] + [7] * 70,
+        base[:180],
+        [rng.randrange(3, 1000) for _ in range(90)],
+        base[:150],
+    ]
     async with grpc.aio.insecure_channel(cm.address) as ch, aiohttp.ClientSession() as http:
         stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
         watch = stub.WatchIndex(pb.WatchIndexRequest())
@@ -108,8 +167,10 @@ async def test_index_equals_vllm_prefix_cache(vllm_server: tuple[int, str, str, 
             got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt)))
             k = {m.worker_id: m.matched_blocks for m in got.matches}.get("vllm0", 0)
             predicted = min(k * BS, (len(prompt) - 1) // BS * BS)
-            async with http.post(f"http://127.0.0.1:{port}/v1/completions", json={
-                    "model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0}) as resp:
+            async with http.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
+            ) as resp:
                 body = await resp.json()
             assert resp.status == 200, body
             cached = (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
@@ -120,30 +181,49 @@ async def test_index_equals_vllm_prefix_cache(vllm_server: tuple[int, str, str, 
         watch.cancel()
 
 
-async def tenant_matches(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, prompt: list[int],
-                         tenant: str) -> int:
-    got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt), model="tiny",
-                                                       tenant=tenant))  # fmt: skip
+async def tenant_matches(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, prompt: list[int], tenant: str) -> int:
+    got = await stub.FindMatches(
+        pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt), model="tiny", tenant=tenant)
+    )
     return {m.worker_id: m.matched_blocks for m in got.matches}.get("vllm0", 0)
 
 
 @pytest.mark.asyncio
-async def test_cache_salt_isolates_tenants_in_the_index(vllm_server: tuple[int, str, str, Path],
-                                                        services: Callable[..., ServiceProcess]) -> None:
+async def test_cache_salt_isolates_tenants_in_the_index(
+    vllm_server: tuple[int, str, str, Path], services: Callable[..., ServiceProcess]
+) -> None:
     """Requests with `cache_salt` (vLLM's per-tenant salt, published in the first block's `extra_keys`):
     the index shows each tenant only its own blocks, and nothing to a query without a tenant."""
     port, pub, replay, _log = vllm_server
-    cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny", "--warm-interval-s", "0",
-                  "--checkpoint-interval-s", "0", "--vllm-zmq", f"vllm0={pub};{replay}")
+    cm = services(
+        "cache-manager",
+        "--block-size",
+        str(BS),
+        "--model",
+        "tiny",
+        "--warm-interval-s",
+        "0",
+        "--checkpoint-interval-s",
+        "0",
+        "--vllm-zmq",
+        f"vllm0={pub};{replay}",
+    )
     prompt = [(13 * i + 5) % 900 + 3 for i in range(3 * BS + 7)]  # 3 full blocks
     async with grpc.aio.insecure_channel(cm.address) as ch, aiohttp.ClientSession() as http:
         stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
         watch = stub.WatchIndex(pb.WatchIndexRequest())
         await asyncio.wait_for(watch.read(), 30)
         for tenant, n in (("tenant-a", 3), ("tenant-b", 2)):
-            async with http.post(f"http://127.0.0.1:{port}/v1/completions", json={
-                    "model": "tiny", "prompt": prompt[:n * BS + 1], "max_tokens": 1, "temperature": 0,
-                    "cache_salt": tenant}) as resp:  # fmt: skip
+            async with http.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": prompt[: n * BS + 1],
+                    "max_tokens": 1,
+                    "temperature": 0,
+                    "cache_salt": tenant,
+                },
+            ) as resp:
                 assert resp.status == 200, await resp.text()
             for _ in range(10_000):  # follow the index watch (bounded) until this tenant's blocks arrive
                 if await tenant_matches(stub, prompt, tenant) >= n:

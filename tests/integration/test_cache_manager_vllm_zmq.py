@@ -28,14 +28,22 @@ def to_vllm(b: KvEventBatch) -> object:
     evs: list[object] = []
     for e in b.events:
         if isinstance(e, BlockStored):
-            evs.append(kv.BlockStored(
-                block_hashes=[h.to_bytes(32, "big") for h in e.block_hashes],
-                parent_block_hash=None if e.parent_block_hash is None else e.parent_block_hash.to_bytes(32, "big"),
-                token_ids=list(e.token_ids), block_size=e.block_size, lora_id=None, medium="GPU",
-                lora_name=None, group_idx=0))
+            evs.append(
+                kv.BlockStored(
+                    block_hashes=[h.to_bytes(32, "big") for h in e.block_hashes],
+                    parent_block_hash=None if e.parent_block_hash is None else e.parent_block_hash.to_bytes(32, "big"),
+                    token_ids=list(e.token_ids),
+                    block_size=e.block_size,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                    group_idx=0,
+                )
+            )
         elif isinstance(e, BlockRemoved):
-            evs.append(kv.BlockRemoved(block_hashes=[h.to_bytes(32, "big") for h in e.block_hashes],
-                                       medium="GPU", group_idx=0))
+            evs.append(
+                kv.BlockRemoved(block_hashes=[h.to_bytes(32, "big") for h in e.block_hashes], medium="GPU", group_idx=0)
+            )
         else:
             evs.append(kv.AllBlocksCleared())
     return kv.KVEventBatch(ts=b.timestamp, events=evs)
@@ -59,14 +67,16 @@ def held(idx: PrefixIndex, w: str) -> set[int]:
     return set(idx.blocks_of(w).tolist())
 
 
-async def scenario(tmp_path: Path, buffer_steps: int, lost: int) -> tuple[Ingestor, PrefixIndex, ToyEngine,
-                                                                          VllmZmqSubscriber]:
+async def scenario(
+    tmp_path: Path, buffer_steps: int, lost: int
+) -> tuple[Ingestor, PrefixIndex, ToyEngine, VllmZmqSubscriber]:
     hasher = IndexHasher("toy")
     idx = PrefixIndex()
     ing = Ingestor(idx, hasher, BS)
     eng = ToyEngine("vllm-0", hasher, seed=7)
-    pub = kv.ZmqEventPublisher(0, endpoint=f"ipc://{tmp_path}/pub", replay_endpoint=f"ipc://{tmp_path}/replay",
-                               buffer_steps=buffer_steps)
+    pub = kv.ZmqEventPublisher(
+        0, endpoint=f"ipc://{tmp_path}/pub", replay_endpoint=f"ipc://{tmp_path}/replay", buffer_steps=buffer_steps
+    )
     rng = random.Random(1)
     prefixes = [[rng.randrange(1000) for _ in range(12)] for _ in range(3)]
 
@@ -76,8 +86,9 @@ async def scenario(tmp_path: Path, buffer_steps: int, lost: int) -> tuple[Ingest
     async def reset(worker: str) -> None:  # stand-in for POST /reset_prefix_cache: the engine clears
         pub.publish(to_vllm(eng.clear()))
 
-    sub = VllmZmqSubscriber("vllm-0", f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", ing,
-                            on_unrecoverable=reset, replay_timeout_s=5.0)
+    sub = VllmZmqSubscriber(
+        "vllm-0", f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", ing, on_unrecoverable=reset, replay_timeout_s=5.0
+    )
     for _ in range(lost):  # published before anyone subscribed: lost on the SUB socket
         publish_prompt()
     # wait until vLLM's publisher thread has actually sent them (its queue is joined after each send)
@@ -98,8 +109,14 @@ async def scenario(tmp_path: Path, buffer_steps: int, lost: int) -> tuple[Ingest
                 pub.publish(to_vllm(eng.evict(3, rng)))
             else:
                 publish_prompt()
-        await wait_until(lambda: "vllm-0" in ing.workers and ing.workers["vllm-0"].next_sequence == eng.seq
-                         and ing.workers["vllm-0"].phase is Phase.SYNCED, sub)
+        await wait_until(
+            lambda: (
+                "vllm-0" in ing.workers
+                and ing.workers["vllm-0"].next_sequence == eng.seq
+                and ing.workers["vllm-0"].phase is Phase.SYNCED
+            ),
+            sub,
+        )
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -53,10 +53,39 @@ def metric(port: int, name: str, label: str = "") -> float:
 async def test_static_dynamic_and_manual_warming(services: Callable[..., ServiceProcess], tmp_path: Path) -> None:
     tpl = tmp_path / "templates.json"
     tpl.write_text(json.dumps({"templates": [{"name": "sys", "token_ids": TEMPLATE, "replicas": 0}]}))
-    cmp = services("cache-manager", "--block-size", str(BS), "--model", MODEL, "--checkpoint-interval-s", "0",
-                   "--warm-interval-s", "0.2", "--warm-threshold", "5", "--warm-templates", str(tpl))  # fmt: skip
-    workers = [services("worker", "--engine", "sim", "--model", MODEL, "--block-size", str(BS), "--kv-blocks",
-                        "512", "--sim-speed", "0", "--cache-manager", cmp.address) for _ in range(3)]  # fmt: skip
+    cmp = services(
+        "cache-manager",
+        "--block-size",
+        str(BS),
+        "--model",
+        MODEL,
+        "--checkpoint-interval-s",
+        "0",
+        "--warm-interval-s",
+        "0.2",
+        "--warm-threshold",
+        "5",
+        "--warm-templates",
+        str(tpl),
+    )
+    workers = [
+        services(
+            "worker",
+            "--engine",
+            "sim",
+            "--model",
+            MODEL,
+            "--block-size",
+            str(BS),
+            "--kv-blocks",
+            "512",
+            "--sim-speed",
+            "0",
+            "--cache-manager",
+            cmp.address,
+        )
+        for _ in range(3)
+    ]
     async with grpc.aio.insecure_channel(cmp.address) as cch:
         cs = cm_grpc.CacheManagerServiceStub(cch)
 
@@ -67,20 +96,27 @@ async def test_static_dynamic_and_manual_warming(services: Callable[..., Service
             return (await stats()).pairs == n
 
         async def find(ids: list[int]) -> dict[str, int]:
-            r = await cs.FindMatches(cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids), model=MODEL),
-                                     timeout=5)  # fmt: skip
+            r = await cs.FindMatches(
+                cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids), model=MODEL), timeout=5
+            )
             return {m.worker_id: m.matched_blocks for m in r.matches}
 
         wids = []
         for w in workers:
             async with grpc.aio.insecure_channel(w.address) as wch:
-                wids.append((await worker_pb2_grpc.WorkerServiceStub(wch).GetInfo(worker_pb2.GetInfoRequest(),
-                                                                                  timeout=5)).worker_id)
+                wids.append(
+                    (
+                        await worker_pb2_grpc.WorkerServiceStub(wch).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+                    ).worker_id
+                )
 
         async def generate(i: int, ids: list[int]) -> None:
             async with grpc.aio.insecure_channel(workers[i].address) as wch:
-                req = worker_pb2.GenerateRequest(request_id=f"r-{ids[0]}", token_ids=common_pb2.TokenIds(ids=ids),
-                                                 sampling=common_pb2.SamplingParams(max_tokens=1))  # fmt: skip
+                req = worker_pb2.GenerateRequest(
+                    request_id=f"r-{ids[0]}",
+                    token_ids=common_pb2.TokenIds(ids=ids),
+                    sampling=common_pb2.SamplingParams(max_tokens=1),
+                )
                 [m async for m in worker_pb2_grpc.WorkerServiceStub(wch).Generate(req, timeout=10)]
 
         # static: the template file's prefix is preloaded onto all 3 workers as they register
@@ -99,13 +135,20 @@ async def test_static_dynamic_and_manual_warming(services: Callable[..., Service
         assert (await stats()).warming_actions_total == 4
 
         # SetWarmingPolicy: validation, then threshold 3 and at most 2 replicas
-        for bad in (cm.WarmingPolicy(lfu_weight=1.5), cm.WarmingPolicy(lfu_weight=-0.1),
-                    cm.WarmingPolicy(window_s=-1.0)):  # fmt: skip
+        for bad in (
+            cm.WarmingPolicy(lfu_weight=1.5),
+            cm.WarmingPolicy(lfu_weight=-0.1),
+            cm.WarmingPolicy(window_s=-1.0),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await cs.SetWarmingPolicy(cm.SetWarmingPolicyRequest(policy=bad), timeout=5)
             assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        pol = (await cs.SetWarmingPolicy(cm.SetWarmingPolicyRequest(policy=cm.WarmingPolicy(
-            hot_threshold=3, max_replicas=2, lfu_weight=0.75)), timeout=5)).policy  # fmt: skip
+        pol = (
+            await cs.SetWarmingPolicy(
+                cm.SetWarmingPolicyRequest(policy=cm.WarmingPolicy(hot_threshold=3, max_replicas=2, lfu_weight=0.75)),
+                timeout=5,
+            )
+        ).policy
         assert (pol.hot_threshold, pol.max_replicas, pol.window_s, pol.lfu_weight) == (3, 2, 60.0, 0.75)
         await generate(1, P2)
         await wait_for("P2 indexed on worker 1", lambda: pairs_are(17 + 4))
@@ -120,8 +163,7 @@ async def test_static_dynamic_and_manual_warming(services: Callable[..., Service
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await cs.WarmPrefixes(cm.WarmPrefixesRequest(), timeout=5)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        r = await cs.WarmPrefixes(cm.WarmPrefixesRequest(prompts=[common_pb2.TokenIds(ids=P3)], replicas=2),
-                                  timeout=30)  # fmt: skip
+        r = await cs.WarmPrefixes(cm.WarmPrefixesRequest(prompts=[common_pb2.TokenIds(ids=P3)], replicas=2), timeout=30)
         assert r.requests_issued == 2
         await wait_for("P3 on two workers", lambda: pairs_are(25 + 4))
         got = await find(P3)
@@ -131,6 +173,7 @@ async def test_static_dynamic_and_manual_warming(services: Callable[..., Service
     assert metric(cmp.http_port, "kvmesh_cache_warming_actions_total", 'reason="static"') == 3
     assert metric(cmp.http_port, "kvmesh_cache_warming_actions_total", 'reason="dynamic"') == 2
     assert metric(cmp.http_port, "kvmesh_cache_warming_actions_total", 'reason="manual"') == 2
-    prefill_only = sum(metric(w.http_port, "kvmesh_worker_requests_total", 'finish_reason="prefill_only"')
-                       for w in workers)  # fmt: skip
+    prefill_only = sum(
+        metric(w.http_port, "kvmesh_worker_requests_total", 'finish_reason="prefill_only"') for w in workers
+    )
     assert prefill_only == 7

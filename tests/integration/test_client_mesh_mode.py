@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 def _request(i: int) -> router_pb2.RouterServiceGenerateRequest:
     return router_pb2.RouterServiceGenerateRequest(
         token_ids=common_pb2.TokenIds(ids=[3 + (i + k) % 900 for k in range(40)]),
-        sampling=common_pb2.SamplingParams(max_tokens=3, ignore_eos=True))
+        sampling=common_pb2.SamplingParams(max_tokens=3, ignore_eos=True),
+    )
 
 
 def test_mesh_channel_balances_and_survives_a_dead_router(services: Callable[..., ServiceProcess]) -> None:

@@ -30,16 +30,21 @@ def standin() -> Iterator[StandinProcess]:
 def gen(n_prompt: int, max_tokens: int) -> router_pb2.RouterServiceGenerateRequest:
     return router_pb2.RouterServiceGenerateRequest(
         token_ids=common_pb2.TokenIds(ids=list(range(7, 7 + n_prompt))),
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0))
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0),
+    )
 
 
 async def register(
     fo: ServiceProcess, iid: str, role: common_pb2.ServiceRole.ValueType, sp: ServiceProcess, zone: str
 ) -> None:
     async with grpc.aio.insecure_channel(fo.address) as ch:
-        await failover_pb2_grpc.FailoverServiceStub(ch).Register(failover_pb2.RegisterRequest(
-            endpoint=common_pb2.Endpoint(id=iid, role=role, address=sp.address, zone=zone, version="v1"),
-            check_interval_s=0.3), timeout=5)
+        await failover_pb2_grpc.FailoverServiceStub(ch).Register(
+            failover_pb2.RegisterRequest(
+                endpoint=common_pb2.Endpoint(id=iid, role=role, address=sp.address, zone=zone, version="v1"),
+                check_interval_s=0.3,
+            ),
+            timeout=5,
+        )
 
 
 async def wait_routers(client: AsyncClient, ids: set[str], timeout_s: float = 15.0) -> None:
@@ -54,13 +59,28 @@ async def wait_routers(client: AsyncClient, ids: set[str], timeout_s: float = 15
 async def test_client_weighted_pick_retry_and_resume(
     services: Callable[..., ServiceProcess], standin: StandinProcess, tmp_path: Path
 ) -> None:
-    workers = {z: services("worker", "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "4096",
-                           "--zone", z) for z in ("a", "b")}
-    routers = {z: services("router", "--workers", workers[z].address, "--block-size", str(BS), "--zone", z)
-               for z in ("a", "b")}
-    fo = services("failover", "--consul-url", f"http://127.0.0.1:{standin.port}", "--zones", "a,b",
-                  "--require-cache-manager", "false", "--health-interval-s", "0.2", "--watch-wait-s", "2",
-                  "--lkg-file", str(tmp_path / "lkg.json"))
+    workers = {
+        z: services("worker", "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "4096", "--zone", z)
+        for z in ("a", "b")
+    }
+    routers = {
+        z: services("router", "--workers", workers[z].address, "--block-size", str(BS), "--zone", z) for z in ("a", "b")
+    }
+    fo = services(
+        "failover",
+        "--consul-url",
+        f"http://127.0.0.1:{standin.port}",
+        "--zones",
+        "a,b",
+        "--require-cache-manager",
+        "false",
+        "--health-interval-s",
+        "0.2",
+        "--watch-wait-s",
+        "2",
+        "--lkg-file",
+        str(tmp_path / "lkg.json"),
+    )
     for z in ("a", "b"):
         await register(fo, f"router-{z}", common_pb2.SERVICE_ROLE_ROUTER, routers[z], z)
         await register(fo, f"worker-{z}", common_pb2.SERVICE_ROLE_WORKER, workers[z], z)

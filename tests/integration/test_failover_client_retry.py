@@ -53,8 +53,11 @@ class StandinRouter(router_pb2_grpc.RouterServiceServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: broke mid-stream")
             last = k == n - 1
             yield router_pb2.RouterServiceGenerateResponse(
-                token_ids=[token(prompt, k)], worker_id=self.name, request_id=request.request_id,
-                finish_reason=common_pb2.FINISH_REASON_LENGTH if last else common_pb2.FINISH_REASON_UNSPECIFIED)
+                token_ids=[token(prompt, k)],
+                worker_id=self.name,
+                request_id=request.request_id,
+                finish_reason=common_pb2.FINISH_REASON_LENGTH if last else common_pb2.FINISH_REASON_UNSPECIFIED,
+            )
 
 
 @pytest.fixture
@@ -75,7 +78,8 @@ async def routers() -> AsyncIterator[list[tuple[StandinRouter, str]]]:
 
 def req(n: int) -> router_pb2.RouterServiceGenerateRequest:
     return router_pb2.RouterServiceGenerateRequest(
-        token_ids=common_pb2.TokenIds(ids=[1, 2, 3]), sampling=common_pb2.SamplingParams(max_tokens=n))
+        token_ids=common_pb2.TokenIds(ids=[1, 2, 3]), sampling=common_pb2.SamplingParams(max_tokens=n)
+    )
 
 
 EXPECTED = [token([1, 2, 3], k) for k in range(20)]

@@ -173,8 +173,7 @@ async def test_close_deregisters_on_shutdown(standin: StandinProcess) -> None:
 
 async def test_passing_filter_and_tags_with_py_consul(registry: ConsulRegistry, standin: StandinProcess) -> None:
     await registry.register(inst("r-ok", Role.ROUTER, 1), CheckSpec(mode="ttl", ttl_s=30))
-    await registry.register(inst("r-bad", Role.ROUTER, 2), CheckSpec(mode="ttl", ttl_s=30),
-                            probe=None)
+    await registry.register(inst("r-bad", Role.ROUTER, 2), CheckSpec(mode="ttl", ttl_s=30), probe=None)
     await registry._report("r-bad", Health.CRITICAL)
     c = consul.aio.Consul(port=standin.port)
     try:

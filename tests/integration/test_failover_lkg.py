@@ -44,11 +44,13 @@ async def test_consul_hung_or_dead_keeps_serving_and_restart_starts_from_lkg(tmp
     watchers: list[DiscoveryWatcher] = []
     try:
         for iid in sorted(ids):
-            await reg.register(ServiceInstance(iid, roles[iid], "a", "v1", "127.0.0.1", 7000),
-                               CheckSpec(mode="ttl", ttl_s=1.5))
+            await reg.register(
+                ServiceInstance(iid, roles[iid], "a", "v1", "127.0.0.1", 7000), CheckSpec(mode="ttl", ttl_s=1.5)
+            )
         lkg_path = tmp_path / "lkg.json"
-        w1 = DiscoveryWatcher(ConsulRegistry(port=sp.port, request_timeout_s=1.0), LastKnownGood(lkg_path),
-                              wait_s=1.0, retry_max_s=0.3)
+        w1 = DiscoveryWatcher(
+            ConsulRegistry(port=sp.port, request_timeout_s=1.0), LastKnownGood(lkg_path), wait_s=1.0, retry_max_s=0.3
+        )
         watchers.append(w1)
         await w1.start()
         await wait_until(w1, lambda: w1.reachable is True and all_passing(w1, ids))
@@ -61,8 +63,9 @@ async def test_consul_hung_or_dead_keeps_serving_and_restart_starts_from_lkg(tmp
         assert decision.router_weights == {"r-a-1": 1.0}
 
         # a failover service (re)started while Consul is down serves the persisted endpoints at once
-        w2 = DiscoveryWatcher(ConsulRegistry(port=sp.port, request_timeout_s=1.0), LastKnownGood(lkg_path),
-                              wait_s=1.0, retry_max_s=0.3)
+        w2 = DiscoveryWatcher(
+            ConsulRegistry(port=sp.port, request_timeout_s=1.0), LastKnownGood(lkg_path), wait_s=1.0, retry_max_s=0.3
+        )
         watchers.append(w2)
         await w2.start()
         assert w2.snapshot == served and w2.source == "last-known-good"
@@ -71,8 +74,7 @@ async def test_consul_hung_or_dead_keeps_serving_and_restart_starts_from_lkg(tmp
 
         sp.kill()  # dead, then back on the same port with its data dir
         sp = start_standin(port=sp.port, data_dir=tmp_path / "consul")
-        await wait_until(w2, lambda: w2.reachable is True and w2.source == "registry" and all_passing(w2, ids),
-                         15.0)
+        await wait_until(w2, lambda: w2.reachable is True and w2.source == "registry" and all_passing(w2, ids), 15.0)
         await wait_until(w1, lambda: w1.reachable is True and all_passing(w1, ids), 15.0)
     finally:
         for w in watchers:

@@ -68,17 +68,38 @@ async def fleet(standin: StandinProcess) -> AsyncIterator[Fleet]:
         for name, role in ROLES:
             iid = f"{zone}-{name}"
             port = await f.add(iid)
-            await reg.register(ServiceInstance(iid, role, zone, "v1", "127.0.0.1", port),
-                               CheckSpec(interval_s=CHECK_INTERVAL_S, timeout_s=0.5))
+            await reg.register(
+                ServiceInstance(iid, role, zone, "v1", "127.0.0.1", port),
+                CheckSpec(interval_s=CHECK_INTERVAL_S, timeout_s=0.5),
+            )
     yield f
     await reg.close(deregister=False)
     await f.close()
 
 
 def failover_args(standin: StandinProcess, lkg: Path) -> list[str]:
-    return ["--consul-url", f"http://127.0.0.1:{standin.port}", "--zones", "a,b", "--zone", "a",
-            "--lkg-file", str(lkg), "--health-interval-s", "0.2", "--watch-wait-s", "2",
-            "--registry-timeout-s", "1", "--min-dwell-s", "0", "--up-hold-s", "0", "--ramp-s", "0"]
+    return [
+        "--consul-url",
+        f"http://127.0.0.1:{standin.port}",
+        "--zones",
+        "a,b",
+        "--zone",
+        "a",
+        "--lkg-file",
+        str(lkg),
+        "--health-interval-s",
+        "0.2",
+        "--watch-wait-s",
+        "2",
+        "--registry-timeout-s",
+        "1",
+        "--min-dwell-s",
+        "0",
+        "--up-hold-s",
+        "0",
+        "--ramp-s",
+        "0",
+    ]
 
 
 def zone(resp: failover_pb2.WatchEndpointsResponse, name: str) -> failover_pb2.ZoneEndpoints:
@@ -141,12 +162,16 @@ async def test_critical_worker_and_zone_failover_and_weights(
         # traffic weights: validation, version shares, rollback
         for bad in ({"a": -1.0, "b": 2.0}, {"a": 0.0, "b": 0.0}):
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await stub.SetTrafficWeights(failover_pb2.SetTrafficWeightsRequest(
-                    weights=failover_pb2.TrafficWeights(zone_weights=bad)))
+                await stub.SetTrafficWeights(
+                    failover_pb2.SetTrafficWeightsRequest(weights=failover_pb2.TrafficWeights(zone_weights=bad))
+                )
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         before = await stub.GetTrafficWeights(failover_pb2.GetTrafficWeightsRequest())
-        got = await stub.SetTrafficWeights(failover_pb2.SetTrafficWeightsRequest(
-            weights=failover_pb2.TrafficWeights(zone_weights={"a": 3, "b": 1}, version_weights={"v1": 95, "v2": 5})))
+        got = await stub.SetTrafficWeights(
+            failover_pb2.SetTrafficWeightsRequest(
+                weights=failover_pb2.TrafficWeights(zone_weights={"a": 3, "b": 1}, version_weights={"v1": 95, "v2": 5})
+            )
+        )
         assert dict(got.weights.zone_weights) == pytest.approx({"a": 0.75, "b": 0.25})
         assert dict(got.weights.version_weights) == pytest.approx({"v1": 0.95, "v2": 0.05})
         r = await next_matching(stream, lambda r: abs(zone(r, "a").weight - 0.75) < 1e-6)
@@ -191,8 +216,10 @@ async def test_version_weight_change_moves_that_share_of_client_traffic(
 
     port = await fleet.add("a-router-v2")
     reg = ConsulRegistry(port=standin.port)
-    await reg.register(ServiceInstance("a-router-v2", Role.ROUTER, "a", "v2", "127.0.0.1", port),
-                       CheckSpec(interval_s=CHECK_INTERVAL_S, timeout_s=0.5))
+    await reg.register(
+        ServiceInstance("a-router-v2", Role.ROUTER, "a", "v2", "127.0.0.1", port),
+        CheckSpec(interval_s=CHECK_INTERVAL_S, timeout_s=0.5),
+    )
     await reg.close(deregister=False)
     sp = services("failover", *failover_args(standin, tmp_path / "lkg.json"))
     watcher = EndpointWatcher([sp.address])
@@ -220,8 +247,11 @@ async def test_version_weight_change_moves_that_share_of_client_traffic(
         async with grpc.aio.insecure_channel(sp.address) as ch:
             stub = failover_pb2_grpc.FailoverServiceStub(ch)
             for pct in (5, 10, 50):
-                await stub.SetTrafficWeights(failover_pb2.SetTrafficWeightsRequest(
-                    weights=failover_pb2.TrafficWeights(version_weights={"v1": 100 - pct, "v2": pct})))
+                await stub.SetTrafficWeights(
+                    failover_pb2.SetTrafficWeightsRequest(
+                        weights=failover_pb2.TrafficWeights(version_weights={"v1": 100 - pct, "v2": pct})
+                    )
+                )
                 w = await until(v2_share_is(pct / 100))
                 assert abs(share_v2() - pct / 100) <= 0.002
                 assert sum(w.values()) == pytest.approx(1.0)

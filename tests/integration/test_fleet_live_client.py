@@ -46,16 +46,22 @@ class FakeRouter(router_pb2_grpc.RouterServiceServicer):
                 await asyncio.sleep(GAP_S)
             last = k == n - 1
             yield router_pb2.RouterServiceGenerateResponse(
-                token_ids=[7], worker_id=f"w{i % 2}",
+                token_ids=[7],
+                worker_id=f"w{i % 2}",
                 finish_reason=common_pb2.FINISH_REASON_LENGTH if last else common_pb2.FINISH_REASON_UNSPECIFIED,
-                usage=common_pb2.Usage(prompt_tokens=len(request.token_ids.ids), cached_tokens=CACHED,
-                                       completion_tokens=n) if last else None,
-            )  # fmt: skip
+                usage=common_pb2.Usage(
+                    prompt_tokens=len(request.token_ids.ids), cached_tokens=CACHED, completion_tokens=n
+                )
+                if last
+                else None,
+            )
 
 
 def small_trace() -> Trace:
-    reqs = [TraceRequest(i, arrival_s=float(i), input_len=600 + i, output_len=5, chunks=(10 * i + 1, 10 * i + 2))
-            for i in range(5)]  # fmt: skip
+    reqs = [
+        TraceRequest(i, arrival_s=float(i), input_len=600 + i, output_len=5, chunks=(10 * i + 1, 10 * i + 2))
+        for i in range(5)
+    ]
     return Trace("fake", reqs)
 
 

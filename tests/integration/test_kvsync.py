@@ -56,8 +56,14 @@ async def test_corrupted_write_is_rejected_and_nothing_is_visible(peer: tuple[Kv
     digest, data = _blocks(1)[0]
 
     async def corrupted() -> AsyncIterator[kvsync_pb2.WriteBlocksRequest]:
-        yield kvsync_pb2.WriteBlocksRequest(region_key=region.key, block=kvsync_pb2.BlockId(digest=digest),
-                                            offset=0, data=data, crc32c=checksum(data) ^ 1, last=True)
+        yield kvsync_pb2.WriteBlocksRequest(
+            region_key=region.key,
+            block=kvsync_pb2.BlockId(digest=digest),
+            offset=0,
+            data=data,
+            crc32c=checksum(data) ^ 1,
+            last=True,
+        )
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.stub.WriteBlocks(corrupted(), timeout=10)

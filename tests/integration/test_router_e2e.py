@@ -47,8 +47,11 @@ def engine(request: pytest.FixtureRequest) -> Iterator[str]:
 def tiny_model() -> str:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -226,8 +229,9 @@ def test_drain_and_rebalance_admin(engine: str, services: Callable[..., ServiceP
     assert r2.json()["prefill_weight"] == pytest.approx(0.2)
 
 
-def _wait_for_holder(cache_manager: str, tokens: list[int], worker_id: str, blocks: int,
-                     timeout_s: float = 60.0) -> None:
+def _wait_for_holder(
+    cache_manager: str, tokens: list[int], worker_id: str, blocks: int, timeout_s: float = 60.0
+) -> None:
     """Polls FindMatches until `worker_id` holds `blocks` leading blocks of `tokens` (bounded by `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
     request = cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=tokens), model="tiny")
@@ -300,11 +304,16 @@ def test_kill_9_mid_stream_client_sees_one_complete_stream(
 
 def test_large_http_body_is_read_whole(engine: str, services: Callable[..., ServiceProcess]) -> None:
     # a ~600 KB JSON body arrives in many TCP reads; the router must parse all of it
-    router = start_router(services, start_workers(services, 1, "--sim-speed", "0", "--max-model-len", "131072"),
-                          "--max-prompt-tokens", "131072")  # fmt: skip
+    router = start_router(
+        services,
+        start_workers(services, 1, "--sim-speed", "0", "--max-model-len", "131072"),
+        "--max-prompt-tokens",
+        "131072",
+    )
     prompt = toks(100_000) if engine == "sim" else toks(900)
-    r = httpx.post(f"http://127.0.0.1:{router.http_port}/v1/completions",
-                   json={"prompt": prompt, "max_tokens": 1}, timeout=60)  # fmt: skip
+    r = httpx.post(
+        f"http://127.0.0.1:{router.http_port}/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=60
+    )
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(prompt)
 

@@ -80,14 +80,39 @@ def test_router_follows_endpoint_sets_critical_worker_leaves_and_returns(
 ) -> None:
     reg = tmp_path / "registry.yaml"
     cm = services("cache-manager", "--block-size", str(BS))
-    w0, w1 = (services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS),
-                       "--cache-manager", cm.address) for _ in range(2))
+    w0, w1 = (
+        services(
+            "worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS), "--cache-manager", cm.address
+        )
+        for _ in range(2)
+    )
     # zone b's worker is never reachable: a router of zone a must not take it while zone a has workers
-    register(reg, inst("a-cm", Role.CACHE_MANAGER, cm.address), inst("a-w0", Role.WORKER, w0.address),
-             inst("a-w1", Role.WORKER, w1.address), inst("b-w0", Role.WORKER, "127.0.0.1:9", zone="b"))
-    fo = services("failover", "--registry-file", str(reg), "--zones", "a,b", "--zone", "a",
-                  "--lkg-file", str(tmp_path / "lkg.json"), "--health-interval-s", str(HEALTH_INTERVAL_S),
-                  "--min-dwell-s", "0", "--up-hold-s", "0", "--ramp-s", "0")
+    register(
+        reg,
+        inst("a-cm", Role.CACHE_MANAGER, cm.address),
+        inst("a-w0", Role.WORKER, w0.address),
+        inst("a-w1", Role.WORKER, w1.address),
+        inst("b-w0", Role.WORKER, "127.0.0.1:9", zone="b"),
+    )
+    fo = services(
+        "failover",
+        "--registry-file",
+        str(reg),
+        "--zones",
+        "a,b",
+        "--zone",
+        "a",
+        "--lkg-file",
+        str(tmp_path / "lkg.json"),
+        "--health-interval-s",
+        str(HEALTH_INTERVAL_S),
+        "--min-dwell-s",
+        "0",
+        "--up-hold-s",
+        "0",
+        "--ramp-s",
+        "0",
+    )
     router = services("router", "--failover", fo.address, "--zone", "a", "--block-size", str(BS))
 
     with grpc.insecure_channel(router.address) as ch:

@@ -27,8 +27,15 @@ class OlderWorker(worker_pb2_grpc.WorkerServiceServicer):
         self.stopped = threading.Event()
 
     def GetInfo(self, request: worker_pb2.GetInfoRequest, context: grpc.ServicerContext) -> worker_pb2.GetInfoResponse:
-        return worker_pb2.GetInfoResponse(worker_id="old-1", engine="sim", model="m", block_size=32,
-                                          kv_blocks_total=1000, max_model_len=4096, zone="local")  # fmt: skip
+        return worker_pb2.GetInfoResponse(
+            worker_id="old-1",
+            engine="sim",
+            model="m",
+            block_size=32,
+            kv_blocks_total=1000,
+            max_model_len=4096,
+            zone="local",
+        )
 
     def StreamLoad(
         self, request: worker_pb2.StreamLoadRequest, context: grpc.ServicerContext
@@ -47,10 +54,11 @@ class OlderWorker(worker_pb2_grpc.WorkerServiceServicer):
         for k in range(n):
             last = k == n - 1
             yield worker_pb2.GenerateResponse(
-                token_ids=[40 + k], worker_id="old-1",
+                token_ids=[40 + k],
+                worker_id="old-1",
                 finish_reason=common_pb2.FINISH_REASON_LENGTH if last else common_pb2.FINISH_REASON_UNSPECIFIED,
                 usage=common_pb2.Usage(prompt_tokens=len(request.token_ids.ids), completion_tokens=n) if last else None,
-            )  # fmt: skip
+            )
 
 
 def test_router_uses_generate_calls_for_a_worker_without_the_stream(

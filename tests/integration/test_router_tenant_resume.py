@@ -54,10 +54,32 @@ def routed_cached_tokens(router: ServiceProcess) -> float:
 def salted_suite(services: Callable[..., ServiceProcess], *router_flags: str) -> ServiceProcess:
     """A cache-manager, 2 instant sim workers feeding it, and a router following its index; returns the router."""
     cm = services("cache-manager", "--block-size", str(BS))
-    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS),
-                        "--kv-blocks", "4096", "--cache-manager", cm.address) for _ in range(2)]
-    return services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS),
-                    "--cache-manager", cm.address, *router_flags)
+    workers = [
+        services(
+            "worker",
+            "--engine",
+            "sim",
+            "--sim-speed",
+            "0",
+            "--block-size",
+            str(BS),
+            "--kv-blocks",
+            "4096",
+            "--cache-manager",
+            cm.address,
+        )
+        for _ in range(2)
+    ]
+    return services(
+        "router",
+        "--workers",
+        ",".join(w.address for w in workers),
+        "--block-size",
+        str(BS),
+        "--cache-manager",
+        cm.address,
+        *router_flags,
+    )
 
 
 def repeat_until_credited(
@@ -121,8 +143,11 @@ def test_lora_adapters_are_selected_salted_and_validated(services: Callable[...,
     assert other.usage.cached_tokens == 0, "another adapter was served sql-lora's KV blocks"
 
     # HTTP: "model" names the adapter (the vLLM convention) and is echoed back
-    r = httpx.post(f"{http}/v1/completions", timeout=30,
-                   json={"model": "sql-lora", "prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+    r = httpx.post(
+        f"{http}/v1/completions",
+        timeout=30,
+        json={"model": "sql-lora", "prompt": prompt, "max_tokens": 2, "ignore_eos": True},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "sql-lora" and r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 9 * BS
 
@@ -135,8 +160,7 @@ def test_lora_adapters_are_selected_salted_and_validated(services: Callable[...,
 
 
 def test_resume_token_ids_continue_the_stream(services: Callable[..., ServiceProcess]) -> None:
-    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS))
-               for _ in range(2)]
+    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS)) for _ in range(2)]
     router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS))
     prompt = toks(3 * BS + 5, 9)
     full_msgs = run(router.address, gen(prompt, 12))

@@ -37,8 +37,12 @@ EXPECTED_SERVICES = {
     "failover": {"kvmesh.v1.FailoverService"},
 }
 # Flags that let a service start without its peers (the worker needs an engine).
-START_FLAGS: dict[str, tuple[str, ...]] = {"worker": ("--engine", "sim"), "router": (), "cache-manager": (),
-                                           "failover": ()}
+START_FLAGS: dict[str, tuple[str, ...]] = {
+    "worker": ("--engine", "sim"),
+    "router": (),
+    "cache-manager": (),
+    "failover": (),
+}
 
 Start = Callable[..., ServiceProcess]
 
@@ -56,8 +60,9 @@ def test_health_and_reflection_answer(services: Start, name: str) -> None:
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                                 timeout=10))
+        replies = list(
+            stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        )
         listed = {s.name for s in replies[0].list_services_response.service}
         assert EXPECTED_SERVICES[name] <= listed
         assert "grpc.health.v1.Health" in listed
@@ -68,15 +73,39 @@ def test_malformed_requests_get_invalid_argument_naming_the_field(services: Star
     failover = services("failover")
     cache = services("cache-manager")
     cases: list[tuple[str, str, Callable[[grpc.Channel], object]]] = [
-        (router.address, "prefill_weight", lambda ch: router_pb2_grpc.RouterAdminServiceStub(ch).Rebalance(
-            router_pb2.RebalanceRequest(prefill_weight=-1.0, decode_weight=0.3), timeout=5)),
-        (router.address, "prompt", lambda ch: list(router_pb2_grpc.RouterServiceStub(ch).Generate(
-            router_pb2.RouterServiceGenerateRequest(request_id="r1"), timeout=5))),
-        (failover.address, "weights.zone_weights[a]", lambda ch: failover_pb2_grpc.FailoverServiceStub(ch)
-         .SetTrafficWeights(failover_pb2.SetTrafficWeightsRequest(
-             weights=failover_pb2.TrafficWeights(zone_weights={"a": -0.5, "b": 1.0})), timeout=5)),
-        (cache.address, "query", lambda ch: cache_manager_pb2_grpc.CacheManagerServiceStub(ch).FindMatches(
-            cache_manager_pb2.FindMatchesRequest(), timeout=5)),
+        (
+            router.address,
+            "prefill_weight",
+            lambda ch: router_pb2_grpc.RouterAdminServiceStub(ch).Rebalance(
+                router_pb2.RebalanceRequest(prefill_weight=-1.0, decode_weight=0.3), timeout=5
+            ),
+        ),
+        (
+            router.address,
+            "prompt",
+            lambda ch: list(
+                router_pb2_grpc.RouterServiceStub(ch).Generate(
+                    router_pb2.RouterServiceGenerateRequest(request_id="r1"), timeout=5
+                )
+            ),
+        ),
+        (
+            failover.address,
+            "weights.zone_weights[a]",
+            lambda ch: failover_pb2_grpc.FailoverServiceStub(ch).SetTrafficWeights(
+                failover_pb2.SetTrafficWeightsRequest(
+                    weights=failover_pb2.TrafficWeights(zone_weights={"a": -0.5, "b": 1.0})
+                ),
+                timeout=5,
+            ),
+        ),
+        (
+            cache.address,
+            "query",
+            lambda ch: cache_manager_pb2_grpc.CacheManagerServiceStub(ch).FindMatches(
+                cache_manager_pb2.FindMatchesRequest(), timeout=5
+            ),
+        ),
     ]
     for address, field, call in cases:
         with grpc.insecure_channel(address) as channel:
@@ -114,8 +143,11 @@ def test_request_id_is_taken_from_metadata(services: Start) -> None:
     with grpc.insecure_channel(router.address) as channel:
         stub = router_pb2_grpc.RouterAdminServiceStub(channel)
         with pytest.raises(grpc.RpcError) as err:
-            stub.Rebalance(router_pb2.RebalanceRequest(prefill_weight=-1, decode_weight=1), timeout=5,
-                           metadata=(("x-request-id", "req-abc-123"),))
+            stub.Rebalance(
+                router_pb2.RebalanceRequest(prefill_weight=-1, decode_weight=1),
+                timeout=5,
+                metadata=(("x-request-id", "req-abc-123"),),
+            )
         assert dict(err.value.trailing_metadata() or ())["x-request-id"] == "req-abc-123"
 
 
@@ -141,8 +173,7 @@ def test_sigterm_drains_an_open_stream_and_exits_zero(services: Start) -> None:
 
 def test_tls_and_mtls(services: Start, tmp_path: Path) -> None:
     pki = make_pki(tmp_path / "pki")
-    tls = services("router", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                   wait_healthy=False)
+    tls = services("router", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), wait_healthy=False)
     good = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
     wait_serving(tls.address, timeout=30, credentials=good)
     # A client that does not trust the CA is refused.
@@ -154,11 +185,21 @@ def test_tls_and_mtls(services: Start, tmp_path: Path) -> None:
     with grpc.insecure_channel(tls.address) as channel, pytest.raises(grpc.RpcError):
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
 
-    mtls = services("router", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                    "--tls-client-ca", str(pki.ca), wait_healthy=False)
-    with_cert = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes(),
-                                             private_key=pki.client_key.read_bytes(),
-                                             certificate_chain=pki.client_cert.read_bytes())
+    mtls = services(
+        "router",
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-client-ca",
+        str(pki.ca),
+        wait_healthy=False,
+    )
+    with_cert = grpc.ssl_channel_credentials(
+        root_certificates=pki.ca.read_bytes(),
+        private_key=pki.client_key.read_bytes(),
+        certificate_chain=pki.client_cert.read_bytes(),
+    )
     wait_serving(mtls.address, timeout=30, credentials=with_cert)
     with grpc.secure_channel(mtls.address, good) as channel, pytest.raises(grpc.RpcError) as err:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -171,7 +212,8 @@ def test_metrics_endpoint_counts_calls_by_code(services: Start) -> None:
     router = services("router")
     with grpc.insecure_channel(router.address) as channel, pytest.raises(grpc.RpcError):
         router_pb2_grpc.RouterAdminServiceStub(channel).Rebalance(
-            router_pb2.RebalanceRequest(prefill_weight=-1, decode_weight=1), timeout=5)
+            router_pb2.RebalanceRequest(prefill_weight=-1, decode_weight=1), timeout=5
+        )
     body = urllib.request.urlopen(f"http://127.0.0.1:{router.http_port}/metrics", timeout=5).read().decode()
     assert 'kvmesh_rpc_requests_total{code="INVALID_ARGUMENT",method="Rebalance",service="router"} 1.0' in body
 
@@ -179,7 +221,6 @@ def test_metrics_endpoint_counts_calls_by_code(services: Start) -> None:
 def test_worker_rejects_generate_without_prompt(services: Start) -> None:
     worker = services("worker", *START_FLAGS["worker"])
     with grpc.insecure_channel(worker.address) as channel, pytest.raises(grpc.RpcError) as err:
-        list(worker_pb2_grpc.WorkerServiceStub(channel).Generate(worker_pb2.GenerateRequest(request_id="x"),
-                                                                 timeout=5))
+        list(worker_pb2_grpc.WorkerServiceStub(channel).Generate(worker_pb2.GenerateRequest(request_id="x"), timeout=5))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_request_fields(err.value) == ["prompt"]

@@ -25,8 +25,9 @@ def standin() -> Iterator[StandinProcess]:
     sp.stop()
 
 
-async def _wait_for(registry: ConsulRegistry, predicate: Callable[[dict[str, object]], bool],
-                    timeout: float = 20.0) -> dict[str, object]:
+async def _wait_for(
+    registry: ConsulRegistry, predicate: Callable[[dict[str, object]], bool], timeout: float = 20.0
+) -> dict[str, object]:
     """Follows the catalog with blocking queries until `predicate(instances by id)` holds (bounded)."""
     deadline = asyncio.get_running_loop().time() + timeout
     index, snap = await registry.snapshot()
@@ -41,8 +42,17 @@ async def _wait_for(registry: ConsulRegistry, predicate: Callable[[dict[str, obj
 async def test_service_registers_with_zone_version_role_and_deregisters(
     services: Callable[..., ServiceProcess], standin: StandinProcess, name: str
 ) -> None:
-    sp = services(name, "--consul-url", f"http://127.0.0.1:{standin.port}", "--zone", "zone-a",
-                  "--version", "v7", "--service-id", f"{name}-a-0")
+    sp = services(
+        name,
+        "--consul-url",
+        f"http://127.0.0.1:{standin.port}",
+        "--zone",
+        "zone-a",
+        "--version",
+        "v7",
+        "--service-id",
+        f"{name}-a-0",
+    )
     registry = ConsulRegistry(port=standin.port, request_timeout_s=3.0)
     try:
         by_id = await _wait_for(registry, lambda d: getattr(d.get(f"{name}-a-0"), "health", None) == Health.PASSING)

@@ -20,13 +20,15 @@ MODEL = "sim-tenant-model"
 
 
 async def find(stub: cm_grpc.CacheManagerServiceStub, ids: list[int], tenant: str) -> dict[str, int]:
-    r = await stub.FindMatches(cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids), model=MODEL,
-                                                     tenant=tenant), timeout=5)  # fmt: skip
+    r = await stub.FindMatches(
+        cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids), model=MODEL, tenant=tenant), timeout=5
+    )
     return {m.worker_id: m.matched_blocks for m in r.matches}
 
 
-async def until(stub: cm_grpc.CacheManagerServiceStub, ids: list[int], tenant: str, want: dict[str, int],
-                timeout: float = 15.0) -> dict[str, int]:
+async def until(
+    stub: cm_grpc.CacheManagerServiceStub, ids: list[int], tenant: str, want: dict[str, int], timeout: float = 15.0
+) -> dict[str, int]:
     """FindMatches polled (bounded) until it equals `want`; returns the last answer."""
     got: dict[str, int] = {}
     loop = asyncio.get_running_loop()
@@ -40,16 +42,42 @@ async def until(stub: cm_grpc.CacheManagerServiceStub, ids: list[int], tenant: s
 
 
 async def generate(stub: worker_pb2_grpc.WorkerServiceStub, rid: str, ids: list[int], tenant: str) -> None:
-    req = worker_pb2.GenerateRequest(request_id=rid, token_ids=common_pb2.TokenIds(ids=ids), tenant=tenant,
-                                     sampling=common_pb2.SamplingParams(max_tokens=1))  # fmt: skip
+    req = worker_pb2.GenerateRequest(
+        request_id=rid,
+        token_ids=common_pb2.TokenIds(ids=ids),
+        tenant=tenant,
+        sampling=common_pb2.SamplingParams(max_tokens=1),
+    )
     [m async for m in stub.Generate(req, timeout=10)]
 
 
 async def test_tenants_see_only_their_own_blocks(services: Callable[..., ServiceProcess]) -> None:
-    cmp = services("cache-manager", "--block-size", str(BS), "--model", MODEL, "--checkpoint-interval-s", "0",
-                   "--warm-interval-s", "0")  # fmt: skip
-    w = services("worker", "--engine", "sim", "--model", MODEL, "--block-size", str(BS), "--kv-blocks", "512",
-                 "--sim-speed", "0", "--cache-manager", cmp.address)  # fmt: skip
+    cmp = services(
+        "cache-manager",
+        "--block-size",
+        str(BS),
+        "--model",
+        MODEL,
+        "--checkpoint-interval-s",
+        "0",
+        "--warm-interval-s",
+        "0",
+    )
+    w = services(
+        "worker",
+        "--engine",
+        "sim",
+        "--model",
+        MODEL,
+        "--block-size",
+        str(BS),
+        "--kv-blocks",
+        "512",
+        "--sim-speed",
+        "0",
+        "--cache-manager",
+        cmp.address,
+    )
     prompt = list(range(10, 10 + 4 * BS + 3))  # 4 full blocks
     async with grpc.aio.insecure_channel(w.address) as wch, grpc.aio.insecure_channel(cmp.address) as cch:
         ws = worker_pb2_grpc.WorkerServiceStub(wch)
@@ -59,7 +87,7 @@ async def test_tenants_see_only_their_own_blocks(services: Callable[..., Service
         assert await until(cs, prompt, "tenant-a", {wid: 4}) == {wid: 4}
         assert await find(cs, prompt, "tenant-b") == {}
         assert await find(cs, prompt, "") == {}
-        await generate(ws, "b1", prompt[:2 * BS], "tenant-b")  # B computes its own copy of 2 blocks
+        await generate(ws, "b1", prompt[: 2 * BS], "tenant-b")  # B computes its own copy of 2 blocks
         assert await until(cs, prompt, "tenant-b", {wid: 2}) == {wid: 2}
         assert await find(cs, prompt, "tenant-a") == {wid: 4}
         assert await find(cs, prompt, "") == {}

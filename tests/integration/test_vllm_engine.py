@@ -26,17 +26,24 @@ MAX_LEN = 512
 def tiny_model() -> str:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
     cfg = VllmEngineConfig(
-        model=tiny_model(), block_size=BS, max_model_len=MAX_LEN, dtype="bfloat16",
-        scratch_dir=str(tmp_path_factory.mktemp("vllm")), cpu_kvcache_space_gib=1,
-    )  # fmt: skip
+        model=tiny_model(),
+        block_size=BS,
+        max_model_len=MAX_LEN,
+        dtype="bfloat16",
+        scratch_dir=str(tmp_path_factory.mktemp("vllm")),
+        cpu_kvcache_space_gib=1,
+    )
     eng = VllmEngine(cfg)
     await asyncio.wait_for(eng.start(), timeout=240)
     try:
@@ -105,8 +112,9 @@ async def test_abort_and_client_cancel(engine: VllmEngine) -> None:
     assert outs[-1].finished and outs[-1].finish_reason == "abort"
     assert outs[-1].usage is not None and outs[-1].usage.completion_tokens < 400
     # client cancel: closing the stream aborts the vLLM request
-    gen = engine.generate(EngineRequest("cancel", tuple(range(3, 40)),
-                                        sampling=SamplingParams(max_tokens=400, ignore_eos=True)))  # fmt: skip
+    gen = engine.generate(
+        EngineRequest("cancel", tuple(range(3, 40)), sampling=SamplingParams(max_tokens=400, ignore_eos=True))
+    )
     await anext(gen)
     await gen.aclose()
     llm = engine._llm
@@ -149,12 +157,22 @@ def test_translate_roundtrips_vllm_wire_format() -> None:
     from kvmesh.engine.mirror import CacheMirror
     from kvmesh.engine.vllm_engine import translate_event
 
-    batch = ve.KVEventBatch(ts=1.0, events=[
-        ve.BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(64)), block_size=32,
-                       lora_id=None, medium="GPU", lora_name=None),
-        ve.BlockRemoved(block_hashes=[2], medium="GPU"),
-        ve.AllBlocksCleared(),
-    ])  # fmt: skip
+    batch = ve.KVEventBatch(
+        ts=1.0,
+        events=[
+            ve.BlockStored(
+                block_hashes=[1, 2],
+                parent_block_hash=None,
+                token_ids=list(range(64)),
+                block_size=32,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+            ),
+            ve.BlockRemoved(block_hashes=[2], medium="GPU"),
+            ve.AllBlocksCleared(),
+        ],
+    )
     wire = msgspec.msgpack.encode(batch)
     dec = msgspec.msgpack.Decoder(type=ve.KVEventBatch).decode(wire)
     evs = [translate_event(e) for e in dec.events]

@@ -27,8 +27,9 @@ async def matched(cm_addr: str, worker_id: str, ids: list[int], want: int, timeo
         stub = cm_grpc.CacheManagerServiceStub(ch)
         async with asyncio.timeout(timeout):
             while got < want:
-                r = await stub.FindMatches(cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids),
-                                                                 model=MODEL), timeout=5)  # fmt: skip
+                r = await stub.FindMatches(
+                    cm.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=ids), model=MODEL), timeout=5
+                )
                 got = {m.worker_id: m.matched_blocks for m in r.matches}.get(worker_id, 0)
                 if got < want:
                     await asyncio.sleep(0.05)  # bounded poll of another process's eventual state
@@ -36,22 +37,50 @@ async def matched(cm_addr: str, worker_id: str, ids: list[int], want: int, timeo
 
 
 def start_cm(tmp: Path, port: int = 0) -> ServiceProcess:
-    return start_service("cache-manager", tmp, "--block-size", str(BS), "--model", MODEL,
-                         "--checkpoint-interval-s", "0", "--warm-interval-s", "0", port=port)  # fmt: skip
+    return start_service(
+        "cache-manager",
+        tmp,
+        "--block-size",
+        str(BS),
+        "--model",
+        MODEL,
+        "--checkpoint-interval-s",
+        "0",
+        "--warm-interval-s",
+        "0",
+        port=port,
+    )
 
 
 async def test_worker_events_reach_the_index_and_survive_a_cache_manager_restart(tmp_path: Path) -> None:
     cmp = start_cm(tmp_path / "cm")
     cm_port = int(cmp.address.rsplit(":", 1)[1])
-    w = start_service("worker", tmp_path / "w", "--engine", "sim", "--model", MODEL, "--block-size", str(BS),
-                      "--kv-blocks", "512", "--sim-speed", "0", "--cache-manager", cmp.address)  # fmt: skip
+    w = start_service(
+        "worker",
+        tmp_path / "w",
+        "--engine",
+        "sim",
+        "--model",
+        MODEL,
+        "--block-size",
+        str(BS),
+        "--kv-blocks",
+        "512",
+        "--sim-speed",
+        "0",
+        "--cache-manager",
+        cmp.address,
+    )
     try:
         async with grpc.aio.insecure_channel(w.address) as ch:
             stub = worker_pb2_grpc.WorkerServiceStub(ch)
             info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
             prompt = list(range(10, 10 + 5 * BS + 2))
-            req = worker_pb2.GenerateRequest(request_id="a", token_ids=common_pb2.TokenIds(ids=prompt),
-                                             sampling=common_pb2.SamplingParams(max_tokens=1))  # fmt: skip
+            req = worker_pb2.GenerateRequest(
+                request_id="a",
+                token_ids=common_pb2.TokenIds(ids=prompt),
+                sampling=common_pb2.SamplingParams(max_tokens=1),
+            )
             [m async for m in stub.Generate(req, timeout=10)]
         assert await matched(cmp.address, info.worker_id, prompt, 5) == 5
         assert cmp.terminate(timeout=30) == 0

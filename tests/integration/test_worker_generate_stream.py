@@ -52,8 +52,12 @@ async def test_concurrent_requests_share_one_stream_and_match_generate(channel: 
     call = ws._call
     assert call is not None and not call.done()  # one stream, still open for the next requests
     for r, msgs in zip(reqs, got, strict=True):
-        want = [m async for m in stub.Generate(gen_req("g-" + r.request_id, list(r.token_ids.ids),
-                                                       r.sampling.max_tokens), timeout=30)]  # fmt: skip
+        want = [
+            m
+            async for m in stub.Generate(
+                gen_req("g-" + r.request_id, list(r.token_ids.ids), r.sampling.max_tokens), timeout=30
+            )
+        ]
         assert [list(m.token_ids) for m in msgs] == [list(m.token_ids) for m in want]
         assert msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
         assert msgs[-1].usage.completion_tokens == r.sampling.max_tokens
@@ -129,8 +133,9 @@ async def test_killed_worker_fails_every_pending_request(tmp_path: Path) -> None
     sp = start_sim_worker(tmp_path, "--sim-speed", "1")
     async with grpc.aio.insecure_channel(sp.address) as ch:
         ws = WorkerStream(ch, sp.address)
-        calls = [await ws.start(f"k{i}", gen_req(f"k{i}", list(range(1, 60)), 5000).SerializeToString())
-                 for i in range(3)]  # fmt: skip
+        calls = [
+            await ws.start(f"k{i}", gen_req(f"k{i}", list(range(1, 60)), 5000).SerializeToString()) for i in range(3)
+        ]
         for c in calls:
             await anext(aiter(c))
         sp.proc.send_signal(signal.SIGKILL)

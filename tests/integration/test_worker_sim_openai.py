@@ -15,8 +15,20 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_service("worker", tmp_path_factory.mktemp("w"), "--engine", "sim", "--block-size", "16",
-                       "--kv-blocks", "1024", "--sim-speed", "100", "--max-model-len", "4096")  # fmt: skip
+    sp = start_service(
+        "worker",
+        tmp_path_factory.mktemp("w"),
+        "--engine",
+        "sim",
+        "--block-size",
+        "16",
+        "--kv-blocks",
+        "1024",
+        "--sim-speed",
+        "100",
+        "--max-model-len",
+        "4096",
+    )
     yield sp
     assert sp.terminate(timeout=30) == 0
 
@@ -40,14 +52,22 @@ def test_models_and_completion(client: openai.OpenAI) -> None:
 
 
 def test_streaming_completion_and_chat(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model="m", prompt=[5, 6, 7, 8], max_tokens=6, stream=True,
-                                            stream_options={"include_usage": True}))  # fmt: skip
+    chunks = list(
+        client.completions.create(
+            model="m", prompt=[5, 6, 7, 8], max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+    )
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert len(texts) == 6 and chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
-    chat = list(client.chat.completions.create(
-        model="m", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-        max_tokens=3, stream=True))  # fmt: skip
+    chat = list(
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+        )
+    )
     assert chat[0].choices[0].delta.role == "assistant"
     assert sum(1 for c in chat if c.choices[0].delta.content) == 3
     assert chat[-1].choices[0].finish_reason == "length"

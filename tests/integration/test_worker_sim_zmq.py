@@ -23,8 +23,24 @@ async def test_vllm_classes_decode_live_and_replayed_events(tmp_path: Path) -> N
     from vllm.distributed.kv_events import BlockStored, KVEventBatch
 
     pub, rep = f"ipc://{tmp_path}/kv.pub", f"ipc://{tmp_path}/kv.replay"
-    sp = start_service("worker", tmp_path, "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "512",
-                       "--sim-speed", "0", "--zmq-publish", pub, "--zmq-replay", rep, "--zmq-topic", "kv")  # fmt: skip
+    sp = start_service(
+        "worker",
+        tmp_path,
+        "--engine",
+        "sim",
+        "--block-size",
+        str(BS),
+        "--kv-blocks",
+        "512",
+        "--sim-speed",
+        "0",
+        "--zmq-publish",
+        pub,
+        "--zmq-replay",
+        rep,
+        "--zmq-topic",
+        "kv",
+    )
     ctx = zmq.asyncio.Context()
     try:
         sub = ctx.socket(zmq.SUB)
@@ -35,8 +51,11 @@ async def test_vllm_classes_decode_live_and_replayed_events(tmp_path: Path) -> N
         async with grpc.aio.insecure_channel(sp.address) as ch:
             stub = worker_pb2_grpc.WorkerServiceStub(ch)
             for i, p in enumerate(prompts):
-                req = worker_pb2.GenerateRequest(request_id=f"r{i}", token_ids=common_pb2.TokenIds(ids=p),
-                                                 sampling=common_pb2.SamplingParams(max_tokens=1))  # fmt: skip
+                req = worker_pb2.GenerateRequest(
+                    request_id=f"r{i}",
+                    token_ids=common_pb2.TokenIds(ids=p),
+                    sampling=common_pb2.SamplingParams(max_tokens=1),
+                )
                 [m async for m in stub.Generate(req, timeout=10)]
         live: list[int] = []
         async with asyncio.timeout(10):  # PUB/SUB may drop what was sent before the subscription landed
@@ -44,8 +63,11 @@ async def test_vllm_classes_decode_live_and_replayed_events(tmp_path: Path) -> N
                 topic, seq_b, payload = await sub.recv_multipart()
                 assert topic == b"kv" and len(seq_b) == 8
                 live.append(int.from_bytes(seq_b, "big"))
-                if any(prompts[-1][:BS] == list(e.token_ids)[:BS]
-                       for e in dec.decode(payload).events if isinstance(e, BlockStored)):  # fmt: skip
+                if any(
+                    prompts[-1][:BS] == list(e.token_ids)[:BS]
+                    for e in dec.decode(payload).events
+                    if isinstance(e, BlockStored)
+                ):
                     break
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(rep)

@@ -25,11 +25,32 @@ MAX_LEN = 512
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    model = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")], check=True,
-                           capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1]  # fmt: skip
-    sp = start_service("worker", tmp_path_factory.mktemp("vw"), "--engine", "vllm", "--model", model,
-                       "--block-size", str(BS), "--max-model-len", str(MAX_LEN), "--vllm-dtype", "bfloat16",
-                       timeout=300)  # fmt: skip
+    model = (
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    sp = start_service(
+        "worker",
+        tmp_path_factory.mktemp("vw"),
+        "--engine",
+        "vllm",
+        "--model",
+        model,
+        "--block-size",
+        str(BS),
+        "--max-model-len",
+        str(MAX_LEN),
+        "--vllm-dtype",
+        "bfloat16",
+        timeout=300,
+    )
     yield sp
     assert sp.terminate(timeout=60) == 0
 
@@ -41,8 +62,12 @@ async def stub(worker: ServiceProcess) -> AsyncIterator[worker_pb2_grpc.WorkerSe
 
 
 def gen_req(rid: str, ids: list[int], max_tokens: int, **kw: object) -> worker_pb2.GenerateRequest:
-    return worker_pb2.GenerateRequest(request_id=rid, token_ids=common_pb2.TokenIds(ids=ids),
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0), **kw)  # type: ignore[arg-type]  # fmt: skip
+    return worker_pb2.GenerateRequest(
+        request_id=rid,
+        token_ids=common_pb2.TokenIds(ids=ids),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -59,9 +59,26 @@ def start_redis(tmp: Path, timeout_s: float = 20.0) -> RedisServer:
         port = _free_port()
         log = tmp / f"redis-{port}.log"
         proc = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp), "--save", "",
-             "--appendonly", "no", "--logfile", str(log), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(tmp),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(log),
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         try:

@@ -15,8 +15,14 @@ pytestmark = pytest.mark.unit
 def entry(checks: list[str], tags: list[str], meta: dict[str, str], address: str = "") -> dict[str, object]:
     return {
         "Node": {"Node": "n1", "Address": "10.0.0.9"},
-        "Service": {"ID": "r1", "Service": "kvmesh-router", "Tags": tags, "Meta": meta, "Address": address,
-                    "Port": 7000},
+        "Service": {
+            "ID": "r1",
+            "Service": "kvmesh-router",
+            "Tags": tags,
+            "Meta": meta,
+            "Address": address,
+            "Port": 7000,
+        },
         "Checks": [{"CheckID": f"c{i}", "Status": s} for i, s in enumerate(checks)],
     }
 
@@ -41,11 +47,18 @@ def test_foreign_service_is_ignored() -> None:
 
 def test_check_bodies_use_consul_field_names() -> None:
     inst = ServiceInstance("w1", Role.WORKER, "a", "v1", "127.0.0.1", 5000)
-    g = grpc_check(inst, CheckSpec(interval_s=0.25, timeout_s=1, use_tls=True, grpc_service="svc",
-                                   deregister_after_s=90))
-    assert g == {"CheckID": "service:w1", "Name": "kvmesh-worker gRPC health", "GRPC": "127.0.0.1:5000/svc",
-                 "GRPCUseTLS": True, "Interval": "250ms", "Timeout": "1000ms",
-                 "DeregisterCriticalServiceAfter": "90000ms"}
+    g = grpc_check(
+        inst, CheckSpec(interval_s=0.25, timeout_s=1, use_tls=True, grpc_service="svc", deregister_after_s=90)
+    )
+    assert g == {
+        "CheckID": "service:w1",
+        "Name": "kvmesh-worker gRPC health",
+        "GRPC": "127.0.0.1:5000/svc",
+        "GRPCUseTLS": True,
+        "Interval": "250ms",
+        "Timeout": "1000ms",
+        "DeregisterCriticalServiceAfter": "90000ms",
+    }
     t = ttl_check(inst, CheckSpec(mode="ttl", ttl_s=3))
     assert t["TTL"] == "3000ms" and t["Status"] == "critical"
     assert go_duration(0.0001) == "1ms"
@@ -58,4 +71,6 @@ def test_standin_duration_and_key_normalisation() -> None:
     with pytest.raises(ValueError):
         parse_duration("10 seconds")
     assert norm({"GRPCUseTLS": 1, "grpc_use_tls": 2, "DeregisterCriticalServiceAfter": 3}) == {
-        "grpcusetls": 2, "deregistercriticalserviceafter": 3}
+        "grpcusetls": 2,
+        "deregistercriticalserviceafter": 3,
+    }

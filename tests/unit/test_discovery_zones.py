@@ -30,8 +30,9 @@ def fleet(zone: str, workers: int = 2, version: str = "v1", **health: Health) ->
         inst(f"{zone}-router", Role.ROUTER, zone, health.get("router", Health.PASSING), version),
         inst(f"{zone}-cm", Role.CACHE_MANAGER, zone, health.get("cm", Health.PASSING), version),
     ]
-    out += [inst(f"{zone}-w{i}", Role.WORKER, zone, health.get(f"w{i}", Health.PASSING), version)
-            for i in range(workers)]
+    out += [
+        inst(f"{zone}-w{i}", Role.WORKER, zone, health.get(f"w{i}", Health.PASSING), version) for i in range(workers)
+    ]
     return out
 
 
@@ -178,8 +179,10 @@ def test_nothing_serves_gives_empty_router_weights() -> None:
 
 def test_router_weights_split_versions_globally_then_zones() -> None:
     routers = [
-        inst("a-r1", Role.ROUTER, "a", version="v1"), inst("a-r2", Role.ROUTER, "a", version="v2"),
-        inst("b-r1", Role.ROUTER, "b", version="v1"), inst("b-r1b", Role.ROUTER, "b", version="v1"),
+        inst("a-r1", Role.ROUTER, "a", version="v1"),
+        inst("a-r2", Role.ROUTER, "a", version="v2"),
+        inst("b-r1", Role.ROUTER, "b", version="v1"),
+        inst("b-r1b", Role.ROUTER, "b", version="v1"),
     ]
     views = build_zone_views(CatalogSnapshot.of(routers), ZonePolicy())
     w = router_weights(views, {"a": 0.5, "b": 0.5}, {"v1": 0.9, "v2": 0.1})

@@ -12,15 +12,24 @@ R = common_pb2.SERVICE_ROLE_ROUTER
 
 
 def resp(zw: dict[str, float], vw: dict[str, float], routers: list[tuple[str, str, str]]) -> EndpointSet:
-    zones = [failover_pb2.ZoneEndpoints(zone=z, healthy=w > 0, weight=w, endpoints=[
-        common_pb2.Endpoint(id=i, role=R, address=f"127.0.0.1:{1000 + n}", zone=z, version=v)
-        for n, (i, rz, v) in enumerate(routers) if rz == z]) for z, w in zw.items()]
+    zones = [
+        failover_pb2.ZoneEndpoints(
+            zone=z,
+            healthy=w > 0,
+            weight=w,
+            endpoints=[
+                common_pb2.Endpoint(id=i, role=R, address=f"127.0.0.1:{1000 + n}", zone=z, version=v)
+                for n, (i, rz, v) in enumerate(routers)
+                if rz == z
+            ],
+        )
+        for z, w in zw.items()
+    ]
     return EndpointSet.from_response(failover_pb2.WatchEndpointsResponse(zones=zones, version_weights=vw, revision=3))
 
 
 def test_weights_follow_zone_and_version_shares() -> None:
-    eps = resp({"a": 0.5, "b": 0.5}, {"v1": 0.9, "v2": 0.1},
-               [("a1", "a", "v1"), ("a2", "a", "v2"), ("b1", "b", "v1")])
+    eps = resp({"a": 0.5, "b": 0.5}, {"v1": 0.9, "v2": 0.1}, [("a1", "a", "v1"), ("a2", "a", "v2"), ("b1", "b", "v1")])
     assert eps.router_weights == pytest.approx({"a1": 0.45, "a2": 0.1, "b1": 0.45})
     assert eps.revision == 3
 

@@ -27,8 +27,9 @@ def _views(**kw: dict[str, float]) -> list[WorkerView]:
     return out
 
 
-def _req(rid: str, hashes: list[int], prompt: int, matches: dict[str, int] | None = None, bs: int = 16,
-         session: str = "") -> RouteRequest:
+def _req(
+    rid: str, hashes: list[int], prompt: int, matches: dict[str, int] | None = None, bs: int = 16, session: str = ""
+) -> RouteRequest:
     return RouteRequest(rid, prompt, hashes, matches or {}, bs, session)
 
 
@@ -41,8 +42,9 @@ def test_dynamo_logit_is_overlap_weight_prefill_blocks_plus_decode_blocks() -> N
     p.on_first_token("r0", "b", 0.1)
     req = _req("r1", [1, 2, 3, 4, 5, 6, 7, 8], 128 + 5, {"a": 2, "b": 5, "c": 8})
     # ⌈133/16⌉ = 9 blocks (8 full + 1 partial); prefill tokens = 133 − 16·overlap
-    assert p.logits(req, _views()) == pytest.approx([(133 - 32) / 16 + 9, (133 - 80) / 16 + 10 + 9,
-                                                     (133 - 128) / 16 + 9])
+    assert p.logits(req, _views()) == pytest.approx(
+        [(133 - 32) / 16 + 9, (133 - 80) / 16 + 10 + 9, (133 - 128) / 16 + 9]
+    )
     assert p.choose(req, _views(), 0.2) == "c"
     p.on_routed(req, "c", 0.2)
     # c now has 133 − 128 = 5 prefill tokens queued and 9 active blocks; shared blocks count once
@@ -79,8 +81,7 @@ def test_llm_d_weighted_scores() -> None:
     req = _req("r", [1, 2, 3, 4], 64, {"a": 4, "b": 2})
     views = _views(waiting={"a": 4, "b": 0, "c": 2}, kv_usage={"a": 0.5, "b": 0.0, "c": 0.9})
     sc = p.scores(req, views)
-    assert sc == pytest.approx([3 * 1.0 + 2 * 0.0 + 2 * 0.5, 3 * 0.5 + 2 * 1.0 + 2 * 1.0,
-                                3 * 0.0 + 2 * 0.5 + 2 * 0.1])
+    assert sc == pytest.approx([3 * 1.0 + 2 * 0.0 + 2 * 0.5, 3 * 0.5 + 2 * 1.0 + 2 * 1.0, 3 * 0.0 + 2 * 0.5 + 2 * 0.1])
     assert p.choose(req, views, 0.0) == "b"
 
 

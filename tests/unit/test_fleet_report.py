@@ -16,26 +16,52 @@ pytestmark = pytest.mark.unit
 
 
 def _entry(cap: float, p99: float, hit: float, good: float) -> dict[str, object]:
-    return {"slo_capacity": cap, "ttft_ms": {"p50": 100.0, "p90": 500.0, "p99": p99},
-            "e2e_ms": {"p50": 1000.0, "p99": 9000.0}, "hit_ratio": hit, "pooled_lru_hit_ratio": 0.2,
-            "output_tokens_per_s": 500.0, "goodput": good, "util_variance": 0.001}
+    return {
+        "slo_capacity": cap,
+        "ttft_ms": {"p50": 100.0, "p90": 500.0, "p99": p99},
+        "e2e_ms": {"p50": 1000.0, "p99": 9000.0},
+        "hit_ratio": hit,
+        "pooled_lru_hit_ratio": 0.2,
+        "output_tokens_per_s": 500.0,
+        "goodput": good,
+        "util_variance": 0.001,
+    }
 
 
 def _ev() -> dict[str, Any]:
     res: dict[str, Any] = {p: _entry(1.0, 9000.0, 0.05, 0.9) for p in ALL_POLICIES}
     res["kvmesh"] = _entry(1.6, 2500.0, 0.195, 0.99)
     res["load_scale"] = 1.25
-    summary = {"itl_ms": {"p99": 90.0}, "util_cv": 0.1, "cost_per_mtok": 0.5, "e2e_ms": {"p50": 1.0, "p99": 2.0},
-               "ttft_ms": {"p50": 1.0, "p90": 1.0, "p99": 1.0}, "hit_ratio": 0.1, "util_mean": 0.5,
-               "util_variance": 0.01, "warm_requests": 0}
-    runs = {p: {"summary": summary, "util_series": {"w00": [0.5, 0.7], "w01": [0.1]}, "ttft_s": [0.1, 0.5, 2.0]}
-            for p in ALL_POLICIES}
+    summary = {
+        "itl_ms": {"p99": 90.0},
+        "util_cv": 0.1,
+        "cost_per_mtok": 0.5,
+        "e2e_ms": {"p50": 1.0, "p99": 2.0},
+        "ttft_ms": {"p50": 1.0, "p90": 1.0, "p99": 1.0},
+        "hit_ratio": 0.1,
+        "util_mean": 0.5,
+        "util_variance": 0.01,
+        "warm_requests": 0,
+    }
+    runs = {
+        p: {"summary": summary, "util_series": {"w00": [0.5, 0.7], "w01": [0.1]}, "ttft_s": [0.1, 0.5, 2.0]}
+        for p in ALL_POLICIES
+    }
     caps = {p: {"probes": [{"scale": 1.0, "meets": True}]} for p in ALL_POLICIES}
-    return {"results": res, "runs": runs, "capacities": caps, "trace": "t.jsonl", "wall_s": 60.0,
-            "reference": {"pooled_lru_hit_ratio": 0.2, "ideal_hit_ratio": 0.37, "fleet_kv_blocks": 9584},
-            "config": FleetConfig(slo=Slo()), "bisect_window_s": 900.0, "cpu_count": 2, "notes": ["n1"],
-            "warming": {"workload": {}, "runs": {"none": {"summary": summary}}},
-            "concurrent": {"clients": 32, "workers": 8, "runs": {"kvmesh": {"summary": summary}}}}
+    return {
+        "results": res,
+        "runs": runs,
+        "capacities": caps,
+        "trace": "t.jsonl",
+        "wall_s": 60.0,
+        "reference": {"pooled_lru_hit_ratio": 0.2, "ideal_hit_ratio": 0.37, "fleet_kv_blocks": 9584},
+        "config": FleetConfig(slo=Slo()),
+        "bisect_window_s": 900.0,
+        "cpu_count": 2,
+        "notes": ["n1"],
+        "warming": {"workload": {}, "runs": {"none": {"summary": summary}}},
+        "concurrent": {"clients": 32, "workers": 8, "runs": {"kvmesh": {"summary": summary}}},
+    }
 
 
 def test_targets_pass_and_fail_as_the_numbers_say() -> None:

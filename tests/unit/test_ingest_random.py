@@ -31,7 +31,7 @@ def run(seed: int, drop: float, dup: float, replay_window: int) -> None:
         w = req.worker_id  # type: ignore[attr-defined]
         eng = engines[w]
         if not req.full_dump and req.from_sequence >= eng.seq - replay_window:  # type: ignore[attr-defined]
-            for b in log[w][req.from_sequence:]:  # type: ignore[attr-defined]
+            for b in log[w][req.from_sequence :]:  # type: ignore[attr-defined]
                 handle(ing.apply(b))
             if ing.workers[w].phase is Phase.REPLAYING:
                 handle(ing.replay_failed(w))
@@ -81,7 +81,11 @@ def run(seed: int, drop: float, dup: float, replay_window: int) -> None:
 
 @pytest.mark.unit
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.05, 0.3]),
-       dup=st.sampled_from([0.0, 0.1]), window=st.sampled_from([0, 5, 1000]))
+@given(
+    seed=st.integers(0, 2**32),
+    drop=st.sampled_from([0.0, 0.05, 0.3]),
+    dup=st.sampled_from([0.0, 0.1]),
+    window=st.sampled_from([0, 5, 1000]),
+)
 def test_random_interleavings_converge_to_truth(seed: int, drop: float, dup: float, window: int) -> None:
     run(seed, drop, dup, window)

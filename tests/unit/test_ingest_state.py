@@ -23,14 +23,19 @@ BS = 4
 class RefHasher:
     """Chained blake2b over (parent, tokens, lora): the reference `BlockHasher` semantics."""
 
-    def chain(self, parent: int | None, token_ids: Sequence[int], block_size: int,
-              lora_name: str | None, tenant: str | None = None) -> list[int]:
+    def chain(
+        self,
+        parent: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None,
+        tenant: str | None = None,
+    ) -> list[int]:
         out, h = [], parent
         if h is None and tenant:
             h = int.from_bytes(hashlib.blake2b(tenant.encode(), digest_size=8).digest(), "big")
         for i in range(0, len(token_ids) - len(token_ids) % block_size, block_size):
-            m = hashlib.blake2b(repr((h, lora_name, tuple(token_ids[i:i + block_size]))).encode(),
-                                digest_size=8)
+            m = hashlib.blake2b(repr((h, lora_name, tuple(token_ids[i : i + block_size]))).encode(), digest_size=8)
             h = int.from_bytes(m.digest(), "big")
             out.append(h)
         return out
@@ -97,14 +102,14 @@ class ToyEngine:
         run_parent: int | None = None
         run_toks: list[int] = []
         for i in range(0, len(tokens) - len(tokens) % BS, BS):
-            eh = self.ehash(parent, tokens[i:i + BS])
+            eh = self.ehash(parent, tokens[i : i + BS])
             if eh not in self.blocks:
                 if not run:
                     run_parent = parent
                 self.blocks[eh] = (parent, tuple(tokens[: i + BS]))
                 self.copies[eh] = 1
                 run.append(eh)
-                run_toks += tokens[i:i + BS]
+                run_toks += tokens[i : i + BS]
             elif run:
                 events.append(BlockStored(tuple(run), run_parent, tuple(run_toks), BS))
                 run, run_toks = [], []
@@ -134,7 +139,7 @@ class ToyEngine:
             chain: list[int] = []
             p: int | None = None
             for i in range(0, len(prefix), BS):
-                p = self.ehash(p, prefix[i:i + BS])
+                p = self.ehash(p, prefix[i : i + BS])
                 chain.append(p)
             assert chain[-1] == eh
             unheld.update(a for a in chain if a not in self.blocks)
@@ -144,8 +149,10 @@ class ToyEngine:
 
     def truth(self) -> set[int]:
         """Index hashes of every held block."""
-        return {self.hasher.chain(None, prefix, BS, None)[-1]  # type: ignore[attr-defined]
-                for _p, prefix in self.blocks.values()}
+        return {
+            self.hasher.chain(None, prefix, BS, None)[-1]  # type: ignore[attr-defined]
+            for _p, prefix in self.blocks.values()
+        }
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 8192, 102400])
 @pytest.mark.parametrize("generated", [[], [5, 6, 70000]])
 def test_parses_to_head_plus_prompt_plus_generated(n: int, generated: list[int]) -> None:
-    head = worker_pb2.GenerateRequest(request_id="r1", tenant="acme", detokenize=True,
-                                      sampling=common_pb2.SamplingParams(max_tokens=7, seed=3))
+    head = worker_pb2.GenerateRequest(
+        request_id="r1", tenant="acme", detokenize=True, sampling=common_pb2.SamplingParams(max_tokens=7, seed=3)
+    )
     ids = [(i * 7919) % 150000 for i in range(n)]
     wire = common_pb2.TokenIds(ids=ids).SerializeToString()
     if generated:

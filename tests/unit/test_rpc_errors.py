@@ -17,18 +17,21 @@ def _details(status: grpc.Status) -> status_pb2.Status:
     return status_pb2.Status.FromString(raw)
 
 
-@pytest.mark.parametrize(("exc", "code"), [
-    (errors.InvalidArgument("f", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.ResourceExhausted("full", 1.5), grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.Unavailable("down"), grpc.StatusCode.UNAVAILABLE),
-    (errors.NotFound("x"), grpc.StatusCode.NOT_FOUND),
-    (errors.FailedPrecondition("x"), grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.DeadlineExceeded("x"), grpc.StatusCode.DEADLINE_EXCEEDED),
-    (errors.Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED),
-    (errors.Unimplemented("x"), grpc.StatusCode.UNIMPLEMENTED),
-    (NotImplementedError(), grpc.StatusCode.UNIMPLEMENTED),
-    (KeyError("secret internals"), grpc.StatusCode.INTERNAL),
-])
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (errors.InvalidArgument("f", "bad"), grpc.StatusCode.INVALID_ARGUMENT),
+        (errors.ResourceExhausted("full", 1.5), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (errors.Unavailable("down"), grpc.StatusCode.UNAVAILABLE),
+        (errors.NotFound("x"), grpc.StatusCode.NOT_FOUND),
+        (errors.FailedPrecondition("x"), grpc.StatusCode.FAILED_PRECONDITION),
+        (errors.DeadlineExceeded("x"), grpc.StatusCode.DEADLINE_EXCEEDED),
+        (errors.Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED),
+        (errors.Unimplemented("x"), grpc.StatusCode.UNIMPLEMENTED),
+        (NotImplementedError(), grpc.StatusCode.UNIMPLEMENTED),
+        (KeyError("secret internals"), grpc.StatusCode.INTERNAL),
+    ],
+)
 def test_codes(exc: BaseException, code: grpc.StatusCode) -> None:
     assert status_code_for(exc) == code
     assert to_grpc_status(exc).code == code

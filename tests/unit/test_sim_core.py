@@ -133,10 +133,16 @@ def test_tenants_and_adapters_never_share_blocks() -> None:
     p = list(range(1, 1 + 4 * BS + 1))
     now = 0.0
     hits = {}
-    for rid, tenant, lora in [("a1", "A", None), ("b1", "B", None), ("a2", "A", None), ("n1", None, None),
-                              ("l1", "A", "ad1")]:  # fmt: skip
-        core.add_request(EngineRequest(rid, tuple(p), sampling=SamplingParams(max_tokens=1), tenant=tenant,
-                                       lora_name=lora), now)  # fmt: skip
+    for rid, tenant, lora in [
+        ("a1", "A", None),
+        ("b1", "B", None),
+        ("a2", "A", None),
+        ("n1", None, None),
+        ("l1", "A", "ad1"),
+    ]:
+        core.add_request(
+            EngineRequest(rid, tuple(p), sampling=SamplingParams(max_tokens=1), tenant=tenant, lora_name=lora), now
+        )
         now, steps = run(core, now)
         hits[rid] = finals(steps)[rid].usage.cached_tokens  # type: ignore[union-attr]
     assert hits == {"a1": 0, "b1": 0, "a2": 4 * BS, "n1": 0, "l1": 0}

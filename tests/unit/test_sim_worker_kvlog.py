@@ -67,8 +67,15 @@ def test_wire_encoding_matches_vllm_layout() -> None:
     batch = KvEventBatch("w", "i", 7, 1.5, (stored(1, 2), BlockRemoved((2,), "GPU"), AllBlocksCleared()))
     ts, events, rank = msgspec.msgpack.decode(encode_batch(batch))
     assert ts == 1.5 and rank == 0
-    assert events[0] == {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
-                         "token_ids": [0, 1, 2, 3], "block_size": 2, "lora_id": None, "medium": None,
-                         "lora_name": None}  # fmt: skip
+    assert events[0] == {
+        "type": "BlockStored",
+        "block_hashes": [1, 2],
+        "parent_block_hash": None,
+        "token_ids": [0, 1, 2, 3],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": None,
+        "lora_name": None,
+    }
     assert events[1] == {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"}
     assert events[2] == {"type": "AllBlocksCleared"}

@@ -82,7 +82,7 @@ async def test_redis_large_log_reads_in_chunks(redis_server: RedisServer) -> Non
     await s.save_snapshot(b"x")
     recs = [i.to_bytes(4, "big") for i in range(4500)]
     for i in range(0, len(recs), 700):
-        await s.append(recs[i:i + 700])
+        await s.append(recs[i : i + 700])
     got = await RedisCheckpointStore(s.r, "big").load()
     assert got.records == recs
     await s.close()

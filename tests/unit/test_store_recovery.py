@@ -32,8 +32,10 @@ def pairs(idx: PrefixIndex) -> set[tuple[str, int]]:
 
 
 def state(ing: Ingestor) -> dict[str, tuple]:
-    return {w: (s.instance_id, s.next_sequence, s.phase, dict(s.hashes.live), dict(s.hashes.extra),
-                sorted(s.pending)) for w, s in ing.workers.items()}
+    return {
+        w: (s.instance_id, s.next_sequence, s.phase, dict(s.hashes.live), dict(s.hashes.extra), sorted(s.pending))
+        for w, s in ing.workers.items()
+    }
 
 
 async def run_and_recover(store: CheckpointStore) -> None:
@@ -54,8 +56,11 @@ async def run_and_recover(store: CheckpointStore) -> None:
 
     for step in range(120):
         eng = engines[rng.choice("abcd")]
-        b = eng.prompt(rng.choice(prefixes) + [rng.randrange(100) for _ in range(rng.randrange(9))]) \
-            if rng.random() < 0.7 else eng.evict(3, rng)
+        b = (
+            eng.prompt(rng.choice(prefixes) + [rng.randrange(100) for _ in range(rng.randrange(9))])
+            if rng.random() < 0.7
+            else eng.evict(3, rng)
+        )
         if step == 50:
             await store.save_snapshot(snapshot_state(idx, ing, stats))
         if step == 90:  # a lost batch: worker c is mid-replay when the cache-manager dies

@@ -33,9 +33,15 @@ def matches(core: CacheCore, tokens: tuple[int, ...], tenant: str | None) -> dic
 def test_index_separates_tenants_and_children_inherit_the_chain_tenant() -> None:
     core = CacheCore(BS, MODEL)
     # same tokens: worker a under tenant A (first 2 blocks, then a continuation without tenant), b under B
-    core.apply(batch("a", 0, BlockStored((1, 2), None, TOKS[:2 * BS], BS, tenant="A"),
-                     BlockStored((3, 4), 2, TOKS[2 * BS:], BS)))
-    core.apply(batch("b", 0, BlockStored((1, 2), None, TOKS[:2 * BS], BS, tenant="B")))
+    core.apply(
+        batch(
+            "a",
+            0,
+            BlockStored((1, 2), None, TOKS[: 2 * BS], BS, tenant="A"),
+            BlockStored((3, 4), 2, TOKS[2 * BS :], BS),
+        )
+    )
+    core.apply(batch("b", 0, BlockStored((1, 2), None, TOKS[: 2 * BS], BS, tenant="B")))
     core.apply(batch("c", 0, BlockStored((9,), None, TOKS[:BS], BS)))
     assert matches(core, TOKS, "A") == {"a": 4}  # the continuation is A's: it chains on A's root
     assert matches(core, TOKS, "B") == {"b": 2}
@@ -49,7 +55,7 @@ def test_a_dump_restores_tenanted_chains() -> None:
     core = CacheCore(BS, MODEL)
     pool = BlockPool(8, BS)
     ids = pool.allocate(3)
-    pool.cache_full_blocks(ids, [11, 12, 13], TOKS[:3 * BS], 0, None, tenant="A")
+    pool.cache_full_blocks(ids, [11, 12, 13], TOKS[: 3 * BS], 0, None, tenant="A")
     dump = pool.dump()
     assert [e.tenant for e in dump] == ["A", "A", "A"] and pool.drain_events()[-1].tenant == "A"  # type: ignore[union-attr]
     core.begin_dump("w", "i0")
@@ -60,12 +66,12 @@ def test_a_dump_restores_tenanted_chains() -> None:
 
 
 def test_codec_round_trips_the_tenant_and_reads_old_records() -> None:
-    ev = BlockStored((1, 2), 7, TOKS[:2 * BS], BS, "lora", "GPU", "tenant-x")
+    ev = BlockStored((1, 2), 7, TOKS[: 2 * BS], BS, "lora", "GPU", "tenant-x")
     rec = codec.LogRecord(codec.BATCH, "w", batch=batch("w", 3, ev))
     back = codec.decode_record(codec.encode_record(rec))
     assert back.batch is not None and back.batch.events == (ev,)
     old = codec.event_to_wire(ev)[:7]  # a record written before the tenant field existed
-    assert codec.event_from_wire(old) == BlockStored((1, 2), 7, TOKS[:2 * BS], BS, "lora", "GPU", None)
+    assert codec.event_from_wire(old) == BlockStored((1, 2), 7, TOKS[: 2 * BS], BS, "lora", "GPU", None)
 
 
 def test_proto_round_trips_the_tenant() -> None:
@@ -84,8 +90,8 @@ def test_cache_salt_is_found_in_vllm_extra_keys() -> None:
 
 
 def test_zmq_wire_carries_the_salt_like_vllm_and_decodes_back() -> None:
-    root = BlockStored((1, 2), None, TOKS[:2 * BS], BS, "lo", None, "A")
-    child = BlockStored((3,), 2, TOKS[2 * BS:3 * BS], BS, None, None, "A")
+    root = BlockStored((1, 2), None, TOKS[: 2 * BS], BS, "lo", None, "A")
+    child = BlockStored((3,), 2, TOKS[2 * BS : 3 * BS], BS, None, None, "A")
     assert extra_keys_of(root) == [("lo", "A"), ("lo",)]
     assert extra_keys_of(child) is None  # vLLM salts only the block at token 0
     payload = encode_batch(batch("w", 0, root, child))
@@ -93,17 +99,17 @@ def test_zmq_wire_carries_the_salt_like_vllm_and_decodes_back() -> None:
         dec, _ = make_decoder(prefer_vllm)
         evs = to_domain_events(dec.decode(payload).events)
         assert evs[0] == root
-        assert evs[1] == BlockStored((3,), 2, TOKS[2 * BS:3 * BS], BS, None, None, None)
+        assert evs[1] == BlockStored((3,), 2, TOKS[2 * BS : 3 * BS], BS, None, None, None)
 
 
 def test_mirror_propagates_the_tenant_along_the_chain() -> None:
     m = CacheMirror()
     root = BlockStored((1,), None, TOKS[:BS], BS, tenant="A")
     m.apply(root)
-    child = m.with_chain_tenant(BlockStored((2,), 1, TOKS[BS:2 * BS], BS))
+    child = m.with_chain_tenant(BlockStored((2,), 1, TOKS[BS : 2 * BS], BS))
     assert isinstance(child, BlockStored) and child.tenant == "A"
     m.apply(child)
-    m.apply(BlockStored((3,), 2, TOKS[2 * BS:3 * BS], BS))  # apply alone inherits too
+    m.apply(BlockStored((3,), 2, TOKS[2 * BS : 3 * BS], BS))  # apply alone inherits too
     assert [e.tenant for e in m.dump()] == ["A", "A", "A"]
     other = BlockStored((5,), 99, TOKS[:BS], BS)  # unknown parent: unchanged
     assert m.with_chain_tenant(other) is other

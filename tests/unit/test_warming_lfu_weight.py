@@ -46,8 +46,9 @@ def test_tenant_of_a_hot_prefix_reaches_the_warming_action() -> None:
     s = PrefixStats()
     for t in range(5):
         s.observe([11, 12], float(t), token_ids=list(range(8)), block_size=4, tenant="A")
-    plan = plan_dynamic(s, 5.0, {"w1": 0.0, "w2": 0.0}, lambda k, inf: {"w1"}, HybridWarmSet(100),
-                        WarmingConfig(threshold=5))
+    plan = plan_dynamic(
+        s, 5.0, {"w1": 0.0, "w2": 0.0}, lambda k, inf: {"w1"}, HybridWarmSet(100), WarmingConfig(threshold=5)
+    )
     assert [(a.worker, a.tenant, a.token_ids) for a in plan.actions] == [("w2", "A", tuple(range(8)))]
     back = PrefixStats.restore(s.export())
     assert back.info[12].tenant == "A"

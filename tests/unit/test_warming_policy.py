@@ -119,9 +119,10 @@ def test_hybrid_score_formula_and_capacity() -> None:
 
 @pytest.mark.unit
 def test_static_templates_plan() -> None:
-    ts = load_templates([{"name": "sys", "token_ids": [1, 2, 3, 4], "replicas": 2},
-                         {"name": "all", "text": "x y", "replicas": 0}],
-                        tokenize=lambda s: [ord(c) for c in s])
+    ts = load_templates(
+        [{"name": "sys", "token_ids": [1, 2, 3, 4], "replicas": 2}, {"name": "all", "text": "x y", "replicas": 0}],
+        tokenize=lambda s: [ord(c) for c in s],
+    )
     loads = {"a": 0.2, "b": 0.1, "c": 0.9}
     warm = HybridWarmSet(100)
     plan = plan_static(ts, loads, lambda t: {"a"} if t.name == "sys" else set(), warm, block_size=2)

@@ -47,8 +47,11 @@ from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc, router_pb2
 
 REPO = Path(kvmesh.__file__).resolve().parents[2]
 BS = "32"
-ROLES = {"router": common_pb2.SERVICE_ROLE_ROUTER, "worker": common_pb2.SERVICE_ROLE_WORKER,
-         "cache-manager": common_pb2.SERVICE_ROLE_CACHE_MANAGER}
+ROLES = {
+    "router": common_pb2.SERVICE_ROLE_ROUTER,
+    "worker": common_pb2.SERVICE_ROLE_WORKER,
+    "cache-manager": common_pb2.SERVICE_ROLE_CACHE_MANAGER,
+}
 
 
 @dataclass
@@ -69,21 +72,68 @@ class Stats:
 
 def start_failover(z: netns.Zone, tmp: Path, consul: str, zones: list[str]) -> ServiceProcess:
     return netns.start_in_zone(
-        z, "failover", tmp, "--consul-url", consul, "--advertise-host", z.ns_ip, "--zones", ",".join(zones),
-        "--health-interval-s", "0.2", "--watch-wait-s", "5", "--registry-timeout-s", "1",
-        "--up-observations", "2", "--up-hold-s", "1", "--min-dwell-s", "3", "--ramp-s", "3",
-        "--lkg-file", str(tmp / f"lkg-{z.name}.json"))
+        z,
+        "failover",
+        tmp,
+        "--consul-url",
+        consul,
+        "--advertise-host",
+        z.ns_ip,
+        "--zones",
+        ",".join(zones),
+        "--health-interval-s",
+        "0.2",
+        "--watch-wait-s",
+        "5",
+        "--registry-timeout-s",
+        "1",
+        "--up-observations",
+        "2",
+        "--up-hold-s",
+        "1",
+        "--min-dwell-s",
+        "3",
+        "--ramp-s",
+        "3",
+        "--lkg-file",
+        str(tmp / f"lkg-{z.name}.json"),
+    )
 
 
 def start_zone(z: netns.Zone, tmp: Path, consul: str, zones: list[str], workers: int) -> ZoneProcs:
     zp = ZoneProcs(z)
     cm = netns.start_in_zone(z, "cache-manager", tmp, "--block-size", BS)
     zp.procs.append(cm)
-    ws = [netns.start_in_zone(z, "worker", tmp, "--engine", "sim", "--block-size", BS, "--kv-blocks", "4096",
-                              "--cache-manager", cm.address) for _ in range(workers)]
+    ws = [
+        netns.start_in_zone(
+            z,
+            "worker",
+            tmp,
+            "--engine",
+            "sim",
+            "--block-size",
+            BS,
+            "--kv-blocks",
+            "4096",
+            "--cache-manager",
+            cm.address,
+        )
+        for _ in range(workers)
+    ]
     zp.procs += ws
-    zp.procs.append(netns.start_in_zone(z, "router", tmp, "--workers", ",".join(w.address for w in ws),
-                                        "--cache-manager", cm.address, "--block-size", BS))
+    zp.procs.append(
+        netns.start_in_zone(
+            z,
+            "router",
+            tmp,
+            "--workers",
+            ",".join(w.address for w in ws),
+            "--cache-manager",
+            cm.address,
+            "--block-size",
+            BS,
+        )
+    )
     zp.failover = start_failover(z, tmp, consul, zones)
     return zp
 
@@ -93,8 +143,9 @@ async def register(failover: ServiceProcess, procs: list[ServiceProcess], attemp
     async with grpc.aio.insecure_channel(failover.address) as ch:
         stub = failover_pb2_grpc.FailoverServiceStub(ch)
         for sp in procs:
-            ep = common_pb2.Endpoint(id=sp.info["id"], role=ROLES[sp.name], address=sp.address,
-                                     zone=sp.info["zone"], version="v1")
+            ep = common_pb2.Endpoint(
+                id=sp.info["id"], role=ROLES[sp.name], address=sp.address, zone=sp.info["zone"], version="v1"
+            )
             for k in range(attempts):
                 try:
                     await stub.Register(failover_pb2.RegisterRequest(endpoint=ep, check_interval_s=0.5), timeout=3)
@@ -123,8 +174,11 @@ async def client_loop(idx: int, client: AsyncClient, stats: Stats, end: float, m
     while time.monotonic() < end:
         n += 1
         req = router_pb2.RouterServiceGenerateRequest(
-            request_id=f"c{idx}-{n}", token_ids=common_pb2.TokenIds(ids=prompt[: 64 + n % 32]),
-            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True), session_id=f"s{idx}")
+            request_id=f"c{idx}-{n}",
+            token_ids=common_pb2.TokenIds(ids=prompt[: 64 + n % 32]),
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            session_id=f"s{idx}",
+        )
         stats.total += 1
         got = 0
         try:
@@ -188,14 +242,19 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         else:
             hosts = ["--host", "127.0.0.1"] + [x for z in zones for x in ("--host", z.host_ip)]
             consul_proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.consul_standin", "--port", "0", *hosts], cwd=REPO,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                env={**os.environ, "PYTHONPATH": str(REPO)})
+                [sys.executable, "-m", "tests.consul_standin", "--port", "0", *hosts],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
             port = read_port(consul_proc)
             consul_urls = {z.name: f"http://{z.host_ip}:{port}" for z in zones}
         for z in zones:
-            zps.append(await asyncio.to_thread(start_zone, z, tmp / z.name, consul_urls[z.name], names,
-                                               a.workers_per_zone))
+            zps.append(
+                await asyncio.to_thread(start_zone, z, tmp / z.name, consul_urls[z.name], names, a.workers_per_zone)
+            )
         for zp in zps:
             assert zp.failover is not None
             await register(zp.failover, zp.procs)
@@ -206,10 +265,11 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         def recorder(ci: int) -> Any:
             def rec(inst: ServiceInstance) -> None:
                 stats.attempts.append((ci, time.monotonic(), inst.zone))
+
             return rec
 
         for ci in range(a.clients):
-            order = fo_addrs[ci % len(fo_addrs):] + fo_addrs[: ci % len(fo_addrs)]
+            order = fo_addrs[ci % len(fo_addrs) :] + fo_addrs[: ci % len(fo_addrs)]
             c = AsyncClient(order, timeout_s=60, max_attempts=10, on_attempt=recorder(ci))
             await c.start()
             clients.append(c)
@@ -236,7 +296,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             t_resume = time.monotonic() + a.consul_stop_s
             await sleep_until(t_kill)
             victim.zone.partition()
-            kill([*victim.procs, *( [victim.failover] if victim.failover else [])])
+            kill([*victim.procs, *([victim.failover] if victim.failover else [])])
             await sleep_until(t_resume)
             consul_proc.send_signal(signal.SIGCONT)
             t_restore_start = max(t_restore_start, time.monotonic())
@@ -258,16 +318,23 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         old_ids = [sp.info["id"] for sp in victim.procs]
         if a.scenario in ("zone", "consul"):
             victim.zone.heal()
-            new = await asyncio.to_thread(start_zone, victim.zone, tmp / f"{victim.zone.name}-2",
-                                          consul_urls[victim.zone.name], names, a.workers_per_zone)
+            new = await asyncio.to_thread(
+                start_zone,
+                victim.zone,
+                tmp / f"{victim.zone.name}-2",
+                consul_urls[victim.zone.name],
+                names,
+                a.workers_per_zone,
+            )
             assert new.failover is not None and zps[1].failover is not None
             await deregister(zps[1].failover, old_ids)
             await register(new.failover, new.procs)
             zone_of.update({sp.info["id"]: sp.info["zone"] for sp in new.procs})
             zps[0] = new
         else:
-            zps[0].failover = await asyncio.to_thread(start_failover, victim.zone, tmp / "a-fo2",
-                                                      consul_urls[victim.zone.name], names)
+            zps[0].failover = await asyncio.to_thread(
+                start_failover, victim.zone, tmp / "a-fo2", consul_urls[victim.zone.name], names
+            )
         t_restored = time.monotonic()
         await asyncio.gather(*loops)
 
@@ -278,16 +345,28 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             switch.append(max(0.0, max(to0) - t_kill) if to0 else 0.0)
         back = [t for (_, t, z) in stats.attempts if z == zone0 and t >= t_restored]
         result = {
-            "bench": "failover", "scenario": a.scenario, "zones": a.zones,
-            "workers_per_zone": a.workers_per_zone, "clients": a.clients, "duration_s": d,
+            "bench": "failover",
+            "scenario": a.scenario,
+            "zones": a.zones,
+            "workers_per_zone": a.workers_per_zone,
+            "clients": a.clients,
+            "duration_s": d,
             "switchover_s": {"p50": round(statistics.median(switch), 3), "max": round(max(switch), 3)}
-            if a.scenario != "failover" else {"p50": 0.0, "max": 0.0},
-            "requests_total": stats.total, "requests_lost": stats.lost, "requests_duplicated": stats.duplicated,
+            if a.scenario != "failover"
+            else {"p50": 0.0, "max": 0.0},
+            "requests_total": stats.total,
+            "requests_lost": stats.lost,
+            "requests_duplicated": stats.duplicated,
             "failback_s": round(min(back) - t_restored, 3) if back else None,
-            "attempts": len(stats.attempts), "resumes": sum(c.resumes_total for c in clients),
-            "consul": a.consul_url or "stand-in", "errors": stats.errors[:5],
-            **({"watch_failover_s": {"max": round(max(watch_moved), 3)} if watch_moved else None}
-               if a.scenario == "failover" else {}),
+            "attempts": len(stats.attempts),
+            "resumes": sum(c.resumes_total for c in clients),
+            "consul": a.consul_url or "stand-in",
+            "errors": stats.errors[:5],
+            **(
+                {"watch_failover_s": {"max": round(max(watch_moved), 3)} if watch_moved else None}
+                if a.scenario == "failover"
+                else {}
+            ),
         }
         return result
     finally:
@@ -304,8 +383,11 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvmesh.bench failover", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m kvmesh.bench failover",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--zones", type=int, default=2)
     p.add_argument("--workers-per-zone", type=int, default=2)
     p.add_argument("--duration", type=float, default=60.0)

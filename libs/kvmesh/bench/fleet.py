@@ -50,8 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-hour-price", type=float, default=3.5, help="USD per GPU-hour")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--kvmesh-profile", default=None, help="YAML routing profile for 'kvmesh' (default: built-in)")
-    p.add_argument("--spread-arrivals", action="store_true",
-                   help="spread requests that share a timestamp evenly until the next timestamp")
+    p.add_argument(
+        "--spread-arrivals",
+        action="store_true",
+        help="spread requests that share a timestamp evenly until the next timestamp",
+    )
     p.add_argument("--skip-studies", action="store_true", help="skip the 32-concurrent and warming studies")
     p.add_argument("--study-workers", type=int, default=8, help="fleet size of the 32-concurrent study")
     return p

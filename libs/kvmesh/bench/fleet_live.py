@@ -80,24 +80,77 @@ def local_suite(
     procs: list[ServiceProcess] = []
     try:
         cm = start_service(
-            "cache-manager", tmp, "--block-size", str(block_size), "--model", SUITE_MODEL,
-            "--checkpoint-interval-s", "0", "--warm-interval-s", "0", "--log-level", "WARNING",
-        )  # fmt: skip
+            "cache-manager",
+            tmp,
+            "--block-size",
+            str(block_size),
+            "--model",
+            SUITE_MODEL,
+            "--checkpoint-interval-s",
+            "0",
+            "--warm-interval-s",
+            "0",
+            "--log-level",
+            "WARNING",
+        )
         procs.append(cm)
         ws = []
         for _ in range(workers):
-            ws.append(start_service(
-                "worker", tmp, "--engine", "sim", "--sim-speed", str(speed), "--block-size", str(block_size),
-                "--kv-blocks", str(kv), "--max-model-len", "131072", "--max-queue", "1024",
-                "--cache-manager", cm.address, "--log-level", "WARNING"))  # fmt: skip
+            ws.append(
+                start_service(
+                    "worker",
+                    tmp,
+                    "--engine",
+                    "sim",
+                    "--sim-speed",
+                    str(speed),
+                    "--block-size",
+                    str(block_size),
+                    "--kv-blocks",
+                    str(kv),
+                    "--max-model-len",
+                    "131072",
+                    "--max-queue",
+                    "1024",
+                    "--cache-manager",
+                    cm.address,
+                    "--log-level",
+                    "WARNING",
+                )
+            )
             procs.append(ws[-1])
         router = start_service(
-            "router", tmp, "--workers", ",".join(w.address for w in ws), "--cache-manager", cm.address,
-            "--salt-model", SUITE_MODEL, "--block-size", str(block_size), "--max-prompt-tokens", "131072",
-            "--short-concurrency", "4096", "--long-concurrency", "4096", "--short-queue", "4096",
-            "--long-queue", "4096", "--queue-timeout-s", "3600", "--breaker-p95-ms", "1e9",
-            "--breaker-error-rate", "1.0", "--load-interval-ms", str(load_interval_ms), "--log-level", "WARNING",
-        )  # fmt: skip
+            "router",
+            tmp,
+            "--workers",
+            ",".join(w.address for w in ws),
+            "--cache-manager",
+            cm.address,
+            "--salt-model",
+            SUITE_MODEL,
+            "--block-size",
+            str(block_size),
+            "--max-prompt-tokens",
+            "131072",
+            "--short-concurrency",
+            "4096",
+            "--long-concurrency",
+            "4096",
+            "--short-queue",
+            "4096",
+            "--long-queue",
+            "4096",
+            "--queue-timeout-s",
+            "3600",
+            "--breaker-p95-ms",
+            "1e9",
+            "--breaker-error-rate",
+            "1.0",
+            "--load-interval-ms",
+            str(load_interval_ms),
+            "--log-level",
+            "WARNING",
+        )
         procs.append(router)
         yield Suite(cm, ws, router)
     finally:

@@ -85,8 +85,26 @@ def start_in_zone(
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{name}-{zone.name}-{time.monotonic_ns()}.ready.json"
     log_path = ready.with_suffix(".log")
-    cmd = ["ip", "netns", "exec", zone.ns, sys.executable, "-m", SERVICES[name], "--host", zone.ns_ip,
-           "--port", "0", "--http-port", "0", "--ready-file", str(ready), "--zone", zone.name, *args]
+    cmd = [
+        "ip",
+        "netns",
+        "exec",
+        zone.ns,
+        sys.executable,
+        "-m",
+        SERVICES[name],
+        "--host",
+        zone.ns_ip,
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--ready-file",
+        str(ready),
+        "--zone",
+        zone.name,
+        *args,
+    ]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)

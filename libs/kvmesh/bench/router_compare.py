@@ -98,14 +98,34 @@ def start_third_party(
     if kind == "sglang":
         cmd = [sys.executable, f"{routers_path}/bin/sglang-router", "launch", "--policy", "cache_aware"]
     else:
-        cmd = [sys.executable, f"{routers_path}/bin/vllm-router", "--policy", "kv_aware",
-               "--kv-event-block-size", str(block_size), "--kv-event-model", "sim"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            f"{routers_path}/bin/vllm-router",
+            "--policy",
+            "kv_aware",
+            "--kv-event-block-size",
+            str(block_size),
+            "--kv-event-model",
+            "sim",
+        ]
         for u, z in zip(worker_urls, zmq, strict=True):
             cmd += ["--kv-event-source", f"{u}={z}"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--health-check-endpoint", "/healthz",
-            "--health-check-interval-secs", "1", "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(free_port()),
-            "--worker-urls", *worker_urls]  # fmt: skip
+    cmd += [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--health-check-endpoint",
+        "/healthz",
+        "--health-check-interval-secs",
+        "1",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-urls",
+        *worker_urls,
+    ]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     _LOGS[proc.pid] = log
@@ -183,8 +203,9 @@ async def run_http(
 
                 return send
 
-            got = await measure({name: sender(urls) for name, urls in targets.items()}, c1_requests, requests,
-                                concurrency)
+            got = await measure(
+                {name: sender(urls) for name, urls in targets.items()}, c1_requests, requests, concurrency
+            )
             for name, figures in got.items():
                 out[name][str(p)] = figures
     return out

@@ -127,9 +127,22 @@ def main(argv: Sequence[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="kvmesh-bench-router-") as tmp:
         try:
             zmq = [f"tcp://127.0.0.1:{free_port()}" for _ in range(a.workers)] if "vllm" in compare else []
-            wargs = ["--engine", "sim", "--sim-speed", "0", "--block-size", str(a.block_size),
-                     "--kv-blocks", str(kv_blocks), "--max-model-len", str(max_len), "--max-queue", "100000",
-                     "--log-level", "WARNING"]  # fmt: skip
+            wargs = [
+                "--engine",
+                "sim",
+                "--sim-speed",
+                "0",
+                "--block-size",
+                str(a.block_size),
+                "--kv-blocks",
+                str(kv_blocks),
+                "--max-model-len",
+                str(max_len),
+                "--max-queue",
+                "100000",
+                "--log-level",
+                "WARNING",
+            ]
             model_dir = resolve_model_dir("")
             if a.api == "http":  # text prompts: everyone tokenises with the tiny model's tokenizer
                 if model_dir is None:

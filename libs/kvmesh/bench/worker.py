@@ -34,8 +34,9 @@ class Workload:
     output_len: int
 
 
-def make_workload(n: int, rate: float, prompt_len: int, shared: int, groups: int, output_len: int,
-                  seed: int) -> Workload:  # fmt: skip
+def make_workload(
+    n: int, rate: float, prompt_len: int, shared: int, groups: int, output_len: int, seed: int
+) -> Workload:
     rng = random.Random(seed)
     heads = [[rng.randrange(3, 120_000) for _ in range(shared)] for _ in range(max(1, groups))]
     prompts = []
@@ -82,8 +83,10 @@ def run_model(w: Workload, cfg: SimConfig, max_steps: int = 5_000_000) -> dict[s
         while i < n and w.arrivals[i] <= now:
             rid = f"r{i}"
             try:
-                core.add_request(EngineRequest(rid, w.prompts[i], sampling=SamplingParams(
-                    max_tokens=w.output_len, ignore_eos=True)), w.arrivals[i])  # fmt: skip
+                core.add_request(
+                    EngineRequest(rid, w.prompts[i], sampling=SamplingParams(max_tokens=w.output_len, ignore_eos=True)),
+                    w.arrivals[i],
+                )
                 arrival[rid] = w.arrivals[i]
             except Exception:
                 tally.rejected += 1
@@ -110,28 +113,49 @@ def run_model(w: Workload, cfg: SimConfig, max_steps: int = 5_000_000) -> dict[s
                 tally.cached_tokens += o.usage.cached_tokens
     wall = time.perf_counter() - wall0
     return {
-        "requests": n, "completed": tally.done, "rejected": tally.rejected, "sim_seconds": round(now, 3),
+        "requests": n,
+        "completed": tally.done,
+        "rejected": tally.rejected,
+        "sim_seconds": round(now, 3),
         "output_tokens_per_s": round(tally.out_tokens / now, 1) if now else 0.0,
         "prompt_tokens_per_s": round(tally.prompt_tokens / now, 1) if now else 0.0,
-        "ttft_p50_ms": round(pct(tally.ttft, 50) * 1e3, 2), "ttft_p99_ms": round(pct(tally.ttft, 99) * 1e3, 2),
-        "itl_p50_ms": round(pct(tally.itl, 50) * 1e3, 2), "itl_p99_ms": round(pct(tally.itl, 99) * 1e3, 2),
+        "ttft_p50_ms": round(pct(tally.ttft, 50) * 1e3, 2),
+        "ttft_p99_ms": round(pct(tally.ttft, 99) * 1e3, 2),
+        "itl_p50_ms": round(pct(tally.itl, 50) * 1e3, 2),
+        "itl_p99_ms": round(pct(tally.itl, 99) * 1e3, 2),
         "prefix_hit_rate": round(tally.cached_tokens / tally.prompt_tokens, 4) if tally.prompt_tokens else 0.0,
-        "peak_kv_usage": round(peak_kv, 4), "preemptions": core.preemptions_total,
-        "evictions": core.pool.evictions, "steps": steps, "wall_s": round(wall, 3),
+        "peak_kv_usage": round(peak_kv, 4),
+        "preemptions": core.preemptions_total,
+        "evictions": core.pool.evictions,
+        "steps": steps,
+        "wall_s": round(wall, 3),
         "sim_speedup": round(now / wall, 1) if wall else 0.0,
-    }  # fmt: skip
+    }
 
 
-async def run_service(w: Workload, engine: str, speed: float, concurrency: int, block_size: int,
-                      max_model_len: int, kv_blocks: int) -> dict[str, Any]:  # fmt: skip
+async def run_service(
+    w: Workload, engine: str, speed: float, concurrency: int, block_size: int, max_model_len: int, kv_blocks: int
+) -> dict[str, Any]:
     """Starts a real worker and drives it over gRPC; arrivals are ignored (closed loop, `concurrency`)."""
     import grpc
 
     from kvmesh.launcher import start_service
     from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
-    args = ["--engine", engine, "--block-size", str(block_size), "--max-model-len", str(max_model_len),
-            "--sim-speed", str(speed), "--kv-blocks", str(kv_blocks), "--log-level", "WARNING"]  # fmt: skip
+    args = [
+        "--engine",
+        engine,
+        "--block-size",
+        str(block_size),
+        "--max-model-len",
+        str(max_model_len),
+        "--sim-speed",
+        str(speed),
+        "--kv-blocks",
+        str(kv_blocks),
+        "--log-level",
+        "WARNING",
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-worker-"))
     sp = start_service("worker", tmp, *args, timeout=300 if engine == "vllm" else 60)
     tally = Tally()
@@ -167,12 +191,17 @@ async def run_service(w: Workload, engine: str, speed: float, concurrency: int, 
     finally:
         sp.terminate(timeout=60)
     return {
-        "requests": len(w.prompts), "completed": tally.done, "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(tally.out_tokens / wall, 1), "requests_per_s": round(tally.done / wall, 2),
-        "ttft_p50_ms": round(pct(tally.ttft, 50) * 1e3, 2), "ttft_p99_ms": round(pct(tally.ttft, 99) * 1e3, 2),
-        "itl_p50_ms": round(pct(tally.itl, 50) * 1e3, 2), "itl_p99_ms": round(pct(tally.itl, 99) * 1e3, 2),
+        "requests": len(w.prompts),
+        "completed": tally.done,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tally.out_tokens / wall, 1),
+        "requests_per_s": round(tally.done / wall, 2),
+        "ttft_p50_ms": round(pct(tally.ttft, 50) * 1e3, 2),
+        "ttft_p99_ms": round(pct(tally.ttft, 99) * 1e3, 2),
+        "itl_p50_ms": round(pct(tally.itl, 50) * 1e3, 2),
+        "itl_p99_ms": round(pct(tally.itl, 99) * 1e3, 2),
         "prefix_hit_rate": round(tally.cached_tokens / tally.prompt_tokens, 4) if tally.prompt_tokens else 0.0,
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,9 +58,11 @@ class Gen:
                 shared = self.groups[g]
                 for i in range(0, 128, 32):
                     ehs = self._ehs(32)
-                    out.append(self._batch(w, [BlockStored(ehs, parent,
-                                                           tuple(shared[i * self.bs:(i + 32) * self.bs]),
-                                                           self.bs)]))
+                    out.append(
+                        self._batch(
+                            w, [BlockStored(ehs, parent, tuple(shared[i * self.bs : (i + 32) * self.bs]), self.bs)]
+                        )
+                    )
                     parent = ehs[-1]
                 self.has_group[(w, g)] = parent
                 blocks -= 128
@@ -90,8 +92,10 @@ def _start_redis(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
     c = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -126,20 +130,32 @@ async def run(args: argparse.Namespace, store: CheckpointStore) -> dict[str, obj
     for b in log:
         ing.apply(b)
     for i in range(0, len(recs), 1000):
-        await store.append(recs[i:i + 1000])
+        await store.append(recs[i : i + 1000])
     pairs = idx.num_pairs()
     rec = await recover(store, hasher, args.block_size)
     assert rec.restored is not None
     ok = rec.restored.index.num_pairs() == pairs and all(
-        set(rec.restored.index.blocks_of(w).tolist()) == set(idx.blocks_of(w).tolist()) for w in gen.seq)
+        set(rec.restored.index.blocks_of(w).tolist()) == set(idx.blocks_of(w).tolist()) for w in gen.seq
+    )
     total = rec.load_s + rec.restore_s + rec.replay_s
-    return {"bench": "cachemgr_recovery", "store": args.store, "pairs": pairs,
-            "distinct_blocks": idx.num_entries(), "workers": args.workers, "block_size": args.block_size,
-            "snapshot_bytes": len(snap), "log_records": rec.records, "build_s": round(build_s, 3),
-            "snapshot_save_s": round(save_s, 3), "load_s": round(rec.load_s, 3),
-            "restore_s": round(rec.restore_s, 3), "replay_s": round(rec.replay_s, 3),
-            "recovery_s": round(total, 3), "recovery_s_per_million_pairs": round(total * 1e6 / pairs, 3),
-            "equal": bool(ok)}
+    return {
+        "bench": "cachemgr_recovery",
+        "store": args.store,
+        "pairs": pairs,
+        "distinct_blocks": idx.num_entries(),
+        "workers": args.workers,
+        "block_size": args.block_size,
+        "snapshot_bytes": len(snap),
+        "log_records": rec.records,
+        "build_s": round(build_s, 3),
+        "snapshot_save_s": round(save_s, 3),
+        "load_s": round(rec.load_s, 3),
+        "restore_s": round(rec.restore_s, 3),
+        "replay_s": round(rec.replay_s, 3),
+        "recovery_s": round(total, 3),
+        "recovery_s_per_million_pairs": round(total * 1e6 / pairs, 3),
+        "equal": bool(ok),
+    }
 
 
 def main() -> None:

@@ -24,19 +24,33 @@ from kvmesh.warming.stats import PrefixStats
 FORMAT = 1
 
 
-def snapshot_state(index: PrefixIndex, ingestor: Ingestor, stats: PrefixStats | None,
-                   meta: dict[str, object] | None = None) -> bytes:
+def snapshot_state(
+    index: PrefixIndex, ingestor: Ingestor, stats: PrefixStats | None, meta: dict[str, object] | None = None
+) -> bytes:
     """Serialise the whole cache-manager state (see module docstring)."""
     workers = [
-        [st.worker_id, st.instance_id, st.next_sequence, st.phase.value, st.hashes.export(),
-         [codec.batch_to_wire(b) for b in st.pending.values()], st.retired, st.skipped_events]
+        [
+            st.worker_id,
+            st.instance_id,
+            st.next_sequence,
+            st.phase.value,
+            st.hashes.export(),
+            [codec.batch_to_wire(b) for b in st.pending.values()],
+            st.retired,
+            st.skipped_events,
+        ]
         for st in ingestor.workers.values()
     ]
-    return codec.encode({
-        "format": FORMAT, "block_size": ingestor.block_size, "index": index.snapshot(),
-        "workers": workers, "stats": stats.export() if stats is not None else None,
-        "meta": meta or {},
-    })
+    return codec.encode(
+        {
+            "format": FORMAT,
+            "block_size": ingestor.block_size,
+            "index": index.snapshot(),
+            "workers": workers,
+            "stats": stats.export() if stats is not None else None,
+            "meta": meta or {},
+        }
+    )
 
 
 @dataclass(slots=True)
@@ -59,8 +73,15 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
     for wid, inst, nxt, phase, hmap, pending, retired, skipped in d["workers"]:
         batches = [codec.batch_from_wire(b) for b in pending]
         ing.workers[wid] = WorkerState(
-            wid, inst, nxt, Phase(phase), EngineHashMap.restore(hmap),
-            {b.sequence: b for b in batches}, list(retired), skipped)
+            wid,
+            inst,
+            nxt,
+            Phase(phase),
+            EngineHashMap.restore(hmap),
+            {b.sequence: b for b in batches},
+            list(retired),
+            skipped,
+        )
     stats = PrefixStats.restore(d["stats"]) if d["stats"] is not None else None
     return Restored(index, ing, stats, dict(d["meta"]))
 

@@ -53,8 +53,7 @@ def event_from_wire(w: list[Any]) -> KvEvent:
 
 def batch_to_wire(b: KvEventBatch) -> list[Any]:
     """Domain batch → msgpack-able list."""
-    return [b.worker_id, b.instance_id, b.sequence, b.timestamp, [event_to_wire(e) for e in b.events],
-            b.dp_rank]
+    return [b.worker_id, b.instance_id, b.sequence, b.timestamp, [event_to_wire(e) for e in b.events], b.dp_rank]
 
 
 def batch_from_wire(w: list[Any]) -> KvEventBatch:

@@ -41,8 +41,9 @@ class QueryCounters:
 class CacheCore:
     """See module docstring."""
 
-    def __init__(self, block_size: int, model: str, store: CheckpointStore | None = None,
-                 window_s: float = 60.0) -> None:
+    def __init__(
+        self, block_size: int, model: str, store: CheckpointStore | None = None, window_s: float = 60.0
+    ) -> None:
         self.block_size = block_size
         self.model = model
         self.hasher = IndexHasher(model)
@@ -72,27 +73,33 @@ class CacheCore:
         return self._record(codec.LogRecord(codec.BATCH, batch.worker_id, batch=batch), self.ingestor.apply(batch))
 
     def begin_dump(self, worker_id: str, instance_id: str) -> IngestResult:
-        return self._record(codec.LogRecord(codec.DUMP_BEGIN, worker_id, instance_id=instance_id),
-                            self.ingestor.begin_dump(worker_id, instance_id))
+        return self._record(
+            codec.LogRecord(codec.DUMP_BEGIN, worker_id, instance_id=instance_id),
+            self.ingestor.begin_dump(worker_id, instance_id),
+        )
 
     def apply_dump(self, worker_id: str, events: Sequence[KvEvent]) -> IngestResult:
-        return self._record(codec.LogRecord(codec.DUMP_EVENTS, worker_id, events=tuple(events)),
-                            self.ingestor.apply_dump(worker_id, events))
+        return self._record(
+            codec.LogRecord(codec.DUMP_EVENTS, worker_id, events=tuple(events)),
+            self.ingestor.apply_dump(worker_id, events),
+        )
 
     def end_dump(self, worker_id: str, next_sequence: int) -> IngestResult:
-        return self._record(codec.LogRecord(codec.DUMP_END, worker_id, next_sequence=next_sequence),
-                            self.ingestor.end_dump(worker_id, next_sequence))
+        return self._record(
+            codec.LogRecord(codec.DUMP_END, worker_id, next_sequence=next_sequence),
+            self.ingestor.end_dump(worker_id, next_sequence),
+        )
 
     def replay_failed(self, worker_id: str, reason: str = "replay incomplete") -> IngestResult:
-        return self._record(codec.LogRecord(codec.REPLAY_FAILED, worker_id),
-                            self.ingestor.replay_failed(worker_id, reason))
+        return self._record(
+            codec.LogRecord(codec.REPLAY_FAILED, worker_id), self.ingestor.replay_failed(worker_id, reason)
+        )
 
     def is_replaying(self, worker_id: str) -> bool:
         return self.ingestor.is_replaying(worker_id)
 
     def remove_worker(self, worker_id: str) -> IngestResult:
-        res = self._record(codec.LogRecord(codec.REMOVE_WORKER, worker_id),
-                           self.ingestor.remove_worker(worker_id))
+        res = self._record(codec.LogRecord(codec.REMOVE_WORKER, worker_id), self.ingestor.remove_worker(worker_id))
         self.index.remove_worker(worker_id)
         return res
 
@@ -114,13 +121,15 @@ class CacheCore:
             h = self._hashers[key] = IndexHasher(key[0], tenant=key[1])
         return h, lora or None
 
-    def hashes_of(self, token_ids: Sequence[int], model: str = "", lora: str | None = None,
-                  tenant: str | None = None) -> list[int]:
+    def hashes_of(
+        self, token_ids: Sequence[int], model: str = "", lora: str | None = None, tenant: str | None = None
+    ) -> list[int]:
         h, lo = self.hasher_for(model, lora, tenant)
         return h.chain(None, token_ids, self.block_size, lo)
 
-    def find_matches(self, hashes: Sequence[int], now: float,
-                     token_ids: Sequence[int] | None = None, tenant: str | None = None) -> dict[str, int]:
+    def find_matches(
+        self, hashes: Sequence[int], now: float, token_ids: Sequence[int] | None = None, tenant: str | None = None
+    ) -> dict[str, int]:
         """Matches, counted in the hit ratio and the prefix statistics (`on_observe` sees the keys)."""
         m = self.index.find_matches(hashes)
         self.queries.queries += 1
@@ -136,8 +145,9 @@ class CacheCore:
         """Register a watcher and return it with a consistent snapshot (same event-loop step)."""
         ws = frozenset(workers)
         watcher = self.fanout.add(ws)
-        snap = [Stored(w, None, tuple(self.index.blocks_of(w).tolist()))
-                for w in self.index.workers() if not ws or w in ws]
+        snap = [
+            Stored(w, None, tuple(self.index.blocks_of(w).tolist())) for w in self.index.workers() if not ws or w in ws
+        ]
         return watcher, self.revision, snap
 
     # ------------------------------------------------------------ checkpoints
@@ -146,8 +156,9 @@ class CacheCore:
         if self.store is None:
             raise RuntimeError("no checkpoint store configured")
         async with self._store_lock:
-            snap = snapshot_state(self.index, self.ingestor, self.stats, {"revision": self.revision,
-                                                                           "time": time.time()})
+            snap = snapshot_state(
+                self.index, self.ingestor, self.stats, {"revision": self.revision, "time": time.time()}
+            )
             self._pending.clear()  # everything pending is inside the snapshot
             await self.store.save_snapshot(snap)
         return self.index.num_pairs(), len(snap)

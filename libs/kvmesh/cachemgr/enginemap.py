@@ -80,8 +80,7 @@ class EngineHashMap:
         ev = np.fromiter(self.extra.values(), dtype=np.uint64, count=len(self.extra))
         tk = np.fromiter(self.tomb.keys(), dtype=np.uint64, count=len(self.tomb))
         tv = np.fromiter(self.tomb.values(), dtype=np.uint64, count=len(self.tomb))
-        return {n: a.tobytes() for n, a in
-                (("lk", keys), ("lv", vals), ("ek", ek), ("ev", ev), ("tk", tk), ("tv", tv))}
+        return {n: a.tobytes() for n, a in (("lk", keys), ("lv", vals), ("ek", ek), ("ev", ev), ("tk", tk), ("tv", tv))}
 
     @classmethod
     def restore(cls, data: dict[str, bytes], tomb_capacity: int = 65_536) -> EngineHashMap:

@@ -18,7 +18,8 @@ class Watcher:
 
     workers: frozenset[str]
     queue: asyncio.Queue[tuple[int, list[IndexDelta]] | None] = field(
-        default_factory=lambda: asyncio.Queue(maxsize=10_000))
+        default_factory=lambda: asyncio.Queue(maxsize=10_000)
+    )
     dropped: bool = False
 
 

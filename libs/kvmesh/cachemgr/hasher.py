@@ -30,7 +30,11 @@ class IndexHasher:
         return s
 
     def chain(
-        self, parent: int | None, token_ids: Sequence[int], block_size: int, lora_name: str | None,
+        self,
+        parent: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None,
         tenant: str | None = None,
     ) -> list[int]:
         """Index hashes of the full blocks of `token_ids`, chained after `parent` (None: first block)."""

@@ -96,9 +96,7 @@ class IngestCounters:
 class Ingestor:
     """Applies KV event batches of many workers to one prefix index (see module docstring)."""
 
-    def __init__(
-        self, index: IndexWriter, hasher: BlockHasher, block_size: int, max_pending: int = 4096
-    ) -> None:
+    def __init__(self, index: IndexWriter, hasher: BlockHasher, block_size: int, max_pending: int = 4096) -> None:
         self.index = index
         self.hasher = hasher
         self.block_size = block_size
@@ -213,7 +211,7 @@ class Ingestor:
         self.counters.restarts += 1
         res.restart = True
         self._drop_entries(st, res)
-        st.retired = [*st.retired[-(RETIRED_KEEP - 1):], st.instance_id]
+        st.retired = [*st.retired[-(RETIRED_KEEP - 1) :], st.instance_id]
         st.instance_id = instance_id
         st.next_sequence = 0
         st.phase = Phase.SYNCED
@@ -224,8 +222,13 @@ class Ingestor:
             self.counters.gaps += 1
             res.gap = True
             st.phase = Phase.REPLAYING
-            res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, False,
-                                       f"gap: expected {st.next_sequence}, got {batch.sequence}")
+            res.resync = ResyncRequest(
+                st.worker_id,
+                st.instance_id,
+                st.next_sequence,
+                False,
+                f"gap: expected {st.next_sequence}, got {batch.sequence}",
+            )
         st.pending[batch.sequence] = batch
         res.buffered.append(batch.sequence)
         if len(st.pending) > self.max_pending:

@@ -24,7 +24,11 @@ class BlockHasher(Protocol):
     """
 
     def chain(
-        self, parent: int | None, token_ids: Sequence[int], block_size: int, lora_name: str | None,
+        self,
+        parent: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_name: str | None,
         tenant: str | None = None,
     ) -> list[int]: ...
 

@@ -90,8 +90,17 @@ def to_domain_events(raw_events: list[Any], kv_group: int = 0) -> tuple[KvEvent,
             parent = None if e.parent_block_hash is None else engine_hash(e.parent_block_hash)
             keys = getattr(e, "extra_keys", None)
             tenant = cache_salt_of(keys[0], e.lora_name) if keys and parent is None else None
-            out.append(BlockStored(tuple(engine_hash(h) for h in e.block_hashes), parent,
-                                   tuple(e.token_ids), int(e.block_size), e.lora_name, e.medium, tenant))
+            out.append(
+                BlockStored(
+                    tuple(engine_hash(h) for h in e.block_hashes),
+                    parent,
+                    tuple(e.token_ids),
+                    int(e.block_size),
+                    e.lora_name,
+                    e.medium,
+                    tenant,
+                )
+            )
         elif name == "BlockRemoved":
             out.append(BlockRemoved(tuple(engine_hash(h) for h in e.block_hashes), e.medium))
         elif name == "AllBlocksCleared":
@@ -106,8 +115,7 @@ class VllmTranslator:
     means the server restarted (its counter starts at 0), so the instance id `<boot>-g<n>` moves on.
     """
 
-    def __init__(self, worker_id: str, boot_id: str = "vllm", prefer_vllm: bool = True,
-                 kv_group: int = 0) -> None:
+    def __init__(self, worker_id: str, boot_id: str = "vllm", prefer_vllm: bool = True, kv_group: int = 0) -> None:
         self.worker_id = worker_id
         self.boot_id = boot_id
         self.kv_group = kv_group
@@ -127,5 +135,11 @@ class VllmTranslator:
                 self.generation += 1
             self.last_live_seq = seq
         b = self.decoder.decode(payload)
-        return KvEventBatch(self.worker_id, self.instance_id, seq, float(b.ts),
-                            to_domain_events(b.events, self.kv_group), int(b.data_parallel_rank or 0))
+        return KvEventBatch(
+            self.worker_id,
+            self.instance_id,
+            seq,
+            float(b.ts),
+            to_domain_events(b.events, self.kv_group),
+            int(b.data_parallel_rank or 0),
+        )

@@ -42,11 +42,18 @@ class IngestSink(Protocol):
 class VllmZmqSubscriber:
     """Follows one vLLM publisher (see module docstring)."""
 
-    def __init__(self, worker_id: str, endpoint: str, replay_endpoint: str | None, sink: IngestSink,
-                 topic: str = "", translator: VllmTranslator | None = None,
-                 replay_timeout_s: float = 5.0,
-                 on_unrecoverable: Callable[[str], Awaitable[None]] | None = None,
-                 ctx: zmq.asyncio.Context | None = None) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        endpoint: str,
+        replay_endpoint: str | None,
+        sink: IngestSink,
+        topic: str = "",
+        translator: VllmTranslator | None = None,
+        replay_timeout_s: float = 5.0,
+        on_unrecoverable: Callable[[str], Awaitable[None]] | None = None,
+        ctx: zmq.asyncio.Context | None = None,
+    ) -> None:
         self.worker_id = worker_id
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint

@@ -8,5 +8,12 @@ from kvmesh.client.mesh import mesh_aio_channel, mesh_channel, service_config
 from kvmesh.client.sync import Client
 from kvmesh.client.watch import EndpointWatcher
 
-__all__ = ["AsyncClient", "Client", "EndpointSet", "EndpointWatcher", "mesh_aio_channel", "mesh_channel",
-           "service_config"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "EndpointSet",
+    "EndpointWatcher",
+    "mesh_aio_channel",
+    "mesh_channel",
+    "service_config",
+]

@@ -33,10 +33,16 @@ from kvmesh.errors import DeadlineExceeded, Unavailable
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
-RETRYABLE = frozenset({
-    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-})
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
 
 
 class _Broken(Exception):
@@ -47,12 +53,18 @@ class _Broken(Exception):
 
 class AsyncClient:
     def __init__(
-        self, failover_targets: Sequence[str] = (), routers: Sequence[str] = (), *, max_attempts: int = 6,
-        timeout_s: float = 120.0, probe_interval_s: float = 0.25, rng: random.Random | None = None,
-        endpoints_timeout_s: float = 10.0, on_attempt: Callable[[ServiceInstance], None] | None = None,
+        self,
+        failover_targets: Sequence[str] = (),
+        routers: Sequence[str] = (),
+        *,
+        max_attempts: int = 6,
+        timeout_s: float = 120.0,
+        probe_interval_s: float = 0.25,
+        rng: random.Random | None = None,
+        endpoints_timeout_s: float = 10.0,
+        on_attempt: Callable[[ServiceInstance], None] | None = None,
     ) -> None:
-        self.watcher = EndpointWatcher(
-            failover_targets, initial=EndpointSet.static(list(routers)) if routers else None)
+        self.watcher = EndpointWatcher(failover_targets, initial=EndpointSet.static(list(routers)) if routers else None)
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.probe_interval_s = probe_interval_s
@@ -96,7 +108,8 @@ class AsyncClient:
     def _choose(self, failed: set[str]) -> ServiceInstance | None:
         eps = self.watcher.current
         return eps.pick(self.rng.random(), frozenset(failed | set(self._ejected))) or eps.pick(
-            self.rng.random(), frozenset(failed))
+            self.rng.random(), frozenset(failed)
+        )
 
     def _eject(self, rid: str, target: str) -> None:
         if rid not in self._ejected:
@@ -111,7 +124,8 @@ class AsyncClient:
                     return
                 try:
                     resp = await health_pb2_grpc.HealthStub(self._channel(target)).Check(
-                        health_pb2.HealthCheckRequest(), timeout=max(0.1, self.probe_interval_s))
+                        health_pb2.HealthCheckRequest(), timeout=max(0.1, self.probe_interval_s)
+                    )
                 except grpc.aio.AioRpcError:
                     continue
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
@@ -170,6 +184,10 @@ class AsyncClient:
             except _Broken as e:
                 last_error = f"{rid}: {e.reason}"
             failed.add(rid)
-            log.info("request %s: %s; %s", req.request_id, last_error,
-                     "resuming" if received else "retrying on another router")
+            log.info(
+                "request %s: %s; %s",
+                req.request_id,
+                last_error,
+                "resuming" if received else "retrying on another router",
+            )
         raise Unavailable(f"request {req.request_id} failed after {self.max_attempts} attempts: {last_error}")

@@ -17,8 +17,10 @@ from kvmesh.discovery.zones import ZonePolicy, build_zone_views
 from kvmesh.v1 import common_pb2, failover_pb2
 
 PB_ROLE = {
-    common_pb2.SERVICE_ROLE_ROUTER: Role.ROUTER, common_pb2.SERVICE_ROLE_WORKER: Role.WORKER,
-    common_pb2.SERVICE_ROLE_CACHE_MANAGER: Role.CACHE_MANAGER, common_pb2.SERVICE_ROLE_FAILOVER: Role.FAILOVER,
+    common_pb2.SERVICE_ROLE_ROUTER: Role.ROUTER,
+    common_pb2.SERVICE_ROLE_WORKER: Role.WORKER,
+    common_pb2.SERVICE_ROLE_CACHE_MANAGER: Role.CACHE_MANAGER,
+    common_pb2.SERVICE_ROLE_FAILOVER: Role.FAILOVER,
 }
 PB_HEALTH = {common_pb2.HEALTH_STATE_WARNING: Health.WARNING, common_pb2.HEALTH_STATE_CRITICAL: Health.CRITICAL}
 
@@ -28,8 +30,16 @@ def instance_of(e: common_pb2.Endpoint) -> ServiceInstance | None:
     host, sep, port = e.address.rpartition(":")
     if role is None or not sep or not port.isdigit():
         return None
-    return ServiceInstance(e.id, role, e.zone or "-", e.version, host, int(port),
-                           PB_HEALTH.get(e.health, Health.PASSING), meta=dict(e.meta))
+    return ServiceInstance(
+        e.id,
+        role,
+        e.zone or "-",
+        e.version,
+        host,
+        int(port),
+        PB_HEALTH.get(e.health, Health.PASSING),
+        meta=dict(e.meta),
+    )
 
 
 @dataclass(frozen=True)

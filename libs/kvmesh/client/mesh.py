@@ -17,27 +17,38 @@ ROUTER_SERVICE = "kvmesh.v1.RouterService"
 
 
 def service_config(
-    service: str = ROUTER_SERVICE, *, health_service: str = "", max_attempts: int = 4,
-    initial_backoff_s: float = 0.1, max_backoff_s: float = 1.0,
+    service: str = ROUTER_SERVICE,
+    *,
+    health_service: str = "",
+    max_attempts: int = 4,
+    initial_backoff_s: float = 0.1,
+    max_backoff_s: float = 1.0,
 ) -> dict[str, Any]:
     return {
         "loadBalancingConfig": [{"round_robin": {}}],
         "healthCheckConfig": {"serviceName": health_service},
-        "methodConfig": [{
-            "name": [{"service": service}],
-            "waitForReady": True,
-            "retryPolicy": {
-                "maxAttempts": max_attempts, "initialBackoff": f"{initial_backoff_s}s",
-                "maxBackoff": f"{max_backoff_s}s", "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
-            },
-        }],
+        "methodConfig": [
+            {
+                "name": [{"service": service}],
+                "waitForReady": True,
+                "retryPolicy": {
+                    "maxAttempts": max_attempts,
+                    "initialBackoff": f"{initial_backoff_s}s",
+                    "maxBackoff": f"{max_backoff_s}s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ],
     }
 
 
 def channel_options(**kw: Any) -> list[tuple[str, Any]]:
-    return [("grpc.service_config", json.dumps(service_config(**kw))), ("grpc.enable_retries", 1),
-            ("grpc.dns_min_time_between_resolutions_ms", 1000)]
+    return [
+        ("grpc.service_config", json.dumps(service_config(**kw))),
+        ("grpc.enable_retries", 1),
+        ("grpc.dns_min_time_between_resolutions_ms", 1000),
+    ]
 
 
 def mesh_channel(target: str, credentials: grpc.ChannelCredentials | None = None, **kw: Any) -> grpc.Channel:
@@ -46,8 +57,7 @@ def mesh_channel(target: str, credentials: grpc.ChannelCredentials | None = None
     return grpc.secure_channel(target, credentials, opts) if credentials else grpc.insecure_channel(target, opts)
 
 
-def mesh_aio_channel(target: str, credentials: grpc.ChannelCredentials | None = None, **kw: Any
-                     ) -> grpc.aio.Channel:
+def mesh_aio_channel(target: str, credentials: grpc.ChannelCredentials | None = None, **kw: Any) -> grpc.aio.Channel:
     opts = channel_options(**kw)
     if credentials:
         return grpc.aio.secure_channel(target, credentials, opts)

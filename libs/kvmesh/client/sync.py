@@ -30,8 +30,9 @@ class Client:
     def _run(self, coro: Any, timeout_s: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    def generate(self, request: router_pb2.RouterServiceGenerateRequest
-                 ) -> Iterator[router_pb2.RouterServiceGenerateResponse]:
+    def generate(
+        self, request: router_pb2.RouterServiceGenerateRequest
+    ) -> Iterator[router_pb2.RouterServiceGenerateResponse]:
         agen = self._aclient.generate(request)
         try:
             while True:

@@ -24,8 +24,14 @@ log = logging.getLogger(__name__)
 
 class EndpointWatcher:
     def __init__(
-        self, failover_targets: Sequence[str], *, initial: EndpointSet | None = None,
-        roles: Sequence[int] = (), zone: str = "", retry_min_s: float = 0.05, retry_max_s: float = 1.0,
+        self,
+        failover_targets: Sequence[str],
+        *,
+        initial: EndpointSet | None = None,
+        roles: Sequence[int] = (),
+        zone: str = "",
+        retry_min_s: float = 0.05,
+        retry_max_s: float = 1.0,
     ) -> None:
         if not failover_targets and initial is None:
             raise ValueError("need failover targets or an initial endpoint set")

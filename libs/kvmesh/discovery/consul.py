@@ -60,9 +60,12 @@ def check_id(instance_id: str) -> str:
 def grpc_check(instance: ServiceInstance, spec: CheckSpec) -> dict[str, Any]:
     target = instance.target + (f"/{spec.grpc_service}" if spec.grpc_service else "")
     out: dict[str, Any] = {
-        "CheckID": check_id(instance.id), "Name": f"{instance.service_name} gRPC health",
-        "GRPC": target, "GRPCUseTLS": spec.use_tls,
-        "Interval": go_duration(spec.interval_s), "Timeout": go_duration(spec.timeout_s),
+        "CheckID": check_id(instance.id),
+        "Name": f"{instance.service_name} gRPC health",
+        "GRPC": target,
+        "GRPCUseTLS": spec.use_tls,
+        "Interval": go_duration(spec.interval_s),
+        "Timeout": go_duration(spec.timeout_s),
     }
     if spec.deregister_after_s > 0:
         out["DeregisterCriticalServiceAfter"] = go_duration(spec.deregister_after_s)
@@ -71,8 +74,10 @@ def grpc_check(instance: ServiceInstance, spec: CheckSpec) -> dict[str, Any]:
 
 def ttl_check(instance: ServiceInstance, spec: CheckSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "CheckID": check_id(instance.id), "Name": f"{instance.service_name} TTL",
-        "TTL": go_duration(spec.ttl_s), "Status": "critical",
+        "CheckID": check_id(instance.id),
+        "Name": f"{instance.service_name} TTL",
+        "TTL": go_duration(spec.ttl_s),
+        "Status": "critical",
     }
     if spec.deregister_after_s > 0:
         out["DeregisterCriticalServiceAfter"] = go_duration(spec.deregister_after_s)
@@ -85,7 +90,7 @@ def parse_health_entry(entry: Mapping[str, Any]) -> ServiceInstance | None:
     node = entry.get("Node") or {}
     labels = parse_labels(svc.get("Tags") or [], svc.get("Meta") or {})
     name = str(svc.get("Service", ""))
-    role = labels.get("role") or (name[len(SERVICE_PREFIX):] if name.startswith(SERVICE_PREFIX) else "")
+    role = labels.get("role") or (name[len(SERVICE_PREFIX) :] if name.startswith(SERVICE_PREFIX) else "")
     try:
         r = Role(role)
     except ValueError:
@@ -98,9 +103,13 @@ def parse_health_entry(entry: Mapping[str, Any]) -> ServiceInstance | None:
             statuses.append(Health.CRITICAL)  # e.g. "maintenance"
     try:
         return ServiceInstance(
-            id=str(svc["ID"]), role=r, zone=labels.get("zone", ""), version=labels.get("version", ""),
+            id=str(svc["ID"]),
+            role=r,
+            zone=labels.get("zone", ""),
+            version=labels.get("version", ""),
             address=str(svc.get("Address") or node.get("Address") or "127.0.0.1"),
-            port=int(svc.get("Port", 0)), health=Health.worst(statuses),
+            port=int(svc.get("Port", 0)),
+            health=Health.worst(statuses),
             capacity=float(labels.get("capacity", "1")),
             meta={k: str(v) for k, v in (svc.get("Meta") or {}).items()},
         )
@@ -113,13 +122,17 @@ class ConsulRegistry:
     """`Registry` over a Consul agent (see the module docstring)."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 8500, *, scheme: str = "http", token: str | None = None,
-        dc: str | None = None, request_timeout_s: float = 5.0,
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8500,
+        *,
+        scheme: str = "http",
+        token: str | None = None,
+        dc: str | None = None,
+        request_timeout_s: float = 5.0,
     ) -> None:
         self.address = f"{scheme}://{host}:{port}"
-        self._c = consul.aio.Consul(
-            host=host, port=port, scheme=scheme, token=token, dc=dc, verify=scheme == "https"
-        )
+        self._c = consul.aio.Consul(host=host, port=port, scheme=scheme, token=token, dc=dc, verify=scheme == "https")
         self.request_timeout_s = request_timeout_s
         self._registered: dict[str, tuple[ServiceInstance, dict[str, Any]]] = {}
         self._ttl_tasks: dict[str, asyncio.Task[None]] = {}
@@ -137,10 +150,17 @@ class ConsulRegistry:
 
     # -- registration --------------------------------------------------------------------------
     async def _put_service(self, instance: ServiceInstance, check: dict[str, Any]) -> None:
-        ok = await self._call(self._c.agent.service.register(
-            instance.service_name, service_id=instance.id, address=instance.address, port=instance.port,
-            tags=instance.tags(), meta=instance.consul_meta(), check=check,
-        ))
+        ok = await self._call(
+            self._c.agent.service.register(
+                instance.service_name,
+                service_id=instance.id,
+                address=instance.address,
+                port=instance.port,
+                tags=instance.tags(),
+                meta=instance.consul_meta(),
+                check=check,
+            )
+        )
         if not ok:
             raise Unavailable(f"consul refused registration of {instance.id}")
 
@@ -214,9 +234,7 @@ class ConsulRegistry:
     async def _names(self, index: int = 0, wait_s: float = 0.0) -> tuple[int, list[str]]:
         kw: dict[str, Any] = {"index": index, "wait": go_duration(wait_s)} if index > 0 else {}
         idx, services = await self._call(self._c.catalog.services(**kw), self._deadline(index, wait_s))
-        names = sorted(
-            n for n, tags in (services or {}).items() if n.startswith(SERVICE_PREFIX) or KVMESH_TAG in tags
-        )
+        names = sorted(n for n, tags in (services or {}).items() if n.startswith(SERVICE_PREFIX) or KVMESH_TAG in tags)
         return int(idx), names
 
     async def _health(self, name: str, index: int = 0, wait_s: float = 0.0) -> tuple[int, list[Any]]:

@@ -37,10 +37,14 @@ class LastKnownGood:
 
     def save(self, record: LkgRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({
-            "version": FORMAT_VERSION, "index": record.index, "saved_at": record.saved_at,
-            "instances": record.snapshot.to_json(),
-        })
+        body = json.dumps(
+            {
+                "version": FORMAT_VERSION,
+                "index": record.index,
+                "saved_at": record.saved_at,
+                "instances": record.snapshot.to_json(),
+            }
+        )
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
             with os.fdopen(fd, "w") as f:
@@ -63,9 +67,7 @@ class LastKnownGood:
         try:
             if data.get("version") != FORMAT_VERSION:
                 raise ValueError(f"format version {data.get('version')!r}")
-            return LkgRecord(
-                int(data["index"]), CatalogSnapshot.from_json(data["instances"]), float(data["saved_at"])
-            )
+            return LkgRecord(int(data["index"]), CatalogSnapshot.from_json(data["instances"]), float(data["saved_at"]))
         except (KvmeshError, KeyError, TypeError, ValueError, AttributeError) as e:
             log.warning("ignoring invalid last-known-good file %s: %s", self.path, e)
             return None

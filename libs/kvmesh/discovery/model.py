@@ -96,7 +96,14 @@ class ServiceInstance:
 
     def with_health(self, health: Health) -> ServiceInstance:
         return ServiceInstance(
-            self.id, self.role, self.zone, self.version, self.address, self.port, health, self.capacity,
+            self.id,
+            self.role,
+            self.zone,
+            self.version,
+            self.address,
+            self.port,
+            health,
+            self.capacity,
             self.meta,
         )
 
@@ -133,8 +140,14 @@ class CatalogSnapshot:
     def to_json(self) -> list[dict[str, object]]:
         return [
             {
-                "id": i.id, "role": i.role.value, "zone": i.zone, "version": i.version,
-                "address": i.address, "port": i.port, "health": i.health.value, "capacity": i.capacity,
+                "id": i.id,
+                "role": i.role.value,
+                "zone": i.zone,
+                "version": i.version,
+                "address": i.address,
+                "port": i.port,
+                "health": i.health.value,
+                "capacity": i.capacity,
                 "meta": dict(i.meta),
             }
             for i in self.instances
@@ -163,6 +176,13 @@ def instance_from_mapping(m: Mapping[str, object]) -> ServiceInstance:
     except (KeyError, ValueError) as e:
         raise InvalidArgument("port", f"bad port/capacity in {dict(m)!r}") from e
     return ServiceInstance(
-        id=str(m["id"]), role=role, zone=str(m.get("zone", "")), version=str(m.get("version", "")),
-        address=str(m.get("address", "127.0.0.1")), port=port, health=health, capacity=capacity, meta=meta,
+        id=str(m["id"]),
+        role=role,
+        zone=str(m.get("zone", "")),
+        version=str(m.get("version", "")),
+        address=str(m.get("address", "127.0.0.1")),
+        port=port,
+        health=health,
+        capacity=capacity,
+        meta=meta,
     )

@@ -115,14 +115,16 @@ class FailoverPolicy:
     def rollback_zones(self) -> None:
         self.zone_plan = self.zone_plan.rollback()
 
-    def _decide(
-        self, views: Mapping[str, ZoneView], now: float, transitions: tuple[ZoneTransition, ...]
-    ) -> Decision:
-        zw = zone_weights(
-            self.states, views, self.zone_plan.weights, self.policy, now, self.default_zone_weight
-        )
+    def _decide(self, views: Mapping[str, ZoneView], now: float, transitions: tuple[ZoneTransition, ...]) -> Decision:
+        zw = zone_weights(self.states, views, self.zone_plan.weights, self.policy, now, self.default_zone_weight)
         rw = router_weights(views, zw, self.version_plan.weights)
         return Decision(
-            now, dict(views), dict(self.states), zw, rw, transitions,
-            self.zone_plan.generation, self.version_plan.generation,
+            now,
+            dict(views),
+            dict(self.states),
+            zw,
+            rw,
+            transitions,
+            self.zone_plan.generation,
+            self.version_plan.generation,
         )

@@ -23,8 +23,9 @@ def registry_from(registry_file: str, consul_url: str, request_timeout_s: float 
         u = urllib.parse.urlparse(consul_url if "//" in consul_url else f"http://{consul_url}")
         if not u.hostname:
             raise InvalidArgument("consul_url", f"cannot parse {consul_url!r}")
-        return ConsulRegistry(u.hostname, u.port or 8500, scheme=u.scheme or "http",
-                              request_timeout_s=request_timeout_s)
+        return ConsulRegistry(
+            u.hostname, u.port or 8500, scheme=u.scheme or "http", request_timeout_s=request_timeout_s
+        )
     if registry_file:
         return StaticRegistry(registry_file)
     return None
@@ -47,13 +48,20 @@ def parse_weights(field: str, text: str) -> dict[str, float]:
 
 
 async def register_self(
-    registry: Registry, *, instance_id: str, role: Role, zone: str, version: str, address: str,
-    check: CheckSpec | None = None, probe: HealthProbe | None = None, capacity: float = 1.0,
+    registry: Registry,
+    *,
+    instance_id: str,
+    role: Role,
+    zone: str,
+    version: str,
+    address: str,
+    check: CheckSpec | None = None,
+    probe: HealthProbe | None = None,
+    capacity: float = 1.0,
     meta: Mapping[str, str] | None = None,
 ) -> ServiceInstance:
     """Register this process (``address`` = ``host:port`` of its gRPC server); returns the instance."""
     host, _, port = address.rpartition(":")
-    inst = ServiceInstance(instance_id, role, zone, version, host, int(port), capacity=capacity,
-                           meta=dict(meta or {}))
+    inst = ServiceInstance(instance_id, role, zone, version, host, int(port), capacity=capacity, meta=dict(meta or {}))
     await registry.register(inst, check or CheckSpec(), probe)
     return inst

@@ -40,9 +40,7 @@ class Registry(Protocol):
     `kvmesh.errors.Unavailable`.
     """
 
-    async def register(
-        self, instance: ServiceInstance, check: CheckSpec, probe: HealthProbe | None = None
-    ) -> None: ...
+    async def register(self, instance: ServiceInstance, check: CheckSpec, probe: HealthProbe | None = None) -> None: ...
 
     async def deregister(self, instance_id: str) -> None: ...
 

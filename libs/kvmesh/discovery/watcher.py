@@ -40,8 +40,14 @@ class DiscoveryStatus:
 
 class DiscoveryWatcher:
     def __init__(
-        self, registry: Registry, lkg: LastKnownGood | None = None, *, wait_s: float = 5.0,
-        retry_min_s: float = 0.1, retry_max_s: float = 2.0, clock: Callable[[], float] = time.time,
+        self,
+        registry: Registry,
+        lkg: LastKnownGood | None = None,
+        *,
+        wait_s: float = 5.0,
+        retry_min_s: float = 0.1,
+        retry_max_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self.lkg = lkg
@@ -61,7 +67,12 @@ class DiscoveryWatcher:
 
     def status(self) -> DiscoveryStatus:
         return DiscoveryStatus(
-            self.reachable, self.source, self.index, self.version, self.last_ok_at, self.last_error,
+            self.reachable,
+            self.source,
+            self.index,
+            self.version,
+            self.last_ok_at,
+            self.last_error,
             self.unreachable_since,
         )
 
@@ -69,8 +80,11 @@ class DiscoveryWatcher:
         rec = self.lkg.load() if self.lkg else None
         if rec is not None:
             await self._publish(rec.snapshot, 0, "last-known-good")
-            log.info("serving last-known-good endpoints (%d instances) saved at %.3f",
-                     len(rec.snapshot.instances), rec.saved_at)
+            log.info(
+                "serving last-known-good endpoints (%d instances) saved at %.3f",
+                len(rec.snapshot.instances),
+                rec.saved_at,
+            )
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:

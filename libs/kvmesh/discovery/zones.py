@@ -81,9 +81,7 @@ def is_up(inst: ServiceInstance, policy: ZonePolicy) -> bool:
     return inst.health is Health.PASSING or (policy.warning_is_up and inst.health is Health.WARNING)
 
 
-def build_zone_views(
-    snapshot: CatalogSnapshot, policy: ZonePolicy, zones: Iterable[str] = ()
-) -> dict[str, ZoneView]:
+def build_zone_views(snapshot: CatalogSnapshot, policy: ZonePolicy, zones: Iterable[str] = ()) -> dict[str, ZoneView]:
     """Per-zone views for every zone in the snapshot, in `zones` and in ``policy.expected_capacity``."""
     names = set(snapshot.zones()) | set(zones) | set(policy.expected_capacity)
     out: dict[str, ZoneView] = {}
@@ -104,12 +102,17 @@ def build_zone_views(
         if cap_total <= 0:
             reasons.append("no workers registered")
         elif cap_up / cap_total < policy.min_worker_fraction:
-            reasons.append(
-                f"worker capacity {cap_up:g}/{cap_total:g} below fraction {policy.min_worker_fraction:g}"
-            )
+            reasons.append(f"worker capacity {cap_up:g}/{cap_total:g} below fraction {policy.min_worker_fraction:g}")
         out[z] = ZoneView(
-            z, of(Role.ROUTER), of(Role.CACHE_MANAGER), of(Role.WORKER), of(Role.FAILOVER),
-            cap_up, cap_total, not reasons, tuple(reasons),
+            z,
+            of(Role.ROUTER),
+            of(Role.CACHE_MANAGER),
+            of(Role.WORKER),
+            of(Role.FAILOVER),
+            cap_up,
+            cap_total,
+            not reasons,
+            tuple(reasons),
         )
     return out
 
@@ -154,10 +157,7 @@ def step_zone(
     pending_since = prev.pending_since if prev.pending_since is not None else now
     held = now - pending_since
     if view.healthy:
-        flip = (
-            count >= policy.up_observations and held >= policy.up_hold_s
-            and now - prev.since >= policy.min_dwell_s
-        )
+        flip = count >= policy.up_observations and held >= policy.up_hold_s and now - prev.since >= policy.min_dwell_s
     else:
         flip = count >= policy.down_observations and held >= policy.down_hold_s
     if not flip:

@@ -71,16 +71,24 @@ class VllmEngineConfig:
     def cli_args(self) -> list[str]:
         """The equivalent `vllm serve` flags (our fields first, pass-through last so they win)."""
         args = [
-            "--model", self.model,
-            "--block-size", str(self.block_size),
-            "--max-model-len", str(self.max_model_len),
-            "--tensor-parallel-size", str(self.tensor_parallel_size),
-            "--kv-cache-dtype", self.kv_cache_dtype,
-            "--gpu-memory-utilization", str(self.gpu_memory_utilization),
-            "--dtype", self.dtype,
-            "--seed", str(self.seed),
+            "--model",
+            self.model,
+            "--block-size",
+            str(self.block_size),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--tensor-parallel-size",
+            str(self.tensor_parallel_size),
+            "--kv-cache-dtype",
+            self.kv_cache_dtype,
+            "--gpu-memory-utilization",
+            str(self.gpu_memory_utilization),
+            "--dtype",
+            self.dtype,
+            "--seed",
+            str(self.seed),
             "--enable-prefix-caching",
-        ]  # fmt: skip
+        ]
         if self.quantization:
             args += ["--quantization", self.quantization]
         if self.enforce_eager:
@@ -188,8 +196,9 @@ def _stat_logger_factory(stats: _Stats) -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:  # fmt: skip
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 stats.running = scheduler_stats.num_running_reqs
                 stats.waiting = scheduler_stats.num_waiting_reqs
@@ -405,9 +414,11 @@ class VllmEngine:
         vocab = len(self._tokenizer)
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidArgument("prompt_token_ids", f"token ids must be in [0, {vocab})")
-        max_tokens = 1 if req.prefill_only else resolve_max_tokens(
-            req.sampling, len(ids), cfg.max_model_len, cfg.max_tokens_limit
-        )  # fmt: skip
+        max_tokens = (
+            1
+            if req.prefill_only
+            else resolve_max_tokens(req.sampling, len(ids), cfg.max_model_len, cfg.max_tokens_limit)
+        )
         if req.prefill_only and len(ids) >= cfg.max_model_len:
             raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
         params = to_vllm_sampling(req.sampling, max_tokens)
@@ -436,12 +447,19 @@ class VllmEngine:
                 else:
                     text = comp.text if comp is not None else ""
                 finished = out.finished
-                yield EngineOutput(req.request_id, toks, text, finished, reason if finished else None,
-                                   Usage(st.prompt_len, st.cached, st.generated))  # fmt: skip
+                yield EngineOutput(
+                    req.request_id,
+                    toks,
+                    text,
+                    finished,
+                    reason if finished else None,
+                    Usage(st.prompt_len, st.cached, st.generated),
+                )
             if not finished:  # aborted: vLLM ends the stream without a final output
                 finished = True
-                yield EngineOutput(req.request_id, (), "", True, FINISH_ABORT,
-                                   Usage(st.prompt_len, st.cached, st.generated))  # fmt: skip
+                yield EngineOutput(
+                    req.request_id, (), "", True, FINISH_ABORT, Usage(st.prompt_len, st.cached, st.generated)
+                )
         except VLLMValidationError as e:
             raise InvalidArgument(e.parameter or "prompt", str(e)) from e
         except (InvalidArgument, ResourceExhausted):

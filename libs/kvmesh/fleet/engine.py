@@ -48,18 +48,14 @@ class TrustedTokensCore(SimEngineCore):
             )
         if len(self._waiting) >= cfg.max_waiting:
             self.rejected_total += 1
-            raise ResourceExhausted(
-                f"waiting queue full ({cfg.max_waiting})", retry_after_s=self.estimated_drain_s()
-            )
+            raise ResourceExhausted(f"waiting queue full ({cfg.max_waiting})", retry_after_s=self.estimated_drain_s())
         if req.sampling.seed is not None:
             seed = req.sampling.seed
         elif req.sampling.temperature == 0.0:
             seed = zlib.crc32(struct.pack(f"<{len(prompt)}q", *prompt))
         else:
             seed = zlib.crc32(req.request_id.encode())
-        seq = _Seq(
-            req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed
-        )
+        seq = _Seq(req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed)
         self._hash_full_blocks(seq, len(prompt) // cfg.block_size)
         self._waiting.append(seq)
         self._by_id[req.request_id] = seq

@@ -86,21 +86,30 @@ def run_job(job: Job) -> dict[str, Any]:
             cfg = replace(job.config, load_scale=scale, stop_when_slo_lost=True)
             r = FleetSim(tr, make_policy(job.policy, job.kvmesh_profile), cfg, hc).run()
             ok = bool(r.summary.get("meets_slo")) and not r.truncated
-            probes.append({"scale": scale, "meets": ok, "stopped_early": r.stopped_early,
-                           "wall_s": round(r.wall_s, 2)})
+            probes.append({"scale": scale, "meets": ok, "stopped_early": r.stopped_early, "wall_s": round(r.wall_s, 2)})
             return ok
 
         cap = bisect_capacity(meets, start=0.5, rel_tol=0.05, max_iter=10)
-        return {"kind": "capacity", "policy": job.policy, "slo_capacity": cap.value,
-                "upper": cap.upper, "probes": probes, "wall_s": time.perf_counter() - t0}
+        return {
+            "kind": "capacity",
+            "policy": job.policy,
+            "slo_capacity": cap.value,
+            "upper": cap.upper,
+            "probes": probes,
+            "wall_s": time.perf_counter() - t0,
+        }
     res = FleetSim(tr, make_policy(job.policy, job.kvmesh_profile), job.config, hc).run()
     return {"kind": "run", "policy": job.policy, **result_payload(res, job.keep_records)}
 
 
 def result_payload(res: RunResult, keep_records: bool = True) -> dict[str, Any]:
     """A picklable digest of a run: summary, utilisation series, per-request latencies for CDFs."""
-    out: dict[str, Any] = {"summary": res.summary, "util_series": res.util_series,
-                           "wall_s": res.wall_s, "events": res.events}
+    out: dict[str, Any] = {
+        "summary": res.summary,
+        "util_series": res.util_series,
+        "wall_s": res.wall_s,
+        "events": res.events,
+    }
     if keep_records:
         done = [r for r in res.records if not math.isnan(r.finish)]
         out["ttft_s"] = [r.ttft for r in done]
@@ -122,15 +131,15 @@ class Progress:
         self.done += n
         k = int(self.width * min(self.done, self.total) / self.total)
         el = time.perf_counter() - self.t0
-        self.stream.write(f"\r[{'#' * k}{'.' * (self.width - k)}] {self.done}/{self.total} "
-                          f"{el:6.0f}s {label[:40]:<40}")
+        self.stream.write(f"\r[{'#' * k}{'.' * (self.width - k)}] {self.done}/{self.total} {el:6.0f}s {label[:40]:<40}")
         if self.done >= self.total:
             self.stream.write("\n")
         self.stream.flush()
 
 
-def run_jobs(trace_path: str, block_size: int, jobs: Sequence[Job], n_proc: int,
-             progress: Progress | None = None) -> list[dict[str, Any]]:
+def run_jobs(
+    trace_path: str, block_size: int, jobs: Sequence[Job], n_proc: int, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     """Run jobs in ``n_proc`` processes (in-process when 1); results in job order."""
     out: list[dict[str, Any] | None] = [None] * len(jobs)
     if n_proc <= 1:
@@ -185,9 +194,13 @@ def absolute_slo_evidence(trace: Trace, cfg: FleetConfig) -> dict[str, float]:
         floor.append(t)
     n = max(len(trace), 1)
     stamps = Counter(r.arrival_s for r in trace if r.follows is None)
-    return {"cold_fraction_over_slo": cold / n, "infinite_cache_fraction_over_slo": warm / n,
-            "ttft_p99_floor_ms": 1000 * pct(floor, 99), "distinct_timestamps": len(stamps),
-            "max_requests_per_timestamp": max(stamps.values(), default=0)}
+    return {
+        "cold_fraction_over_slo": cold / n,
+        "infinite_cache_fraction_over_slo": warm / n,
+        "ttft_p99_floor_ms": 1000 * pct(floor, 99),
+        "distinct_timestamps": len(stamps),
+        "max_requests_per_timestamp": max(stamps.values(), default=0),
+    }
 
 
 def build_notes(full: Trace, base: FleetConfig, ev_abs: dict[str, float]) -> list[str]:
@@ -230,8 +243,12 @@ def evaluate(
     if load_scale <= 0:
         raise RuntimeError("round_robin never meets the SLO: no common load scale (see slo flags)")
     cfg = replace(base, load_scale=load_scale)
-    runs = {r["policy"]: r for r in run_jobs(
-        trace_path, base.block_size, [Job("run", p, cfg, None, kvmesh_profile) for p in pols], n_proc, prog)}
+    runs = {
+        r["policy"]: r
+        for r in run_jobs(
+            trace_path, base.block_size, [Job("run", p, cfg, None, kvmesh_profile) for p in pols], n_proc, prog
+        )
+    }
     full = load_trace(trace_path)
     ref = reference_ratios(full, base)
     ev_abs = absolute_slo_evidence(full, base)
@@ -249,6 +266,14 @@ def evaluate(
             "goodput": s["goodput"],
             "util_variance": s["util_variance"],
         }
-    return {"results": results, "capacities": caps, "runs": runs, "reference": ref,
-            "config": base, "bisect_window_s": bisect_window_s, "cpu_count": os.cpu_count(),
-            "absolute_slo": ev_abs, "notes": notes}
+    return {
+        "results": results,
+        "capacities": caps,
+        "runs": runs,
+        "reference": ref,
+        "config": base,
+        "bisect_window_s": bisect_window_s,
+        "cpu_count": os.cpu_count(),
+        "absolute_slo": ev_abs,
+        "notes": notes,
+    }

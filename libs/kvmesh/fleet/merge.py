@@ -29,8 +29,12 @@ def main(argv: list[str]) -> int:
     if not math.isclose(a, b, rel_tol=1e-9):
         print(f"load scales differ: {a} vs {b}", file=sys.stderr)
         return 1
-    ev["kvmesh_tuned"] = {"profile": profile, "description": desc, "results": tu["results"]["kvmesh"],
-                          "probes": tu["capacities"]["kvmesh"]["probes"]}
+    ev["kvmesh_tuned"] = {
+        "profile": profile,
+        "description": desc,
+        "results": tu["results"]["kvmesh"],
+        "probes": tu["capacities"]["kvmesh"]["probes"],
+    }
     if len(argv) > 4:
         ev["analysis_md"] = Path(argv[4]).read_text()
     full = load_trace(ev["trace"] + ("+spread" if ev.get("spread_arrivals") else ""))

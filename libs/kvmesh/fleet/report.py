@@ -36,23 +36,42 @@ def targets(ev: dict[str, Any], kvmesh: dict[str, Any] | None = None) -> list[tu
     others = [p for p in pols if p != "kvmesh"]
     out = []
     best_other = max(others, key=lambda p: r[p]["slo_capacity"])
-    out.append(("highest slo_capacity", all(k["slo_capacity"] > r[p]["slo_capacity"] for p in others),
-                f"kvmesh {k['slo_capacity']:.3f} vs best other {best_other} {r[best_other]['slo_capacity']:.3f}"))
+    out.append(
+        (
+            "highest slo_capacity",
+            all(k["slo_capacity"] > r[p]["slo_capacity"] for p in others),
+            f"kvmesh {k['slo_capacity']:.3f} vs best other {best_other} {r[best_other]['slo_capacity']:.3f}",
+        )
+    )
     rr = r["round_robin"]["slo_capacity"]
     ratio = k["slo_capacity"] / rr if rr > 0 else float("inf")
     out.append(("slo_capacity ≥ 1.5× round_robin", ratio >= 1.5, f"{ratio:.2f}×"))
     lo = min(others, key=lambda p: r[p]["ttft_ms"]["p99"])
-    out.append(("lowest TTFT p99 at load_scale",
-                all(k["ttft_ms"]["p99"] < r[p]["ttft_ms"]["p99"] for p in others),
-                f"kvmesh {k['ttft_ms']['p99']:.0f} ms vs best other {lo} {r[lo]['ttft_ms']['p99']:.0f} ms"))
+    out.append(
+        (
+            "lowest TTFT p99 at load_scale",
+            all(k["ttft_ms"]["p99"] < r[p]["ttft_ms"]["p99"] for p in others),
+            f"kvmesh {k['ttft_ms']['p99']:.0f} ms vs best other {lo} {r[lo]['ttft_ms']['p99']:.0f} ms",
+        )
+    )
     hg = max(others, key=lambda p: r[p]["goodput"])
-    out.append(("highest goodput at load_scale", all(k["goodput"] > r[p]["goodput"] for p in others),
-                f"kvmesh {k['goodput']:.3f} vs best other {hg} {r[hg]['goodput']:.3f}"))
+    out.append(
+        (
+            "highest goodput at load_scale",
+            all(k["goodput"] > r[p]["goodput"] for p in others),
+            f"kvmesh {k['goodput']:.3f} vs best other {hg} {r[hg]['goodput']:.3f}",
+        )
+    )
     f = r["round_robin"]["ttft_ms"]["p99"] / max(k["ttft_ms"]["p99"], 1e-9)
     out.append(("TTFT p99 ≥ 3× lower than round_robin", f >= 3.0, f"{f:.2f}× lower"))
     h = k["hit_ratio"] / max(k["pooled_lru_hit_ratio"], 1e-12)
-    out.append(("hit_ratio ≥ 95 % of pooled LRU", h >= 0.95,
-                f"{k['hit_ratio']:.4f} / {k['pooled_lru_hit_ratio']:.4f} = {100 * h:.1f} %"))
+    out.append(
+        (
+            "hit_ratio ≥ 95 % of pooled LRU",
+            h >= 0.95,
+            f"{k['hit_ratio']:.4f} / {k['pooled_lru_hit_ratio']:.4f} = {100 * h:.1f} %",
+        )
+    )
     return out
 
 
@@ -121,11 +140,21 @@ def _plots(ev: dict[str, Any], out: Path) -> None:
     vmax = max(0.05, max(float(np.percentile(m, 99.5)) for m in mats))
     for ax, p, m in zip(axes[:, 0], show, mats, strict=True):
         width = m.shape[1]
-        im = ax.imshow(m, aspect="auto", vmin=0, vmax=vmax, cmap="viridis", interpolation="nearest",
-                       extent=(0, width * bucket / 60.0, len(series), 0))
+        im = ax.imshow(
+            m,
+            aspect="auto",
+            vmin=0,
+            vmax=vmax,
+            cmap="viridis",
+            interpolation="nearest",
+            extent=(0, width * bucket / 60.0, len(series), 0),
+        )
         ax.set_ylabel(f"{p}\nworker")
-        ax.set_title(f"{p}: per-worker compute utilisation per {bucket:.0f} s (std across workers "
-                     f"{100 * float(np.std(m.mean(axis=1))):.1f} pp)", fontsize=8)
+        ax.set_title(
+            f"{p}: per-worker compute utilisation per {bucket:.0f} s (std across workers "
+            f"{100 * float(np.std(m.mean(axis=1))):.1f} pp)",
+            fontsize=8,
+        )
     axes[-1, 0].set_xlabel("virtual time (min)")
     fig.colorbar(im, ax=axes[:, 0].tolist(), label="compute utilisation")
     fig.savefig(out / "load_over_time.png", dpi=80)
@@ -143,59 +172,95 @@ def render(ev: dict[str, Any]) -> str:
     pols = [p for p in r if p != "load_scale"]
     L: list[str] = []
     L += ["# Fleet evaluation: routing policies on a simulated H200 fleet", ""]
-    L += [f"Trace `{Path(ev['trace']).name}`, {cfg['workers']} simulated workers (H200 + 70B FP8 perf model, "
-          f"KV block {cfg['block_size']} tokens, {ref['fleet_kv_blocks']:,} KV blocks in the fleet), seed "
-          f"{cfg['seed']}. kvmesh profile: {ev.get('kvmesh_profile') or 'built-in default'}. "
-          f"Reproduce: `python -m kvmesh.bench fleet --trace {ev['trace']} --workers {cfg['workers']} "
-          f"--policies all --seed {cfg['seed']} --out DIR` (wall time {ev.get('wall_s', 0) / 60:.0f} min, "
-          f"{ev.get('cpu_count')} CPUs).", ""]
-    L += ["## SLO and protocol", "",
-          f"* SLO per request: TTFT {'excess ' if slo['ttft_mode'] == 'excess' else ''}≤ {slo['ttft_s']} s and "
-          f"mean ITL ≤ {1000 * slo['itl_s']:.0f} ms; a run meets it when both p99s do.",
-          "* `slo_capacity`: highest arrival-rate scale meeting the SLO, by bisection (5 % tolerance)"
-          + (f" on the first {ev['bisect_window_s']:.0f} s of the trace" if ev.get("bisect_window_s") else "")
-          + f"; `load_scale` = 1.25 × round_robin's = **{r['load_scale']:.4f}**; metrics below are whole-trace"
-          " runs at that scale.",
-          f"* Reference hit ratios: pooled LRU (one LRU with the fleet's {ref['fleet_kv_blocks']:,} blocks) "
-          f"**{ref['pooled_lru_hit_ratio']:.4f}**, infinite cache {ref['ideal_hit_ratio']:.4f}.", ""]
+    L += [
+        f"Trace `{Path(ev['trace']).name}`, {cfg['workers']} simulated workers (H200 + 70B FP8 perf model, "
+        f"KV block {cfg['block_size']} tokens, {ref['fleet_kv_blocks']:,} KV blocks in the fleet), seed "
+        f"{cfg['seed']}. kvmesh profile: {ev.get('kvmesh_profile') or 'built-in default'}. "
+        f"Reproduce: `python -m kvmesh.bench fleet --trace {ev['trace']} --workers {cfg['workers']} "
+        f"--policies all --seed {cfg['seed']} --out DIR` (wall time {ev.get('wall_s', 0) / 60:.0f} min, "
+        f"{ev.get('cpu_count')} CPUs).",
+        "",
+    ]
+    L += [
+        "## SLO and protocol",
+        "",
+        f"* SLO per request: TTFT {'excess ' if slo['ttft_mode'] == 'excess' else ''}≤ {slo['ttft_s']} s and "
+        f"mean ITL ≤ {1000 * slo['itl_s']:.0f} ms; a run meets it when both p99s do.",
+        "* `slo_capacity`: highest arrival-rate scale meeting the SLO, by bisection (5 % tolerance)"
+        + (f" on the first {ev['bisect_window_s']:.0f} s of the trace" if ev.get("bisect_window_s") else "")
+        + f"; `load_scale` = 1.25 × round_robin's = **{r['load_scale']:.4f}**; metrics below are whole-trace"
+        " runs at that scale.",
+        f"* Reference hit ratios: pooled LRU (one LRU with the fleet's {ref['fleet_kv_blocks']:,} blocks) "
+        f"**{ref['pooled_lru_hit_ratio']:.4f}**, infinite cache {ref['ideal_hit_ratio']:.4f}.",
+        "",
+    ]
     if slo["ttft_mode"] == "excess":
-        L += ["The literal SLO of the issue (absolute TTFT p99 ≤ 2 s) cannot be met on this trace at any load: "
-              "with the perf model, the prefill of more than 1 % of its prompts alone takes over 2 s on an idle "
-              "H200 even with an infinite cache (see the note at the end), so every policy's capacity would be "
-              "0. The TTFT condition is therefore applied to the *excess* TTFT: TTFT minus the prompt's own "
-              "prefill time on a cold, idle engine. Cache hits make the excess negative; queueing makes it "
-              "positive. Reported TTFT percentiles are absolute.", ""]
-    L += ["## Results at load_scale", "",
-          "| policy | slo_capacity | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | ITL p99 | hit ratio "
-          "| hit / pooled LRU | out tok/s | goodput | util var | util cv | $/Mtok |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            "The literal SLO of the issue (absolute TTFT p99 ≤ 2 s) cannot be met on this trace at any load: "
+            "with the perf model, the prefill of more than 1 % of its prompts alone takes over 2 s on an idle "
+            "H200 even with an infinite cache (see the note at the end), so every policy's capacity would be "
+            "0. The TTFT condition is therefore applied to the *excess* TTFT: TTFT minus the prompt's own "
+            "prefill time on a cold, idle engine. Cache hits make the excess negative; queueing makes it "
+            "positive. Reported TTFT percentiles are absolute.",
+            "",
+        ]
+    L += [
+        "## Results at load_scale",
+        "",
+        "| policy | slo_capacity | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | ITL p99 | hit ratio "
+        "| hit / pooled LRU | out tok/s | goodput | util var | util cv | $/Mtok |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in pols:
         x, s = r[p], runs[p]["summary"]
-        L.append(f"| {p} | {x['slo_capacity']:.3f} | {_fmt(x['ttft_ms']['p50'])} | {_fmt(x['ttft_ms']['p90'])} | "
-                 f"{_fmt(x['ttft_ms']['p99'])} | {_fmt(x['e2e_ms']['p50'])} | {_fmt(x['e2e_ms']['p99'])} | "
-                 f"{_fmt(s['itl_ms']['p99'])} | {x['hit_ratio']:.4f} | "
-                 f"{100 * x['hit_ratio'] / max(x['pooled_lru_hit_ratio'], 1e-12):.0f} % | "
-                 f"{_fmt(x['output_tokens_per_s'])} | {x['goodput']:.3f} | {x['util_variance']:.5f} | "
-                 f"{s['util_cv']:.3f} | {s['cost_per_mtok']:.3f} |")
-    L += ["", "Latencies in ms. util = per-worker compute utilisation (see `kvmesh/fleet/metrics.py`); "
-          f"cost at ${cfg['gpu_hour_price']}/GPU-hour over prompt + output tokens.", ""]
-    L += ["![TTFT CDF](ttft_cdf.png)", "", "![hit ratio](hit_ratio.png)", "", "![capacity](capacity.png)", "",
-          "![per-worker load over time](load_over_time.png)", ""]
+        L.append(
+            f"| {p} | {x['slo_capacity']:.3f} | {_fmt(x['ttft_ms']['p50'])} | {_fmt(x['ttft_ms']['p90'])} | "
+            f"{_fmt(x['ttft_ms']['p99'])} | {_fmt(x['e2e_ms']['p50'])} | {_fmt(x['e2e_ms']['p99'])} | "
+            f"{_fmt(s['itl_ms']['p99'])} | {x['hit_ratio']:.4f} | "
+            f"{100 * x['hit_ratio'] / max(x['pooled_lru_hit_ratio'], 1e-12):.0f} % | "
+            f"{_fmt(x['output_tokens_per_s'])} | {x['goodput']:.3f} | {x['util_variance']:.5f} | "
+            f"{s['util_cv']:.3f} | {s['cost_per_mtok']:.3f} |"
+        )
+    L += [
+        "",
+        "Latencies in ms. util = per-worker compute utilisation (see `kvmesh/fleet/metrics.py`); "
+        f"cost at ${cfg['gpu_hour_price']}/GPU-hour over prompt + output tokens.",
+        "",
+    ]
+    L += [
+        "![TTFT CDF](ttft_cdf.png)",
+        "",
+        "![hit ratio](hit_ratio.png)",
+        "",
+        "![capacity](capacity.png)",
+        "",
+        "![per-worker load over time](load_over_time.png)",
+        "",
+    ]
     L += ["## Targets of issue 6 (kvmesh default)", "", "| target | met | evidence |", "|---|---|---|"]
     for name, ok, evd in targets(ev):
         L.append(f"| {name} | {'yes' if ok else '**no**'} | {evd} |")
     tuned = ev.get("kvmesh_tuned")
     if tuned:
         t = tuned["results"]
-        L += ["", f"## kvmesh with a tuned profile (`{tuned['profile']}`)", "", tuned.get("description", ""), "",
-              "| policy | slo_capacity | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | hit ratio "
-              "| hit / pooled LRU | goodput | util var |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            "",
+            f"## kvmesh with a tuned profile (`{tuned['profile']}`)",
+            "",
+            tuned.get("description", ""),
+            "",
+            "| policy | slo_capacity | TTFT p50 | TTFT p90 | TTFT p99 | e2e p50 | e2e p99 | hit ratio "
+            "| hit / pooled LRU | goodput | util var |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, x in (("kvmesh (default)", r["kvmesh"]), ("kvmesh (tuned)", t)):
-            L.append(f"| {name} | {x['slo_capacity']:.3f} | {_fmt(x['ttft_ms']['p50'])} | "
-                     f"{_fmt(x['ttft_ms']['p90'])} | {_fmt(x['ttft_ms']['p99'])} | {_fmt(x['e2e_ms']['p50'])} | "
-                     f"{_fmt(x['e2e_ms']['p99'])} | {x['hit_ratio']:.4f} | "
-                     f"{100 * x['hit_ratio'] / max(x['pooled_lru_hit_ratio'], 1e-12):.0f} % | {x['goodput']:.3f} | "
-                     f"{x['util_variance']:.5f} |")
+            L.append(
+                f"| {name} | {x['slo_capacity']:.3f} | {_fmt(x['ttft_ms']['p50'])} | "
+                f"{_fmt(x['ttft_ms']['p90'])} | {_fmt(x['ttft_ms']['p99'])} | {_fmt(x['e2e_ms']['p50'])} | "
+                f"{_fmt(x['e2e_ms']['p99'])} | {x['hit_ratio']:.4f} | "
+                f"{100 * x['hit_ratio'] / max(x['pooled_lru_hit_ratio'], 1e-12):.0f} % | {x['goodput']:.3f} | "
+                f"{x['util_variance']:.5f} |"
+            )
         L += ["", "| target (tuned kvmesh) | met | evidence |", "|---|---|---|"]
         for name, ok, evd in targets(ev, t):
             L.append(f"| {name} | {'yes' if ok else '**no**'} | {evd} |")
@@ -205,35 +270,51 @@ def render(ev: dict[str, Any]) -> str:
         L.append(f"| {p} | {pr} |")
     if "concurrent" in ev:
         c = ev["concurrent"]
-        L += ["", f"## 32 concurrent long requests ({c['clients']} closed-loop clients, {c['workers']} workers)",
-              "", "Each client sends 6 questions (128–1024 tokens) over one of 16 shared documents "
-              "(16K–96K tokens), back to back (`synthetic.concurrent_long`).", "",
-              "| policy | e2e p50 | e2e p99 | TTFT p99 | hit ratio | util mean | util std (pp) | util var |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            "",
+            f"## 32 concurrent long requests ({c['clients']} closed-loop clients, {c['workers']} workers)",
+            "",
+            "Each client sends 6 questions (128–1024 tokens) over one of 16 shared documents "
+            "(16K–96K tokens), back to back (`synthetic.concurrent_long`).",
+            "",
+            "| policy | e2e p50 | e2e p99 | TTFT p99 | hit ratio | util mean | util std (pp) | util var |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for p, o in c["runs"].items():
             s = o["summary"]
-            L.append(f"| {p} | {_fmt(s['e2e_ms']['p50'])} | {_fmt(s['e2e_ms']['p99'])} | "
-                     f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.3f} | {s['util_mean']:.3f} | "
-                     f"{100 * s['util_variance'] ** 0.5:.1f} | {s['util_variance']:.5f} |")
+            L.append(
+                f"| {p} | {_fmt(s['e2e_ms']['p50'])} | {_fmt(s['e2e_ms']['p99'])} | "
+                f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.3f} | {s['util_mean']:.3f} | "
+                f"{100 * s['util_variance'] ** 0.5:.1f} | {s['util_variance']:.5f} |"
+            )
     if "warming" in ev:
         w = ev["warming"]
-        L += ["", "## Warming: none / static / dynamic (kvmesh policy)", "",
-              f"Workload: `synthetic.shared_prefix_tenants` {w['workload']}. static = system prompts of the "
-              "top 30 % tenants on 2 workers each at t=0; dynamic = prefixes seen ≥ 5×/min warmed onto "
-              "more workers (`kvmesh.warming`).", "",
-              "| warming | TTFT p50 | TTFT p90 | TTFT p99 | hit ratio | warm requests |",
-              "|---|---:|---:|---:|---:|---:|"]
+        L += [
+            "",
+            "## Warming: none / static / dynamic (kvmesh policy)",
+            "",
+            f"Workload: `synthetic.shared_prefix_tenants` {w['workload']}. static = system prompts of the "
+            "top 30 % tenants on 2 workers each at t=0; dynamic = prefixes seen ≥ 5×/min warmed onto "
+            "more workers (`kvmesh.warming`).",
+            "",
+            "| warming | TTFT p50 | TTFT p90 | TTFT p99 | hit ratio | warm requests |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for m, o in w["runs"].items():
             s = o["summary"]
-            L.append(f"| {m} | {_fmt(s['ttft_ms']['p50'])} | {_fmt(s['ttft_ms']['p90'])} | "
-                     f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.4f} | {s['warm_requests']} |")
+            L.append(
+                f"| {m} | {_fmt(s['ttft_ms']['p50'])} | {_fmt(s['ttft_ms']['p90'])} | "
+                f"{_fmt(s['ttft_ms']['p99'])} | {s['hit_ratio']:.4f} | {s['warm_requests']} |"
+            )
     if ev.get("analysis_md"):
         L += ["", "## Analysis", "", str(ev["analysis_md"]).strip()]
     walls = {p: runs[p].get("wall_s", 0.0) for p in pols}
-    speed = [f"Simulator speed: each whole-trace run at load_scale took {min(walls.values()):.0f}–"
-             f"{max(walls.values()):.0f} s of wall time on this machine ({len(ev['runs'])} runs, "
-             f"{min(runs[p].get('events', 0) for p in pols):,}–{max(runs[p].get('events', 0) for p in pols):,} "
-             "events each, shared CPUs)."]
+    speed = [
+        f"Simulator speed: each whole-trace run at load_scale took {min(walls.values()):.0f}–"
+        f"{max(walls.values()):.0f} s of wall time on this machine ({len(ev['runs'])} runs, "
+        f"{min(runs[p].get('events', 0) for p in pols):,}–{max(runs[p].get('events', 0) for p in pols):,} "
+        "events each, shared CPUs)."
+    ]
     L += ["", "## Notes", ""] + [f"* {n}" for n in [*ev.get("notes", []), *speed]]
     return "\n".join(L) + "\n"
 

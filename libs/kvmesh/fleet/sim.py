@@ -344,8 +344,7 @@ class FleetSim:
         n = len(self.trace)
         while self._heap:
             if events >= cfg.max_events or (
-                cfg.max_wall_s is not None and events % 4096 == 0
-                and time.perf_counter() - t_wall > cfg.max_wall_s
+                cfg.max_wall_s is not None and events % 4096 == 0 and time.perf_counter() - t_wall > cfg.max_wall_s
             ):
                 truncated = True
                 break
@@ -359,27 +358,34 @@ class FleetSim:
                 arrived += 1
                 if self.progress is not None and arrived % 256 == 0:
                     self.progress(arrived, n)
-            if cfg.stop_when_slo_lost and (
-                self._ttft_bad > self._allowed_bad or self._itl_bad > self._allowed_bad
-            ):
+            if cfg.stop_when_slo_lost and (self._ttft_bad > self._allowed_bad or self._itl_bad > self._allowed_bad):
                 stopped = True
                 break
         recs = [r for r in self.records if r is not None]
         res = RunResult(
-            self.policy.name, cfg, recs, self.busy_s,
+            self.policy.name,
+            cfg,
+            recs,
+            self.busy_s,
             {w: [b / cfg.util_bucket_s for b in s] for w, s in self.util.items()},
-            rejected=self.rejected, stopped_early=stopped, truncated=truncated, events=events,
-            wall_s=time.perf_counter() - t_wall, warm_requests=self.warm_requests,
+            rejected=self.rejected,
+            stopped_early=stopped,
+            truncated=truncated,
+            events=events,
+            wall_s=time.perf_counter() - t_wall,
+            warm_requests=self.warm_requests,
         )
         res.summary = summarize(recs, self.busy_s, cfg.slo, cfg.gpu_hour_price, self.work_s)
         if stopped:
             res.summary["meets_slo"] = False
-        res.summary.update(rejected=self.rejected, stopped_early=stopped, truncated=truncated,
-                           warm_requests=self.warm_requests)
+        res.summary.update(
+            rejected=self.rejected, stopped_early=stopped, truncated=truncated, warm_requests=self.warm_requests
+        )
         return res
 
 
-def run_policy(trace: Trace, policy: Policy, config: FleetConfig, hashes: HashCache | None = None,
-               **kw: Any) -> RunResult:
+def run_policy(
+    trace: Trace, policy: Policy, config: FleetConfig, hashes: HashCache | None = None, **kw: Any
+) -> RunResult:
     """Convenience: build a :class:`FleetSim` and run it."""
     return FleetSim(trace, policy, config, hashes, **kw).run()

@@ -31,8 +31,14 @@ def _concurrent(args: tuple[str, FleetConfig, int, str | None]) -> dict[str, Any
     return {"policy": policy, **result_payload(res, keep_records=False)}
 
 
-def concurrent_long_study(policies: Sequence[str], base: FleetConfig, workers: int = 8, clients: int = 32,
-                          n_proc: int = 1, kvmesh_profile: str | None = None) -> dict[str, Any]:
+def concurrent_long_study(
+    policies: Sequence[str],
+    base: FleetConfig,
+    workers: int = 8,
+    clients: int = 32,
+    n_proc: int = 1,
+    kvmesh_profile: str | None = None,
+) -> dict[str, Any]:
     cfg = replace(base, workers=workers, load_scale=1.0, stop_when_slo_lost=False)
     args = [(p, cfg, clients, kvmesh_profile) for p in policies]
     if n_proc > 1:

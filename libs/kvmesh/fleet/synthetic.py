@@ -115,8 +115,14 @@ def multi_turn_sessions(
             think = float(rng.uniform(*think_s))
             reqs.append(
                 TraceRequest(
-                    idx, float(t0), length, outs[k], stream[: _chunks_for(length)],
-                    session=f"s{s}", follows=prev, think_s=think if prev is not None else 0.0,
+                    idx,
+                    float(t0),
+                    length,
+                    outs[k],
+                    stream[: _chunks_for(length)],
+                    session=f"s{s}",
+                    follows=prev,
+                    think_s=think if prev is not None else 0.0,
                 )
             )
             prev = idx
@@ -154,8 +160,9 @@ def concurrent_long(
     """``clients`` closed-loop clients, each asking ``per_client`` questions over shared long documents."""
     rng = np.random.default_rng(seed)
     alloc = ChunkIds(5)
-    docs = [alloc.take(_chunks_for(int(rng.integers(*doc_tokens)) // CHUNK_TOKENS * CHUNK_TOKENS))
-            for _ in range(n_docs)]
+    docs = [
+        alloc.take(_chunks_for(int(rng.integers(*doc_tokens)) // CHUNK_TOKENS * CHUNK_TOKENS)) for _ in range(n_docs)
+    ]
     reqs: list[TraceRequest] = []
     for c in range(clients):
         prev: int | None = None
@@ -164,9 +171,17 @@ def concurrent_long(
             n_q = int(rng.integers(*question_tokens))
             n_in = len(doc) * CHUNK_TOKENS + n_q
             idx = len(reqs)
-            reqs.append(TraceRequest(
-                idx, 0.0, n_in, int(rng.integers(*output_tokens)), doc + alloc.take(_chunks_for(n_q)),
-                session=f"c{c}", follows=prev, think_s=0.0 if prev is None else float(rng.uniform(0.0, 1.0)),
-            ))
+            reqs.append(
+                TraceRequest(
+                    idx,
+                    0.0,
+                    n_in,
+                    int(rng.integers(*output_tokens)),
+                    doc + alloc.take(_chunks_for(n_q)),
+                    session=f"c{c}",
+                    follows=prev,
+                    think_s=0.0 if prev is None else float(rng.uniform(0.0, 1.0)),
+                )
+            )
             prev = idx
     return Trace("concurrent_long", reqs, {"clients": clients})

@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from kvmesh.fleet.sim import FleetSim
 
 
-def tenant_templates(trace: Trace, sys_chunks: int, fraction: float = 0.3, replicas: int = 2,
-                     vocab_size: int = 128_256) -> list[Template]:
+def tenant_templates(
+    trace: Trace, sys_chunks: int, fraction: float = 0.3, replicas: int = 2, vocab_size: int = 128_256
+) -> list[Template]:
     """Templates = the first ``sys_chunks`` chunks of the most frequent ``fraction`` of tenants."""
     counts = Counter(r.tenant for r in trace if r.tenant is not None)
     first = {}
@@ -71,8 +72,9 @@ class DynamicWarming:
 
     name = "dynamic"
 
-    def __init__(self, cfg: WarmingConfig = WarmingConfig(), interval_s: float = 5.0,
-                 warm_fraction: float = 0.3) -> None:
+    def __init__(
+        self, cfg: WarmingConfig = WarmingConfig(), interval_s: float = 5.0, warm_fraction: float = 0.3
+    ) -> None:
         self.cfg = cfg
         self.interval_s = interval_s
         self.warm_fraction = warm_fraction

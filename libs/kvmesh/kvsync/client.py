@@ -18,11 +18,13 @@ class KvSyncClient:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.stub = kvsync_pb2_grpc.KvSyncServiceStub(channel)
 
-    async def read_blocks(self, region_key: str, digests: Sequence[bytes],
-                          timeout: float | None = None) -> dict[bytes, bytes]:
+    async def read_blocks(
+        self, region_key: str, digests: Sequence[bytes], timeout: float | None = None
+    ) -> dict[bytes, bytes]:
         """Fetches blocks; each is verified against the CRC32C the peer computed from its memory."""
-        request = kvsync_pb2.ReadBlocksRequest(region_key=region_key,
-                                               blocks=[kvsync_pb2.BlockId(digest=d) for d in digests])
+        request = kvsync_pb2.ReadBlocksRequest(
+            region_key=region_key, blocks=[kvsync_pb2.BlockId(digest=d) for d in digests]
+        )
         out: dict[bytes, bytes] = {}
         parts: list[bytes] = []
         async for chunk in self.stub.ReadBlocks(request, timeout=timeout):
@@ -35,8 +37,9 @@ class KvSyncClient:
                 out[chunk.block.digest] = data
         return out
 
-    async def write_blocks(self, region_key: str, blocks: Sequence[tuple[bytes, bytes]],
-                           timeout: float | None = None) -> kvsync_pb2.WriteBlocksResponse:
+    async def write_blocks(
+        self, region_key: str, blocks: Sequence[tuple[bytes, bytes]], timeout: float | None = None
+    ) -> kvsync_pb2.WriteBlocksResponse:
         """Writes (digest, data) blocks; returns the completion once all are verified and stored."""
 
         async def chunks() -> AsyncIterator[kvsync_pb2.WriteBlocksRequest]:
@@ -46,9 +49,13 @@ class KvSyncClient:
                 for offset in range(0, len(view), CHUNK_BYTES):
                     last = offset + CHUNK_BYTES >= len(view)
                     yield kvsync_pb2.WriteBlocksRequest(
-                        region_key=region_key if first else "", block=kvsync_pb2.BlockId(digest=digest),
-                        offset=offset, data=bytes(view[offset:offset + CHUNK_BYTES]),
-                        crc32c=checksum(view) if last else 0, last=last)
+                        region_key=region_key if first else "",
+                        block=kvsync_pb2.BlockId(digest=digest),
+                        offset=offset,
+                        data=bytes(view[offset : offset + CHUNK_BYTES]),
+                        crc32c=checksum(view) if last else 0,
+                        last=last,
+                    )
                     first = False
 
         return await self.stub.WriteBlocks(chunks(), timeout=timeout)

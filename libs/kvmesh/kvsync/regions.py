@@ -42,7 +42,7 @@ class MemoryRegion:
     def view(self, slot: int) -> memoryview:
         """The slot's bytes, without copying."""
         start = slot * self.block_bytes
-        return self.buffer[start:start + self.block_bytes]
+        return self.buffer[start : start + self.block_bytes]
 
     def read(self, digest: bytes) -> memoryview:
         """The block with this identity (NotFound if the region does not hold it)."""
@@ -98,8 +98,9 @@ class RegionTable:
         size = block_bytes * num_blocks
         shm = shared_memory.SharedMemory(name=shm_name, create=True, size=size) if shm_name else None
         buffer = shm.buf if shm is not None and shm.buf is not None else memoryview(bytearray(size))
-        region = MemoryRegion(secrets.token_hex(16), name, block_bytes, num_blocks, shm, buffer,
-                              free=list(range(num_blocks - 1, -1, -1)))
+        region = MemoryRegion(
+            secrets.token_hex(16), name, block_bytes, num_blocks, shm, buffer, free=list(range(num_blocks - 1, -1, -1))
+        )
         self._regions[region.key] = region
         return region
 

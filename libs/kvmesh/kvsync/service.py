@@ -47,8 +47,12 @@ class KvSyncServicer(kvsync_pb2_grpc.KvSyncServiceServicer):
             for offset in range(0, len(view), self.chunk_bytes):
                 last = offset + self.chunk_bytes >= len(view)
                 yield kvsync_pb2.ReadBlocksResponse(
-                    block=block, offset=offset, data=bytes(view[offset:offset + self.chunk_bytes]),
-                    crc32c=checksum(view) if last else 0, last=last)
+                    block=block,
+                    offset=offset,
+                    data=bytes(view[offset : offset + self.chunk_bytes]),
+                    crc32c=checksum(view) if last else 0,
+                    last=last,
+                )
 
     async def WriteBlocks(  # type: ignore[override]
         self, request_iterator: AsyncIterator[kvsync_pb2.WriteBlocksRequest], context: grpc.aio.ServicerContext
@@ -76,5 +80,6 @@ class KvSyncServicer(kvsync_pb2_grpc.KvSyncServiceServicer):
                 region.write(digest, data, crc)  # raises the integrity error
         for digest, data, crc in staged:
             region.write(digest, data, crc)
-        return kvsync_pb2.WriteBlocksResponse(blocks_written=len(staged),
-                                              bytes_written=sum(len(d) for _, d, _ in staged))
+        return kvsync_pb2.WriteBlocksResponse(
+            blocks_written=len(staged), bytes_written=sum(len(d) for _, d, _ in staged)
+        )

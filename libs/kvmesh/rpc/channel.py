@@ -41,8 +41,11 @@ class _PropagatingInterceptor(
         for key, value in carrier.items():
             metadata.add(key, value)
         return grpc.aio.ClientCallDetails(
-            method=details.method, timeout=outbound_timeout(details.timeout), metadata=metadata,
-            credentials=details.credentials, wait_for_ready=details.wait_for_ready,
+            method=details.method,
+            timeout=outbound_timeout(details.timeout),
+            metadata=metadata,
+            credentials=details.credentials,
+            wait_for_ready=details.wait_for_ready,
         )
 
     async def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:

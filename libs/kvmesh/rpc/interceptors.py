@@ -81,7 +81,9 @@ class _CallScope:
         self.span: trace.Span | None = None
         if tracing.recording():
             self.span = tracing.tracer("kvmesh.rpc").start_span(
-                f"{service}/{method}", context=tracing.extract(meta), kind=trace.SpanKind.SERVER,
+                f"{service}/{method}",
+                context=tracing.extract(meta),
+                kind=trace.SpanKind.SERVER,
                 attributes={"rpc.system": "grpc", "rpc.method": method, "kvmesh.request_id": self.request_id},
             )
             self._otel_token = otel_context.attach(trace.set_span_in_context(self.span))
@@ -187,8 +189,7 @@ class InstrumentedServer:
 
     def add_registered_method_handlers(self, service_name: str, method_handlers: dict[str, Any]) -> None:
         wrapped = {
-            name: instrument_handler(self._service, f"/{service_name}/{name}", h)
-            for name, h in method_handlers.items()
+            name: instrument_handler(self._service, f"/{service_name}/{name}", h) for name, h in method_handlers.items()
         }
         self._server.add_registered_method_handlers(service_name, wrapped)  # type: ignore[attr-defined]
 

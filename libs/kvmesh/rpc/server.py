@@ -101,8 +101,9 @@ class ServiceRunner:
         port = self.ports.grpc_port if self.ports else self.settings.port
         return f"{self.name}-{self.settings.zone}-{port}"
 
-    def add_servicer(self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any,
-                     full_name: str) -> None:
+    def add_servicer(
+        self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str
+    ) -> None:
         """Registers a generated servicer; `full_name` (e.g. `kvmesh.v1.WorkerService`) gets health + reflection."""
         add_to_server(servicer, InstrumentedServer(self.server, self.name))  # type: ignore[arg-type]
         self._service_names.append(full_name)
@@ -111,8 +112,7 @@ class ServiceRunner:
         """Binds and starts gRPC and HTTP, marks every service SERVING and writes the ready file."""
         s = self.settings
         reflection.enable_server_reflection(
-            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
+            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
             self.server,
         )
         address = f"{s.host}:{s.port}"
@@ -194,9 +194,16 @@ class ServiceRunner:
             for attempt in range(REGISTER_ATTEMPTS):
                 try:
                     inst = await register_self(
-                        registry, instance_id=self.service_id, role=Role(self.name), zone=s.zone,
-                        version=s.version, address=s.advertise_address or ports.grpc_address,
-                        check=CheckSpec(use_tls=bool(s.tls_cert)), probe=probe, meta={"http": http} if http else None)
+                        registry,
+                        instance_id=self.service_id,
+                        role=Role(self.name),
+                        zone=s.zone,
+                        version=s.version,
+                        address=s.advertise_address or ports.grpc_address,
+                        check=CheckSpec(use_tls=bool(s.tls_cert)),
+                        probe=probe,
+                        meta={"http": http} if http else None,
+                    )
                     registered.append(inst.id)
                     log.info("%s registered in Consul at %s as %s", self.name, s.consul_url, inst.id)
                     return
@@ -236,8 +243,13 @@ class ServiceRunner:
         if not self.settings.ready_file or self.ports is None:
             return
         payload = {
-            "service": self.name, "id": self.service_id, "pid": os.getpid(), "zone": self.settings.zone,
-            "grpc": self.ports.grpc_address, "grpc_port": self.ports.grpc_port, "http_port": self.ports.http_port,
+            "service": self.name,
+            "id": self.service_id,
+            "pid": os.getpid(),
+            "zone": self.settings.zone,
+            "grpc": self.ports.grpc_address,
+            "grpc_port": self.ports.grpc_port,
+            "http_port": self.ports.http_port,
         }
         path = Path(self.settings.ready_file)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -257,8 +269,12 @@ class ServiceRunner:
 Builder = Callable[[ServiceRunner, Any], Awaitable[None]]
 
 
-def run_service(name: str, settings_cls: type[S], build: Callable[[ServiceRunner, S], Awaitable[None]],
-                argv: Sequence[str] | None = None) -> int:
+def run_service(
+    name: str,
+    settings_cls: type[S],
+    build: Callable[[ServiceRunner, S], Awaitable[None]],
+    argv: Sequence[str] | None = None,
+) -> int:
     """Entry point body of a service: settings, logging, tracing, then `build(runner, settings)` and serve."""
     settings = load_settings(settings_cls, argv, service=name.replace("-", "_"))
     setup_logging(name, settings.log_level, settings.log_format)

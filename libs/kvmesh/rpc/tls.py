@@ -20,8 +20,9 @@ def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerC
     """TLS with `cert`/`key`; with `client_ca`, clients must present a certificate signed by it (mTLS)."""
     pair = [(_read(key, "TLS key"), _read(cert, "TLS certificate"))]
     if client_ca:
-        return grpc.ssl_server_credentials(pair, root_certificates=_read(client_ca, "client CA"),
-                                           require_client_auth=True)
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=_read(client_ca, "client CA"), require_client_auth=True
+        )
     return grpc.ssl_server_credentials(pair)
 
 

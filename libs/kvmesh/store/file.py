@@ -47,7 +47,7 @@ class FileCheckpointStore:
             if not raw.startswith(MAGIC):
                 raise ValueError(f"{snap_path}: not a kvmesh snapshot")
             epoch, crc = _HDR.unpack_from(raw, len(MAGIC))
-            snapshot = raw[len(MAGIC) + _HDR.size:]
+            snapshot = raw[len(MAGIC) + _HDR.size :]
             if zlib.crc32(snapshot) != crc:
                 raise ValueError(f"{snap_path}: checksum mismatch")
         self.epoch = epoch
@@ -62,7 +62,7 @@ class FileCheckpointStore:
         out, pos = [], 0
         while pos + _REC.size <= len(data):
             n, crc = _REC.unpack_from(data, pos)
-            body = data[pos + _REC.size: pos + _REC.size + n]
+            body = data[pos + _REC.size : pos + _REC.size + n]
             if len(body) < n or zlib.crc32(body) != crc:
                 break  # torn tail
             out.append(body)

@@ -41,7 +41,8 @@ class RedisCheckpointStore:
         key, start = self._log_key(epoch), "-"
         for _ in range(1 << 40):  # bounded by the stream's length
             chunk: list[tuple[bytes, dict[bytes, bytes]]] = await self.r.xrange(  # type: ignore[assignment]
-                key, min=start, max="+", count=self.read_chunk)
+                key, min=start, max="+", count=self.read_chunk
+            )
             if not chunk:
                 break
             records += [fields[b"r"] for _id, fields in chunk]

@@ -13,7 +13,9 @@ RPC_REQUESTS = Counter(
     "kvmesh_rpc_requests_total", "gRPC calls handled, by final status code", ["service", "method", "code"]
 )
 RPC_LATENCY = Histogram(
-    "kvmesh_rpc_latency_seconds", "gRPC call duration (streams: until the last message)", ["service", "method"],
+    "kvmesh_rpc_latency_seconds",
+    "gRPC call duration (streams: until the last message)",
+    ["service", "method"],
     buckets=LATENCY_BUCKETS,
 )
 RPC_IN_FLIGHT = Gauge("kvmesh_rpc_in_flight", "gRPC calls being handled", ["service", "method"])

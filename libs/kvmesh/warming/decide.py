@@ -54,7 +54,7 @@ class WarmPlan:
 def pick_workers(holders: set[str], loads: Mapping[str, float], want: int, max_load: float) -> list[str]:
     """`want` workers not in `holders`, least loaded first, below `max_load`."""
     cands = sorted((ld, w) for w, ld in loads.items() if w not in holders and ld < max_load)
-    return [w for _ld, w in cands[:max(want, 0)]]
+    return [w for _ld, w in cands[: max(want, 0)]]
 
 
 def target_replicas(rate: int, cfg: WarmingConfig) -> int:
@@ -62,9 +62,14 @@ def target_replicas(rate: int, cfg: WarmingConfig) -> int:
     return min(cfg.max_replicas, 1 + rate // cfg.threshold)
 
 
-def plan_dynamic(stats: PrefixStats, now: float, loads: Mapping[str, float],
-                 holders: Callable[[int, PrefixInfo], set[str]], warm: HybridWarmSet,
-                 cfg: WarmingConfig) -> WarmPlan:
+def plan_dynamic(
+    stats: PrefixStats,
+    now: float,
+    loads: Mapping[str, float],
+    holders: Callable[[int, PrefixInfo], set[str]],
+    warm: HybridWarmSet,
+    cfg: WarmingConfig,
+) -> WarmPlan:
     """One dynamic warming round (see module docstring)."""
     plan = WarmPlan()
     for key, inf in stats.hot(now, cfg.threshold):
@@ -85,10 +90,15 @@ def plan_dynamic(stats: PrefixStats, now: float, loads: Mapping[str, float],
     return plan
 
 
-def plan_static(templates: Sequence[Template], loads: Mapping[str, float],
-                holders: Callable[[Template], set[str]], warm: HybridWarmSet | None = None,
-                key_of: Callable[[Template], int] | None = None, block_size: int = 1,
-                max_load: float = 1.0) -> WarmPlan:
+def plan_static(
+    templates: Sequence[Template],
+    loads: Mapping[str, float],
+    holders: Callable[[Template], set[str]],
+    warm: HybridWarmSet | None = None,
+    key_of: Callable[[Template], int] | None = None,
+    block_size: int = 1,
+    max_load: float = 1.0,
+) -> WarmPlan:
     """Cold-start preload: each template onto `replicas` workers (0 = all), least loaded first; pinned."""
     plan = WarmPlan()
     for i, t in enumerate(templates):

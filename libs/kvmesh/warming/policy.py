@@ -77,8 +77,7 @@ class HybridWarmSet:
             e.count += 1.0
             e.last = now
 
-    def admit(self, key: int, size: int, now: float, hits: float = 1.0,
-              pinned: bool = False) -> tuple[bool, list[int]]:
+    def admit(self, key: int, size: int, now: float, hits: float = 1.0, pinned: bool = False) -> tuple[bool, list[int]]:
         """Try to make `key` warm with initial score `hits`; returns (admitted, evicted keys)."""
         if key in self.entries:  # accesses are recorded through `touch`, not by re-admission
             return True, []

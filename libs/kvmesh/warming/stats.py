@@ -41,8 +41,13 @@ class PrefixInfo:
 class PrefixStats:
     """Sliding-window counts of prefixes (see module docstring)."""
 
-    def __init__(self, window_s: float = 60.0, max_events: int = 1_000_000, max_keys: int = 200_000,
-                 keep_tokens_up_to: int = 131_072) -> None:
+    def __init__(
+        self,
+        window_s: float = 60.0,
+        max_events: int = 1_000_000,
+        max_keys: int = 200_000,
+        keep_tokens_up_to: int = 131_072,
+    ) -> None:
         self.window_s = window_s
         self.max_events = max_events
         self.max_keys = max_keys
@@ -50,8 +55,14 @@ class PrefixStats:
         self.events: deque[tuple[float, int]] = deque()
         self.info: dict[int, PrefixInfo] = {}
 
-    def observe(self, hashes: Sequence[int], now: float, token_ids: Sequence[int] | None = None,
-                block_size: int = 0, tenant: str | None = None) -> list[int]:
+    def observe(
+        self,
+        hashes: Sequence[int],
+        now: float,
+        token_ids: Sequence[int] | None = None,
+        block_size: int = 0,
+        tenant: str | None = None,
+    ) -> list[int]:
         """Count one query whose block hashes are `hashes` (tokens kept for warming when given).
 
         Returns the checkpoint keys observed (the caller touches the warm ones in its `HybridWarmSet`).
@@ -67,8 +78,12 @@ class PrefixStats:
                     parent = key
                     continue
                 inf = self.info[key] = PrefixInfo(n, parent, tenant=tenant)
-            if inf.token_ids is None and token_ids is not None and block_size > 0 \
-                    and n * block_size <= self.keep_tokens_up_to:
+            if (
+                inf.token_ids is None
+                and token_ids is not None
+                and block_size > 0
+                and n * block_size <= self.keep_tokens_up_to
+            ):
                 inf.token_ids = tuple(token_ids[: n * block_size])
             inf.count += 1
             inf.total += 1
@@ -111,10 +126,23 @@ class PrefixStats:
 
     def export(self) -> dict[str, object]:
         """Plain data for checkpoints."""
-        return {"window_s": self.window_s, "events": [list(e) for e in self.events],
-                "info": [[k, v.n_blocks, v.parent, v.count, v.total, v.last_seen,
-                          list(v.token_ids) if v.token_ids is not None else None, v.tenant]
-                         for k, v in self.info.items()]}
+        return {
+            "window_s": self.window_s,
+            "events": [list(e) for e in self.events],
+            "info": [
+                [
+                    k,
+                    v.n_blocks,
+                    v.parent,
+                    v.count,
+                    v.total,
+                    v.last_seen,
+                    list(v.token_ids) if v.token_ids is not None else None,
+                    v.tenant,
+                ]
+                for k, v in self.info.items()
+            ],
+        }
 
     @classmethod
     def restore(cls, data: dict[str, object]) -> PrefixStats:
@@ -122,6 +150,7 @@ class PrefixStats:
         s = cls(window_s=float(data["window_s"]))  # type: ignore[arg-type]
         s.events = deque((float(t), int(k)) for t, k in data["events"])  # type: ignore[attr-defined]
         for k, n, p, c, tot, last, toks, *rest in data["info"]:  # type: ignore[attr-defined]
-            s.info[int(k)] = PrefixInfo(n, p, c, tot, last, tuple(toks) if toks is not None else None,
-                                        rest[0] if rest else None)  # snapshots before `tenant`: None
+            s.info[int(k)] = PrefixInfo(
+                n, p, c, tot, last, tuple(toks) if toks is not None else None, rest[0] if rest else None
+            )  # snapshots before `tenant`: None
         return s

@@ -19,8 +19,9 @@ class Template:
     replicas: int = 1
 
 
-def load_templates(items: Iterable[Mapping[str, object]],
-                   tokenize: Callable[[str], Sequence[int]] | None = None) -> list[Template]:
+def load_templates(
+    items: Iterable[Mapping[str, object]], tokenize: Callable[[str], Sequence[int]] | None = None
+) -> list[Template]:
     """Validate config items into templates; `text` needs `tokenize`."""
     out = []
     for i, it in enumerate(items):

@@ -165,8 +165,9 @@ class SimEngineCore:
         salt = cfg.hash_salt
         if req.tenant or req.lora_name:  # isolation: another tenant / adapter never hits these blocks
             salt = make_salt(str(cfg.hash_salt), req.lora_name, req.tenant)
-        seq = _Seq(req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed,
-                   salt=salt)  # fmt: skip
+        seq = _Seq(
+            req=req, tokens=prompt, prompt_len=len(prompt), max_tokens=max_tokens, arrival=now, seed=seed, salt=salt
+        )
         self._hash_full_blocks(seq, len(prompt) // cfg.block_size)
         self._waiting.append(seq)
         self._by_id[req.request_id] = seq

@@ -151,8 +151,9 @@ class BlockPool:
             stored_tokens.extend(toks)
         self._flush_stored(stored_hashes, stored_tokens, run_parent, lora_name, tenant)
 
-    def _flush_stored(self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None,
-                      tenant: str | None) -> None:
+    def _flush_stored(
+        self, hashes: list[int], tokens: list[int], parent: int | None, lora_name: str | None, tenant: str | None
+    ) -> None:
         if hashes:
             self._events.append(
                 BlockStored(
