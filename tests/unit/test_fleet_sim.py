@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvmesh.errors import InvalidArgument
 from kvmesh.fleet.policies import make_policy
 from kvmesh.fleet.readers import read_mooncake
 from kvmesh.fleet.reference import pooled_lru_hit_ratio
@@ -100,3 +101,29 @@ def test_slo_stop_is_certain_and_cheaper(small_trace) -> None:  # type: ignore[n
     assert full.summary["meets_slo"] is False
     assert cut.stopped_early and cut.summary["meets_slo"] is False
     assert cut.events < full.events
+
+
+def test_a_rejection_counts_against_the_accepted_requests(small_trace) -> None:  # type: ignore[no-untyped-def]
+    """The fleet drives the engine's own admission: after one refusal its error rate is 1 / (accepted + 1),
+    not 1.0 (a hand copy of `add_request` once dropped the accepted count)."""
+    sim = FleetSim(small_trace, make_policy("kvmesh"), FleetConfig(workers=1))
+    tokens = np.arange(8, dtype=np.int64)
+    accepted = 0
+    for _ in range(4096):
+        if not sim.submit_warm(0, tokens):
+            break
+        accepted += 1
+    else:
+        pytest.fail("the engine never refused a request")
+    report = sim.engines[0].load_report(sim.now)
+    assert accepted > 1000
+    assert report.errors_total == 1
+    assert report.error_rate == pytest.approx(1 / (accepted + 1))
+    assert sim.view(0).error_rate == pytest.approx(1 / (accepted + 1))
+
+
+def test_the_fleet_still_refuses_out_of_range_tokens(small_trace) -> None:  # type: ignore[no-untyped-def]
+    sim = FleetSim(small_trace, make_policy("kvmesh"), FleetConfig(workers=1))
+    assert sim.engines[0].config.check_token_range is False  # checked once per prompt, vectorised
+    with pytest.raises(InvalidArgument, match="token ids must be in"):
+        sim.submit_warm(0, np.array([1, sim.cfg.vocab_size], dtype=np.int64))

@@ -285,3 +285,13 @@ def test_property_events_replay_to_pool_and_usage_is_bounded(
         replay(s.kv_events, cached)
     assert cached == core.pool.cached_hashes()
     assert core.pool.num_used == 0 and not core.has_work()
+
+
+def test_token_range_check_can_be_left_to_the_caller() -> None:
+    """`check_token_range=False` is the fleet simulator's flag: it range-checks prompts itself, vectorised."""
+    cfg = SimConfig(block_size=4, num_blocks=64, vocab_size=100)
+    with pytest.raises(InvalidArgument, match="token ids"):
+        SimEngineCore(cfg).add_request(EngineRequest("a", prompt_token_ids=(1, 100)), 0.0)
+    trusting = SimEngineCore(dataclasses.replace(cfg, check_token_range=False))
+    trusting.add_request(EngineRequest("a", prompt_token_ids=(1, 100)), 0.0)
+    assert trusting.request_ids() == ["a"]

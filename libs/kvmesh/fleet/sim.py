@@ -31,10 +31,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
-from kvmesh.engine.sim.core import SimConfig
+from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.sim.perf import chunked_prefill_time
 from kvmesh.errors import InvalidArgument, ResourceExhausted
-from kvmesh.fleet.engine import TrustedTokensCore, check_tokens
 from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
@@ -85,7 +84,14 @@ class FleetConfig:
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             max_batched_tokens=self.max_batched_tokens,
             vocab_size=self.vocab_size,
+            check_token_range=False,  # `check_tokens` checks each prompt once, vectorised
         )
+
+
+def check_tokens(tokens: np.ndarray, vocab_size: int) -> None:
+    """Raise InvalidArgument unless every token id is in [0, vocab_size) (one vectorised min/max)."""
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise InvalidArgument("prompt_token_ids", f"token ids must be in [0, {vocab_size})")
 
 
 class HashCache:
@@ -165,7 +171,7 @@ class FleetSim:
         self.progress = progress
         ecfg = config.engine_config()
         self.ids = [f"w{i:02d}" for i in range(config.workers)]
-        self.engines = [TrustedTokensCore(ecfg, worker_id=w) for w in self.ids]
+        self.engines = [SimEngineCore(ecfg, worker_id=w) for w in self.ids]
         self.slot = {w: i for i, w in enumerate(self.ids)}
         self._views: list[WorkerView | None] = [None] * config.workers
         self._busy = [False] * config.workers
