@@ -1,7 +1,7 @@
 """Entry point: `python -m kvmesh.services.failover` / `kvmesh-failover`.
 
 Wiring: registry (Consul with --consul-url, else the static YAML --registry-file, else a static file
-in a temporary directory) → DiscoveryWatcher (+ last-known-good file) → FailoverPolicy → engine →
+in a temporary directory) → DiscoveryWatcher (+ last-known-good file) → FailoverPolicy → endpoint-set publisher →
 servicer. The service registers itself (role failover, gRPC check) and deregisters on SIGTERM.
 """
 
@@ -26,7 +26,7 @@ from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.discovery.zones import ZonePolicy
 from kvmesh.errors import KvmeshError
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
-from kvmesh.services.failover.engine import FailoverEngine
+from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.services.failover.servicer import FailoverServicer
 from kvmesh.services.failover.settings import FailoverSettings
 from kvmesh.v1 import failover_pb2_grpc
@@ -87,11 +87,11 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     lkg = LastKnownGood(settings.lkg_file) if settings.lkg_file else None
     watcher = DiscoveryWatcher(registry, lkg, wait_s=settings.watch_wait_s, retry_max_s=1.0)
     await watcher.start()
-    engine = FailoverEngine(watcher, make_policy(settings), tick_s=settings.health_interval_s)
-    await engine.start()
+    publisher = EndpointSetPublisher(watcher, make_policy(settings), tick_s=settings.health_interval_s)
+    await publisher.start()
     runner.add_servicer(
         failover_pb2_grpc.add_FailoverServiceServicer_to_server,
-        FailoverServicer(engine, registry, runner.stopping),
+        FailoverServicer(publisher, registry, runner.stopping),
         "kvmesh.v1.FailoverService",
     )
     me: dict[str, ServiceInstance | None] = {"inst": None}
@@ -115,7 +115,7 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
                 await asyncio.wait_for(registry.deregister(inst.id), 3.0)
 
     async def stopped() -> None:
-        await engine.stop()
+        await publisher.stop()
         await watcher.stop()
         if isinstance(registry, ConsulRegistry):
             await registry.close(deregister=False)

@@ -1,4 +1,4 @@
-"""Failover servicer: proto <-> domain over kvmesh.discovery (logic lives in engine.py)."""
+"""Failover servicer: proto <-> domain over kvmesh.discovery (logic lives in endpoint_sets.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
 from kvmesh.discovery.traffic import normalise_weights
 from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
-from kvmesh.services.failover.engine import FailoverEngine
+from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
 ROLE_TO_PB = {
@@ -59,13 +59,13 @@ def instance_from_pb(e: common_pb2.Endpoint) -> ServiceInstance:
 class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     """Discovery, zone health and traffic weights."""
 
-    def __init__(self, engine: FailoverEngine, registry: Registry | None, stopping: asyncio.Event) -> None:
-        self.engine = engine
+    def __init__(self, publisher: EndpointSetPublisher, registry: Registry | None, stopping: asyncio.Event) -> None:
+        self.publisher = publisher
         self.registry = registry
         self.stopping = stopping
 
     def endpoints_response(self, roles: set[Role]) -> failover_pb2.WatchEndpointsResponse:
-        d = self.engine.decision
+        d = self.publisher.decision
         zones = []
         for z, v in sorted(d.views.items()):
             items = [
@@ -81,9 +81,9 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             )
         return failover_pb2.WatchEndpointsResponse(
             zones=zones,
-            version_weights=self.engine.version_weights(),
-            revision=self.engine.revision,
-            stale=self.engine.stale,
+            version_weights=self.publisher.version_weights(),
+            revision=self.publisher.revision,
+            stale=self.publisher.stale,
         )
 
     async def WatchEndpoints(  # type: ignore[override]
@@ -92,7 +92,7 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         roles = {PB_TO_ROLE[r] for r in request.roles if r in PB_TO_ROLE}
         sent = -1
         while not self.stopping.is_set():
-            rev = await self.engine.wait_revision(sent, 0.5)
+            rev = await self.publisher.wait_revision(sent, 0.5)
             if rev != sent:
                 sent = rev
                 yield self.endpoints_response(roles)
@@ -123,8 +123,8 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
 
     def _weights(self) -> failover_pb2.TrafficWeights:
         return failover_pb2.TrafficWeights(
-            zone_weights=dict(self.engine.policy.zone_plan.weights),
-            version_weights=dict(self.engine.policy.version_plan.weights),
+            zone_weights=dict(self.publisher.policy.zone_plan.weights),
+            version_weights=dict(self.publisher.policy.version_plan.weights),
         )
 
     async def SetTrafficWeights(  # type: ignore[override]
@@ -138,7 +138,7 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             normalise_weights("weights.zone_weights", zw)
         if vw:
             normalise_weights("weights.version_weights", vw)
-        await self.engine.set_weights(zw, vw)
+        await self.publisher.set_weights(zw, vw)
         return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
 
     async def GetTrafficWeights(  # type: ignore[override]
@@ -149,13 +149,13 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     async def RollbackTrafficWeights(  # type: ignore[override]
         self, request: failover_pb2.RollbackTrafficWeightsRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.RollbackTrafficWeightsResponse:
-        await self.engine.rollback()
+        await self.publisher.rollback()
         return failover_pb2.RollbackTrafficWeightsResponse(weights=self._weights())
 
     async def GetZoneHealth(  # type: ignore[override]
         self, request: failover_pb2.GetZoneHealthRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.GetZoneHealthResponse:
-        d = self.engine.decision
+        d = self.publisher.decision
         zones = [
             failover_pb2.ZoneHealth(
                 zone=z,
@@ -168,4 +168,6 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             )
             for z, v in sorted(d.views.items())
         ]
-        return failover_pb2.GetZoneHealthResponse(zones=zones, registry_reachable=self.engine.watcher.reachable is True)
+        return failover_pb2.GetZoneHealthResponse(
+            zones=zones, registry_reachable=self.publisher.watcher.reachable is True
+        )

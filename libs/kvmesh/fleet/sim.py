@@ -140,7 +140,7 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-class Warmer(Protocol):
+class FleetWarmer(Protocol):
     """Optional warming strategy: asked at start and after every arrival for prefill-only requests."""
 
     def start(self, sim: FleetSim, now: float) -> None: ...
@@ -157,7 +157,7 @@ class FleetSim:
         config: FleetConfig = FleetConfig(),
         hashes: HashCache | None = None,
         index_factory: Callable[[], Index] = default_index,
-        warmer: Warmer | None = None,
+        warmer: FleetWarmer | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.trace = trace

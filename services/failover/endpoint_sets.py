@@ -1,4 +1,4 @@
-"""Failover engine: DiscoveryWatcher → FailoverPolicy → published revisions of the endpoint sets.
+"""Endpoint-set publisher: DiscoveryWatcher → FailoverPolicy → published revisions of the endpoint sets.
 
 Each watcher change, and every `tick_s` otherwise (hysteresis and ramps need time to pass), one
 observation is fed to the pure policy. When the published content (zones, health, endpoints,
@@ -27,7 +27,7 @@ from kvmesh.tasks import stop_task
 log = logging.getLogger(__name__)
 
 
-class FailoverEngine:
+class EndpointSetPublisher:
     def __init__(
         self,
         watcher: DiscoveryWatcher,
