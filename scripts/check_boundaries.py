@@ -40,7 +40,12 @@ class Rule:
 RULES = (
     Rule("libs never import services", ("kvmesh",), ("kvmesh.services",), exempt=("kvmesh.services",)),
     Rule("generated code imports only itself", ("kvmesh.v1",), ("kvmesh",), allow=("kvmesh.v1",)),
-    Rule("no service imports another", ("kvmesh.services.*",), ("kvmesh.services.*",), allow=("kvmesh.services.{service}",)),
+    Rule(
+        "no service imports another",
+        ("kvmesh.services.*",),
+        ("kvmesh.services.*",),
+        allow=("kvmesh.services.{service}",),
+    ),
     Rule(
         "pure: no I/O or clocks",
         _PURE,
