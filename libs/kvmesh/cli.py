@@ -33,8 +33,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.launcher import ServiceProcess, start_service
 
-ORDER = ("cache-manager", "worker", "router", "failover")
-
 
 def kvmesh_home() -> Path:
     return Path(os.environ.get("KVMESH_HOME", Path.cwd() / "var")).resolve()

@@ -29,7 +29,6 @@ class WorkerApp:
         self.stopping = asyncio.Event()
         self.sinks: list[Callable[[KvEventBatch], None]] = []
         self.address = ""
-        self.resyncs = 0
         self._pump_task: asyncio.Task[None] | None = None
 
     @property
@@ -70,7 +69,6 @@ class WorkerApp:
         while not self.stopping.is_set():
             it = self.engine.kv_event_batches()
             if not first:
-                self.resyncs += 1
                 blocks = await self.engine.dump_blocks()
                 self._append([AllBlocksCleared(), *blocks])
             first = False

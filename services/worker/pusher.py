@@ -36,8 +36,6 @@ class CacheManagerPusher:
         self.app = app
         self.address = address
         self.settings = settings
-        self.sessions = 0
-        self.dumps = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -69,7 +67,6 @@ class CacheManagerPusher:
     async def _dump(self, call: Any) -> int:
         lg = self.app.log
         seq, blocks = lg.dump()
-        self.dumps += 1
         for kind, b in dump_messages(lg.worker_id, lg.instance_id, seq, blocks, time.time()):
             await self._send(call, cm.PublishKvEventsRequest(kind=kind, batch=b))
         return seq
@@ -94,7 +91,6 @@ class CacheManagerPusher:
         cursor = lg.open_cursor()
         try:
             call = cm_grpc.CacheManagerServiceStub(channel).PublishKvEvents()
-            self.sessions += 1
             hello = cm.WorkerHello(
                 worker_id=lg.worker_id,
                 instance_id=lg.instance_id,

@@ -20,7 +20,6 @@ class Watcher:
     queue: asyncio.Queue[tuple[int, list[IndexDelta]] | None] = field(
         default_factory=lambda: asyncio.Queue(maxsize=10_000)
     )
-    dropped: bool = False
 
 
 class FanOut:
@@ -28,7 +27,6 @@ class FanOut:
 
     def __init__(self) -> None:
         self.watchers: set[Watcher] = set()
-        self.dropped_total = 0
 
     def add(self, workers: frozenset[str]) -> Watcher:
         w = Watcher(workers)
@@ -47,8 +45,6 @@ class FanOut:
             if not mine:
                 continue
             if w.queue.qsize() >= w.queue.maxsize - 1:
-                w.dropped = True
-                self.dropped_total += 1
                 self.watchers.discard(w)
                 w.queue.put_nowait(None)
                 continue

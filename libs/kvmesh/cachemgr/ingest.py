@@ -85,8 +85,6 @@ class IngestCounters:
 
     batches: int = 0
     events: int = 0
-    blocks_stored: int = 0
-    blocks_removed: int = 0
     gaps: int = 0
     restarts: int = 0
     resyncs_full: int = 0
@@ -272,7 +270,6 @@ class Ingestor:
             gone = [ih for eh in ev.block_hashes if (ih := m.drop(eh & MASK64, dump)) is not None]
             if gone:
                 self.index.remove(st.worker_id, gone)
-                self.counters.blocks_removed += len(gone)
                 res.deltas.append(Removed(st.worker_id, tuple(gone)))
         elif isinstance(ev, AllBlocksCleared):
             self._drop_entries(st, res)
@@ -309,7 +306,6 @@ class Ingestor:
 
     def _store(self, st: WorkerState, parent: int | None, hashes: list[int], res: IngestResult) -> None:
         self.index.store(st.worker_id, parent, hashes)
-        self.counters.blocks_stored += len(hashes)
         res.deltas.append(Stored(st.worker_id, parent, tuple(hashes)))
 
     def _drop_entries(self, st: WorkerState, res: IngestResult) -> None:

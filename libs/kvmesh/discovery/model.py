@@ -94,19 +94,6 @@ class ServiceInstance:
         out.update(zone=self.zone, version=self.version, role=self.role.value, capacity=repr(self.capacity))
         return out
 
-    def with_health(self, health: Health) -> ServiceInstance:
-        return ServiceInstance(
-            self.id,
-            self.role,
-            self.zone,
-            self.version,
-            self.address,
-            self.port,
-            health,
-            self.capacity,
-            self.meta,
-        )
-
 
 def parse_labels(tags: Iterable[str], meta: Mapping[str, str] | None) -> dict[str, str]:
     """zone/version/role/capacity from ``key=value`` tags, overridden by meta keys."""

@@ -112,9 +112,6 @@ class FailoverPolicy:
     def rollback_versions(self) -> None:
         self.version_plan = self.version_plan.rollback()
 
-    def rollback_zones(self) -> None:
-        self.zone_plan = self.zone_plan.rollback()
-
     def _decide(self, views: Mapping[str, ZoneView], now: float, transitions: tuple[ZoneTransition, ...]) -> Decision:
         zw = zone_weights(self.states, views, self.zone_plan.weights, self.policy, now, self.default_zone_weight)
         rw = router_weights(views, zw, self.version_plan.weights)

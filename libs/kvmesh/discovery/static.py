@@ -25,7 +25,6 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -34,10 +33,6 @@ from kvmesh.discovery.registry import CheckSpec, HealthProbe
 from kvmesh.errors import InvalidArgument, KvmeshError, NotFound
 
 log = logging.getLogger(__name__)
-
-
-def _instance_to_yaml(i: ServiceInstance) -> dict[str, Any]:
-    return CatalogSnapshot((i,)).to_json()[0]
 
 
 class StaticRegistry:

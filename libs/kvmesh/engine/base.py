@@ -47,7 +47,6 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prefill_only: bool = False
     lora_name: str | None = None
-    priority: int = 0
     tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
 
 

@@ -27,10 +27,6 @@ class EventFanout:
         self._subs: list[_Sub] = []
         self.closed = False
 
-    @property
-    def subscribers(self) -> int:
-        return len(self._subs)
-
     def publish(self, events: list[KvEvent]) -> None:
         if not events:
             return

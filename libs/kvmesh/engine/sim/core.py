@@ -133,7 +133,6 @@ class SimEngineCore:
         self.preemptions_total = 0
         self.rejected_total = 0
         self.accepted_total = 0
-        self.finished_total = 0
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest, now: float) -> None:
@@ -353,7 +352,6 @@ class SimEngineCore:
         self.pool.release(seq.blocks)
         seq.blocks = []
         self._by_id.pop(seq.req.request_id, None)
-        self.finished_total += 1
 
     def _output(self, seq: _Seq, toks: tuple[int, ...], reason: str | None) -> EngineOutput:
         return EngineOutput(

@@ -63,9 +63,6 @@ class BlockPool:
     def cached_hashes(self) -> set[int]:
         return set(self._cached)
 
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._cached
-
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref
 

@@ -1,0 +1,95 @@
+"""Names vulture reports unused that are used where it can't see (scripts/check_dead_code.sh). Reviewed by hand.
+
+Each group starts with a one-word reason. Add a name only when it is used by something vulture does not read
+(a framework calling it by name, a wire format, a test); delete dead code instead.
+"""
+
+# ruff: noqa: B018, F821
+
+# grpc: servicer methods and interceptor hooks that grpc calls by name
+_.Rebalance
+_.ListWorkers
+_.DrainWorker
+_.GenerateStream
+_.Abort
+_.StreamKvEvents
+_.WarmPrefixes
+_.SetWarmingPolicy
+_.Checkpoint
+_.Restore
+_.GetStats
+_.SetTrafficWeights
+_.GetTrafficWeights
+_.RollbackTrafficWeights
+_.GetZoneHealth
+_.RegisterRegion
+_.DeregisterRegion
+_.intercept_unary_unary
+_.intercept_unary_stream
+_.intercept_stream_unary
+_.intercept_stream_stream
+_.intercept_service
+
+# vllm: vLLM's stat-logger protocol (method, arguments) and engine-args attributes vLLM reads
+_.log_engine_initialized
+engine_idx
+mm_cache_stats
+_.enable_prefix_caching
+_.disable_log_stats
+_.kv_events_config
+
+# wire: msgspec struct fields that decode vLLM's positional arrays
+lora_id
+
+# library: attributes a third-party object reads (tokenizers)
+_.pre_tokenizer
+
+# record: fields of a published record, set by producers; readers pick the ones they need
+nominal_bytes
+zone_generation
+version_generation
+worker_capacity_up
+worker_capacity_total
+zone_healthy
+restarts
+duplicates
+
+# tests: public API and stats counters that tests exercise (no production caller yet)
+_.pending_resyncs
+_.uses_vllm_classes
+_.replays
+_.replay_failures
+_.attempts_total
+_.set_zone_weights
+_.set_version_weights
+_.rollback_versions
+canary_step
+next_upgrade_pct
+_.cached_hashes
+_.aborted
+aborted
+bursty
+multi_turn_sessions
+long_context_mix
+_.iter_pairs
+KvSyncClient
+_.read_blocks
+_.write_blocks
+_.evict
+KvSyncServicer
+_.is_running
+_.trips
+_.retry_in
+_.worker_of
+_.enabled
+_.fallbacks
+bad_request_fields
+ServiceInterceptor
+
+# --- pending: owned by other work in progress ---
+# Dead code in files other helpers are editing; the lead deletes the code and these entries after merging.
+HTTP_STATUS  # libs/kvmesh/rpc/errors.py: never used (issue 12; kvmesh.openai gets the HTTP table)
+Builder  # libs/kvmesh/rpc/server.py: type alias never used
+ALL_ROLES  # libs/kvmesh/client/watch.py: never used
+ROUTERS_ONLY  # libs/kvmesh/client/watch.py: never used
+WORKERS_ROUTABLE  # services/router/metrics.py: never set, yet deploy/prometheus/alerts.yaml alerts on it
