@@ -157,7 +157,7 @@ class _Applied:
     resync: _Replay | None = None
 
 
-class _InOrderSink:
+class InOrderSink:
     """The adapter's `BatchSink`: batches reach the engine in sequence order, exactly once.
 
     A batch past the next expected sequence is held and a replay from that sequence asked for; held batches
@@ -344,7 +344,7 @@ class VllmEngine:
 
         self._zctx = self._zctx or zmq.asyncio.Context()
         wid = self.config.worker_id
-        sink = _InOrderSink(self._apply, self._lose_events)
+        sink = InOrderSink(self._apply, self._lose_events)
         sub = VllmZmqSubscriber(
             wid,
             endpoint,
