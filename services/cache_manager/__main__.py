@@ -12,7 +12,6 @@ import yaml
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.types import IngestResult
-from kvmesh.cachemgr.vllm_zmq import VllmZmqSubscriber
 from kvmesh.kvevents import KvEventBatch
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.cache_manager import metrics as m
@@ -23,6 +22,7 @@ from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
 from kvmesh.warming import Template, WarmingConfig, load_templates
+from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 
 log = logging.getLogger(__name__)
 

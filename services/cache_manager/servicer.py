@@ -17,10 +17,10 @@ from kvmesh.cachemgr.types import IngestResult
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.rpc.validate import require
 from kvmesh.services.cache_manager import metrics as m
-from kvmesh.services.cache_manager.convert import batch_from_proto, delta_to_proto, events_from_proto
 from kvmesh.services.cache_manager.warming import Warmer
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
+from kvmesh.wire.proto import batch_from_proto, delta_to_proto, events_from_proto
 
 log = logging.getLogger(__name__)
 SNAPSHOT_CHUNK = 65_536  # block hashes per snapshot message

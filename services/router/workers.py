@@ -20,34 +20,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvmesh.config import ServerSettings
-from kvmesh.kvevents import LoadReport
 from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.wire.proto import load_from_proto
 
 log = logging.getLogger(__name__)
-
-
-def report_from_proto(r: common_pb2.LoadReport) -> LoadReport:
-    """Proto load report → domain `LoadReport`."""
-    return LoadReport(
-        worker_id=r.worker_id,
-        running=r.running,
-        waiting=r.waiting,
-        max_queue=r.max_queue,
-        kv_usage=r.kv_usage,
-        kv_blocks_total=r.kv_blocks_total,
-        kv_blocks_used=r.kv_blocks_used,
-        prefill_tokens_queued=r.prefill_tokens_queued,
-        decode_tokens_active=r.decode_tokens_active,
-        decode_latency_p50_ms=r.decode_latency_p50_ms,
-        decode_latency_p95_ms=r.decode_latency_p95_ms,
-        prefix_hit_rate=r.prefix_hit_rate,
-        error_rate=r.error_rate,
-        errors_total=r.errors_total,
-        timestamp=r.timestamp,
-    )
 
 
 _FAST_OPTIONS = [
@@ -256,7 +235,7 @@ class WorkerPool:
 
     def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:
         now = time.monotonic()
-        h.view.apply_report(report_from_proto(r))
+        h.view.apply_report(load_from_proto(r))
         h.view.report_ts = now
         h.last_report = r
         h.last_report_rx = now

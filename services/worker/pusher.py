@@ -20,12 +20,12 @@ from kvmesh.config import ServerSettings
 from kvmesh.errors import Unavailable
 from kvmesh.rpc.channel import open_channel
 from kvmesh.services.worker.app import WorkerApp
-from kvmesh.services.worker.convert import batch_to_proto, dump_messages
 from kvmesh.services.worker.servicer import next_or_stop
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2 as cm
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2
+from kvmesh.wire.proto import batch_to_proto, dump_messages
 
 log = logging.getLogger(__name__)
 LIVE = common_pb2.KV_STREAM_KIND_LIVE

@@ -12,17 +12,17 @@ import grpc
 from kvmesh.rpc.validate import in_range, non_empty, require
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
-from kvmesh.services.worker.convert import (
+from kvmesh.services.worker.generate_stream import GenerateStreamSession
+from kvmesh.services.worker.kvlog import Cursor
+from kvmesh.services.worker.settings import WorkerSettings
+from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.wire.proto import (
     batch_to_proto,
     dump_messages,
     load_to_proto,
     output_to_proto,
     request_from_proto,
 )
-from kvmesh.services.worker.generate_stream import GenerateStreamSession
-from kvmesh.services.worker.kvlog import Cursor
-from kvmesh.services.worker.settings import WorkerSettings
-from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 LIVE = common_pb2.KV_STREAM_KIND_LIVE
 

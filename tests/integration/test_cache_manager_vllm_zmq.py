@@ -16,9 +16,9 @@ import pytest
 
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor, Phase
-from kvmesh.cachemgr.vllm_zmq import VllmZmqSubscriber
 from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import BlockRemoved, BlockStored, KvEventBatch
+from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 from tests.unit.test_ingest_state import BS, ToyEngine
 
 kv = pytest.importorskip("vllm.distributed.kv_events")

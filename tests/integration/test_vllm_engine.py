@@ -155,7 +155,7 @@ def test_translate_roundtrips_vllm_wire_format() -> None:
     from vllm.distributed import kv_events as ve
 
     from kvmesh.engine.mirror import CacheMirror
-    from kvmesh.engine.vllm_engine import translate_event
+    from kvmesh.wire.vllm_events import event_from_vllm
 
     batch = ve.KVEventBatch(
         ts=1.0,
@@ -175,7 +175,7 @@ def test_translate_roundtrips_vllm_wire_format() -> None:
     )
     wire = msgspec.msgpack.encode(batch)
     dec = msgspec.msgpack.Decoder(type=ve.KVEventBatch).decode(wire)
-    evs = [translate_event(e) for e in dec.events]
+    evs = [event_from_vllm(e) for e in dec.events]
     assert evs[0] == BlockStored((1, 2), None, tuple(range(64)), 32, None, "GPU")
     assert evs[1] == BlockRemoved((2,), "GPU")
     m = CacheMirror()

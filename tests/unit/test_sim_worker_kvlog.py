@@ -3,14 +3,12 @@ pure helpers of its OpenAI endpoint and vLLM-wire encoder."""
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from kvmesh.errors import InvalidArgument
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.services.worker.kvlog import KvEventLog
 from kvmesh.services.worker.openai_http import prompt_of, render_chat, sampling_from_body
-from kvmesh.services.worker.zmq_pub import encode_batch
 
 pytestmark = pytest.mark.unit
 
@@ -61,21 +59,3 @@ def test_openai_helpers() -> None:
     with pytest.raises(InvalidArgument) as ei:
         sampling_from_body({"n": 2}, chat=False)
     assert ei.value.field == "n"
-
-
-def test_wire_encoding_matches_vllm_layout() -> None:
-    batch = KvEventBatch("w", "i", 7, 1.5, (stored(1, 2), BlockRemoved((2,), "GPU"), AllBlocksCleared()))
-    ts, events, rank = msgspec.msgpack.decode(encode_batch(batch))
-    assert ts == 1.5 and rank == 0
-    assert events[0] == {
-        "type": "BlockStored",
-        "block_hashes": [1, 2],
-        "parent_block_hash": None,
-        "token_ids": [0, 1, 2, 3],
-        "block_size": 2,
-        "lora_id": None,
-        "medium": None,
-        "lora_name": None,
-    }
-    assert events[1] == {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"}
-    assert events[2] == {"type": "AllBlocksCleared"}

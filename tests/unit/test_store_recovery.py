@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.cachemgr import codec
 from kvmesh.cachemgr.checkpoint import recover, snapshot_state
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor
@@ -18,6 +17,7 @@ from kvmesh.store import FileCheckpointStore
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.redis_store import RedisCheckpointStore
 from kvmesh.warming import PrefixStats
+from kvmesh.wire import ingest_log as codec
 from tests.support.redis_server import RedisServer, redis_server_fixture
 from tests.unit.test_ingest_state import BS, ToyEngine
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvmesh.cachemgr import codec
 from kvmesh.cachemgr.core import CacheCore
-from kvmesh.cachemgr.vllm_wire import make_decoder, to_domain_events
 from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.sim.pool import BlockPool
 from kvmesh.kvevents import BlockRemoved, BlockStored, KvEventBatch, cache_salt_of
-from kvmesh.services.cache_manager.convert import event_from_proto
-from kvmesh.services.worker.convert import event_to_proto
-from kvmesh.services.worker.zmq_pub import encode_batch, extra_keys_of
+from kvmesh.wire import ingest_log as codec
+from kvmesh.wire.proto import event_from_proto, event_to_proto
+from kvmesh.wire.vllm_events import encode_payload, events_from_vllm, extra_keys_of, make_decoder
 
 pytestmark = pytest.mark.unit
 BS = 4
@@ -94,10 +92,10 @@ def test_zmq_wire_carries_the_salt_like_vllm_and_decodes_back() -> None:
     child = BlockStored((3,), 2, TOKS[2 * BS : 3 * BS], BS, None, None, "A")
     assert extra_keys_of(root) == [("lo", "A"), ("lo",)]
     assert extra_keys_of(child) is None  # vLLM salts only the block at token 0
-    payload = encode_batch(batch("w", 0, root, child))
+    payload = encode_payload(batch("w", 0, root, child))
     for prefer_vllm in (True, False):
         dec, _ = make_decoder(prefer_vllm)
-        evs = to_domain_events(dec.decode(payload).events)
+        evs = events_from_vllm(dec.decode(payload).events)
         assert evs[0] == root
         assert evs[1] == BlockStored((3,), 2, TOKS[2 * BS : 3 * BS], BS, None, None, None)
 

@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvmesh.cachemgr import codec
 from kvmesh.cachemgr.checkpoint import recover, snapshot_state
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor
@@ -30,6 +29,7 @@ from kvmesh.kvevents import BlockStored, KvEventBatch
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.warming import PrefixStats
+from kvmesh.wire import ingest_log as codec
 
 
 class Gen:

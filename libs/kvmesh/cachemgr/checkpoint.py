@@ -13,13 +13,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvmesh.cachemgr import codec
 from kvmesh.cachemgr.enginemap import EngineHashMap
 from kvmesh.cachemgr.ingest import Ingestor, Phase, WorkerState
 from kvmesh.cachemgr.types import BlockHasher, IngestResult
 from kvmesh.index import PrefixIndex
 from kvmesh.store.base import CheckpointStore
 from kvmesh.warming.stats import PrefixStats
+from kvmesh.wire import ingest_log as codec
 
 FORMAT = 1
 

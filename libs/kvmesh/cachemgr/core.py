@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from kvmesh.cachemgr import codec
 from kvmesh.cachemgr.checkpoint import Recovery, recover, snapshot_state
 from kvmesh.cachemgr.fanout import FanOut, Watcher
 from kvmesh.cachemgr.hasher import IndexHasher
@@ -23,6 +22,7 @@ from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import KvEvent, KvEventBatch
 from kvmesh.store.base import CheckpointStore
 from kvmesh.warming import PrefixStats
+from kvmesh.wire import ingest_log as codec
 
 
 @dataclass(slots=True)

