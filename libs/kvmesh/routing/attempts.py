@@ -3,27 +3,19 @@
 The router sends a request to a worker (an attempt) and streams its tokens to the client. When the attempt
 ends, `decide` says what comes next and what the worker's circuit breaker records:
 
-=========================================  ========================================  =========================
-attempt outcome                            next                                      breaker
-=========================================  ========================================  =========================
-`Finished` (a finish reason)               DONE                                      success sample: the
-                                                                                     attempt's worst
-                                                                                     inter-token gap (ms)
-`Failed(CLIENT_ERROR)` (the request is     FAIL with InvalidArgument                 nothing
-wrong: INVALID_ARGUMENT, OUT_OF_RANGE,
-FAILED_PRECONDITION)
-`Failed(CANCELLED)` (the caller cancelled  FAIL, re-raising the caller's own error   nothing
-the call)                                  (`error` is None)
-`Failed(RESOURCE_EXHAUSTED)` (the worker   RETRY / MIGRATE as below                  success sample of 0 ms
-is full)                                                                             (frees a half-open probe
-                                                                                     slot; a full worker is
-                                                                                     not a sick one)
-`Failed(WORKER)` (transport or worker      RETRY / MIGRATE as below                  trip: out of rotation
-failure)                                                                             at once
-`Ended` (stream ended without a finish)    RETRY / MIGRATE as below                  nothing
-=========================================  ========================================  =========================
+- `Finished` (the worker sent a finish reason): DONE; breaker: a success sample of the attempt's worst
+  inter-token gap (ms).
+- `Failed(CLIENT_ERROR)` (INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION: the request is wrong, not the
+  worker): FAIL with InvalidArgument; breaker: nothing.
+- `Failed(CANCELLED)` (the caller cancelled the call): FAIL, re-raising the caller's own error (`error` is
+  None); breaker: nothing.
+- `Failed(RESOURCE_EXHAUSTED)` (the worker is full): RETRY / MIGRATE; breaker: a success sample of 0 ms (it
+  frees a half-open probe slot; a full worker is not a sick one).
+- `Failed(WORKER)` (transport or worker failure, including a CANCELLED the caller did not ask for):
+  RETRY / MIGRATE; breaker: a trip, the worker leaves rotation at once.
+- `Ended` (the stream ended without a finish reason): RETRY / MIGRATE; breaker: nothing.
 
-RETRY / MIGRATE: an attempt that produced no token is a retry (the request is re-sent elsewhere as it was),
+RETRY / MIGRATE: an attempt that produced no token is a retry (the request is re-sent elsewhere unchanged),
 one that produced tokens is a migration (it resumes elsewhere with prompt + every token so far). The
 retry or migration is counted either way; once there are more than `max_retries` retries or more than
 `max_migrations` migrations the decision is FAIL with Unavailable instead.
