@@ -13,6 +13,10 @@ bytes pre-built, in order, one write at a time) and hands the responses, matched
 - `cancel()` sends `cancel_request_id` (the worker aborts the request).
 
 A broken stream fails every request pending on it at once and is reopened by the next request.
+
+Both transports share the per-attempt helpers at the end: the request's wire bytes (`worker_request_bytes`,
+`attempt_request_bytes`: the prompt is serialised once and spliced in), `classify` (a worker's status code
+as a `kvmesh.routing.attempts.Failure`) and `close_call` (cancel now, or after a finished call's grace).
 """
 
 from __future__ import annotations
