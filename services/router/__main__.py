@@ -11,11 +11,12 @@ from pathlib import Path
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
-from kvmesh.services.router.core import CoreLimits, RouterCore
+from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.http_api import HttpApi
 from kvmesh.services.router.index_replica import IndexReplica
+from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer, add_router_service
 from kvmesh.services.router.settings import RouterSettings
 from kvmesh.services.router.tokenize import RouterTokenizer

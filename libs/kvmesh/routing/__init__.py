@@ -31,7 +31,8 @@ Parts (each module's docstring states its formula)
   `round-robin`, `random`, `least-loaded`.
 - `circuit.CircuitBreaker` (p95 > 1200 ms or errors > 1 % → open → half-open probes → closed),
   `admission.Admission` (long/short queues, RESOURCE_EXHAUSTED with retry-after),
-  `inflight.InflightTracker` (own assignments between load reports).
+  `inflight.InflightTracker` (own assignments between load reports),
+  `attempts` (after each attempt of a request: done, retry, migrate or fail, and what the breaker records).
 
 Custom plugins: decorate a class with `@register(FILTERS|SCORERS|PICKERS, "type-name")` from
 `kvmesh.routing.plugin` and name it in YAML.

@@ -1,0 +1,176 @@
+"""`RouterCore`'s request path as a driver of `kvmesh.routing.attempts`, against scripted in-process worker
+calls (no processes): a migration resumes with prompt + tokens so far, a finished call gets its trailers grace,
+a failed worker's breaker trips, a client error fails at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from kvmesh.errors import InvalidArgument, Unavailable
+from kvmesh.routing import Admission, CircuitBreaker, CircuitState, InflightTracker, Profile, QueueLimits, WorkerView
+from kvmesh.services.router.core import GenRequest, RouterCore
+from kvmesh.services.router.index_replica import IndexReplica
+from kvmesh.services.router.limits import CoreLimits
+from kvmesh.services.router.worker_stream import rpc_error
+from kvmesh.services.router.workers import WorkerPool
+from kvmesh.v1 import common_pb2, worker_pb2
+
+pytestmark = pytest.mark.unit
+
+PROMPT = list(range(1, 41))
+
+
+class ScriptedCall:
+    """A worker call that yields `steps`, then raises `error` (if any) or ends."""
+
+    def __init__(self, steps: list[worker_pb2.GenerateResponse], error: grpc.aio.AioRpcError | None) -> None:
+        self.steps, self.error = steps, error
+        self.was_cancelled = False
+        self._ended = False
+
+    def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        for s in self.steps:
+            yield s
+        if self.error is not None:
+            self._ended = True
+            raise self.error
+
+    def done(self) -> bool:  # a finished call's trailers are still on their way
+        return self._ended
+
+    def cancelled(self) -> bool:
+        return self.was_cancelled
+
+    def cancel(self) -> bool:
+        self.was_cancelled = True
+        return True
+
+
+@dataclass
+class FakeHandle:
+    wid: str
+    scripts: list[ScriptedCall]
+    sent: list[worker_pb2.GenerateRequest]
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    selections_total: int = 0
+    view: WorkerView = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = WorkerView(id=self.wid, kv_blocks_total=100000)
+
+    async def generate(self, rid: str, request_bytes: bytes, carrier: dict[str, str]) -> ScriptedCall:
+        self.sent.append(worker_pb2.GenerateRequest.FromString(request_bytes))
+        return self.scripts.pop(0)
+
+
+class FakePool:
+    """Two workers sharing one script of calls: the n-th attempt, wherever it goes, gets the n-th call."""
+
+    def __init__(self, scripts: list[ScriptedCall]) -> None:
+        self.sent: list[worker_pb2.GenerateRequest] = []
+        self.by_id = {w: FakeHandle(w, scripts, self.sent) for w in ("w0", "w1")}
+        self.failed: list[str] = []
+
+    def views(self, now: float) -> list[WorkerView]:
+        for h in self.by_id.values():
+            h.view.circuit = h.breaker.view_state(now)
+        return [h.view for h in self.by_id.values()]
+
+    def mark_failed(self, worker_id: str, now: float, reason: str) -> None:
+        self.failed.append(worker_id)
+        self.by_id[worker_id].breaker.force_open(now, reason)
+
+
+class NoIndex:
+    async def matches(self, hashes: Any, tenant: str = "", lora: str = "") -> dict[str, int]:
+        return {}
+
+
+def step(ids: list[int], finish: int = 0) -> worker_pb2.GenerateResponse:
+    return worker_pb2.GenerateResponse(token_ids=ids, text="t" * len(ids), finish_reason=finish)
+
+
+def core_for(pool: FakePool) -> RouterCore:
+    admission = Admission(short=QueueLimits(4, 4), long=QueueLimits(4, 4))
+    return RouterCore(
+        Profile.default(seed=1),
+        cast(WorkerPool, pool),
+        cast(IndexReplica, NoIndex()),
+        InflightTracker(),
+        admission,
+        CoreLimits(block_size=16, max_retries=1, max_migrations=1),
+    )
+
+
+def request(max_tokens: int = 10, min_tokens: int = 5, resume: list[int] | None = None) -> GenRequest:
+    sampling = common_pb2.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens)
+    return GenRequest("r1", common_pb2.TokenIds(ids=PROMPT), sampling, resume_ids=resume or [])
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_a_migration_resumes_on_the_other_worker_with_the_tokens_so_far() -> None:
+    broken = ScriptedCall([step([7]), step([8, 9])], rpc_error(grpc.StatusCode.UNAVAILABLE, "died"))
+    finish = ScriptedCall([step([10], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([broken, finish])
+    migrations = counter("kvmesh_migrations_total")
+    chunks = [c async for c in core_for(pool).generate(request())]
+    assert [t for c in chunks for t in c.token_ids] == [7, 8, 9, 10]
+    last = chunks[-1]
+    assert last.finish_reason == common_pb2.FINISH_REASON_STOP and last.migrations == 1
+    assert last.usage is not None and last.usage.completion_tokens == 4 and last.usage.prompt_tokens == len(PROMPT)
+    first, resumed = pool.sent
+    assert list(first.token_ids.ids) == PROMPT and (first.sampling.max_tokens, first.sampling.min_tokens) == (10, 5)
+    assert list(resumed.token_ids.ids) == [*PROMPT, 7, 8, 9]
+    assert (resumed.sampling.max_tokens, resumed.sampling.min_tokens) == (7, 2)
+    assert chunks[0].worker_id != last.worker_id and pool.failed == [chunks[0].worker_id]
+    assert pool.by_id[chunks[0].worker_id].breaker.current(0.0) is not CircuitState.CLOSED
+    assert counter("kvmesh_migrations_total") == migrations + 1
+    assert not finish.was_cancelled  # finished: its trailers get a grace period, no abort
+
+
+async def test_resume_ids_count_toward_max_tokens_and_length_ends_without_a_worker() -> None:
+    pool = FakePool([])
+    chunks = [c async for c in core_for(pool).generate(request(max_tokens=3, resume=[5, 6, 7]))]
+    assert len(chunks) == 1 and chunks[0].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert chunks[0].usage is not None and chunks[0].usage.completion_tokens == 3
+    assert pool.sent == []
+
+
+async def test_a_retry_before_the_first_token_then_over_budget_fails_unavailable() -> None:
+    calls = [ScriptedCall([], rpc_error(grpc.StatusCode.UNAVAILABLE, f"down {i}")) for i in range(2)]
+    pool = FakePool(calls)
+    retries = counter("kvmesh_retries_total")
+    with pytest.raises(Unavailable, match="failed on 2 workers"):
+        _ = [c async for c in core_for(pool).generate(request())]
+    assert counter("kvmesh_retries_total") == retries + 2  # the over-budget retry is counted too
+    assert sorted(pool.failed) == ["w0", "w1"]
+
+
+async def test_a_client_error_fails_at_once_without_touching_the_breaker() -> None:
+    pool = FakePool([ScriptedCall([], rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "bad seed"))])
+    with pytest.raises(InvalidArgument, match="worker rejected the request"):
+        _ = [c async for c in core_for(pool).generate(request())]
+    assert pool.failed == [] and len(pool.sent) == 1
+
+
+async def test_closing_the_stream_early_cancels_the_worker_call() -> None:
+    # the attempts loop itself: `generate`'s inner generator is closed by the event loop's finaliser, later
+    call = ScriptedCall([step([7]), step([8]), step([9], finish=common_pb2.FINISH_REASON_STOP)], None)
+    gen = core_for(FakePool([call]))._run("r1", request(), 10, time.monotonic())
+    first = await gen.__anext__()
+    assert first.token_ids == [7]
+    await gen.aclose()
+    assert call.was_cancelled
