@@ -116,7 +116,8 @@ def test_parse_request_completion_and_chat() -> None:
         max_tokens_limit=100,
         default_max_tokens=None,
     )
-    assert (r.model, r.prompt_text, r.prompt_ids, r.stream, r.include_usage, r.user) == ("m", "hi", None, True, True, "u")
+    assert (r.model, r.prompt_text, r.prompt_ids, r.user) == ("m", "hi", None, "u")
+    assert r.stream and r.include_usage
     c = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": "s"}, True, 100, None)
     assert c.chat and c.messages == (("user", "x"),) and c.user == "s" and not c.stream
     assert field_of(parse_request, {"model": 3, "prompt": "x"}, False, 100, None) == "model"
@@ -137,7 +138,8 @@ def test_response_objects_and_sse_framing() -> None:
     assert usage_json(None)["total_tokens"] == 0
     chat = ResponseBuilder("id1", chat=True, created=9, model="m")
     whole = chat.whole("ok", "stop", u)
-    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"] == {"role": "assistant", "content": "ok"}
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "ok"}
     assert chat.chunk("a", None, first=True)["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
     assert chat.chunk("b", "length", first=False)["choices"][0] == {
         "index": 0,

@@ -31,6 +31,7 @@ _CODES: dict[type[errors.KvmeshError], grpc.StatusCode] = {
     errors.Aborted: grpc.StatusCode.ABORTED,
 }
 
+
 def status_code_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC code of a domain error (the most specific class wins); INTERNAL for anything else."""
     if isinstance(exc, NotImplementedError):
