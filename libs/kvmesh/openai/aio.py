@@ -38,7 +38,7 @@ def openai_errors(fn: Handler) -> Handler:
 async def read_json(request: web.Request, max_bytes: int | None = None) -> dict[str, Any]:
     """The body as a JSON object; InvalidArgument("body") when larger than `max_bytes` (or the app's
     `client_max_size`), malformed, or not an object."""
-    too_large = f"request body larger than {max_bytes or 'the limit'} bytes"
+    too_large = f"request body larger than {max_bytes} bytes" if max_bytes else "request body too large"
     if max_bytes is not None and request.content_length is not None and request.content_length > max_bytes:
         raise InvalidArgument("body", too_large)
     try:
