@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from kvmesh.engine.validation import check_temperature, check_top_k, check_top_p
 from kvmesh.errors import NotFound
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
@@ -44,9 +45,10 @@ class Frontend:
 
     @staticmethod
     def check_sampling(sp: common_pb2.SamplingParams) -> None:
-        in_range(sp.temperature, "temperature", 0.0, 10.0)
-        in_range(sp.top_p, "top_p", 0.0, 1.0)
-        require(sp.top_k >= -1, "top_k", f"must be >= -1, got {sp.top_k}")
+        """gRPC sampling, within the bounds HTTP and the engines use (top_p 0 is the proto's "unset")."""
+        check_temperature(sp.temperature)
+        check_top_p(sp.top_p, zero_means_unset=True)
+        check_top_k(sp.top_k)
 
     def lora_for(self, model: str, lora_name: str) -> str:
         """The LoRA adapter a request selects: `lora_name` (gRPC), else `model` when it names an adapter (the

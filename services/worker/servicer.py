@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from kvmesh.rpc.validate import in_range, non_empty, require
+from kvmesh.engine.validation import check_temperature, check_top_p
+from kvmesh.rpc.validate import non_empty, require
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.generate_stream import GenerateStreamSession
@@ -34,8 +35,8 @@ def validate_generate(request: worker_pb2.GenerateRequest) -> None:
     require(kind is not None, "prompt", "one of token_ids or text is required")
     if kind == "token_ids":
         non_empty(request.token_ids.ids, "token_ids.ids")
-    in_range(request.sampling.temperature, "sampling.temperature", 0.0, 10.0)
-    in_range(request.sampling.top_p, "sampling.top_p", 0.0, 1.0)
+    check_temperature(request.sampling.temperature, "sampling.temperature")
+    check_top_p(request.sampling.top_p, "sampling.top_p", zero_means_unset=True)
 
 
 async def next_or_stop(

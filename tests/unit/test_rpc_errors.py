@@ -7,7 +7,8 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from kvmesh import errors
-from kvmesh.rpc.errors import HTTP_STATUS, status_code_for, to_grpc_status
+from kvmesh.openai.errors import HTTP_ERRORS, status_and_type
+from kvmesh.rpc.errors import _CODES, status_code_for, to_grpc_status
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +36,11 @@ def _details(status: grpc.Status) -> status_pb2.Status:
 def test_codes(exc: BaseException, code: grpc.StatusCode) -> None:
     assert status_code_for(exc) == code
     assert to_grpc_status(exc).code == code
-    assert code in HTTP_STATUS
+    assert (status_and_type(exc)[0] == 500) == (code == grpc.StatusCode.INTERNAL)  # mapped over HTTP too
+
+
+def test_http_table_covers_the_grpc_one() -> None:
+    assert set(HTTP_ERRORS) == set(_CODES)
 
 
 def test_invalid_argument_names_the_field() -> None:

@@ -1,14 +1,12 @@
-"""The worker's KV event log (sequence numbers, replay window, dumps consistent with the sequence) and the
-pure helpers of its OpenAI endpoint and vLLM-wire encoder."""
+"""The worker's KV event log: sequence numbers, replay window, dumps consistent with the sequence. (Its
+vLLM-wire encoder is tested in test_wire_vllm_events.py, the OpenAI helpers in test_openai_protocol.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from kvmesh.errors import InvalidArgument
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from kvmesh.services.worker.kvlog import KvEventLog
-from kvmesh.services.worker.openai_http import prompt_of, render_chat, sampling_from_body
 
 pytestmark = pytest.mark.unit
 
@@ -42,20 +40,3 @@ async def test_slow_cursor_is_marked_lost() -> None:
     for h in range(3):
         log.append([stored(h)], 0.0)
     assert cur.lost and cur.queue.qsize() == 2
-
-
-def test_openai_helpers() -> None:
-    assert render_chat([{"role": "user", "content": "hi"}]) == "<|user|>\nhi\n<|assistant|>\n"
-    with pytest.raises(InvalidArgument):
-        render_chat([])
-    assert prompt_of({"prompt": [1, 2]}) == ((1, 2), None)
-    assert prompt_of({"prompt": ["abc"]}) == (None, "abc")
-    with pytest.raises(InvalidArgument) as ei:
-        prompt_of({"prompt": 5})
-    assert ei.value.field == "prompt"
-    sp = sampling_from_body({"max_tokens": 7, "stop": "x", "temperature": 0}, chat=False)
-    assert sp.max_tokens == 7 and sp.stop == ("x",) and sp.temperature == 0.0
-    assert sampling_from_body({}, chat=True).max_tokens is None
-    with pytest.raises(InvalidArgument) as ei:
-        sampling_from_body({"n": 2}, chat=False)
-    assert ei.value.field == "n"

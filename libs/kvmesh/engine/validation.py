@@ -1,4 +1,10 @@
-"""Validation of sampling parameters and prompt lengths, shared by every engine (raises InvalidArgument)."""
+"""Validation of sampling parameters and prompt lengths: the one set of bounds, used by every engine, the
+OpenAI HTTP parser (`kvmesh.openai.protocol`) and the gRPC servicers (raises InvalidArgument).
+
+The bounds are vLLM's own (`vllm.SamplingParams._verify_args`, vLLM 0.32): temperature in [0, 2], top_p in
+(0, 1], top_k -1, 0 (disabled) or positive, penalties in [-2, 2]. A request vLLM would refuse is refused
+here, whichever door it came through.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +13,39 @@ import math
 from kvmesh.engine.base import SamplingParams
 from kvmesh.errors import InvalidArgument
 
+TEMPERATURE_MAX = 2.0  # vLLM's cap (and OpenAI's)
 
-def validate_sampling(p: SamplingParams, max_tokens_limit: int) -> None:
-    """Raise `InvalidArgument(field, ...)` for the first out-of-range field (vLLM's own ranges)."""
-    if p.max_tokens is not None and not 1 <= p.max_tokens <= max_tokens_limit:
-        raise InvalidArgument("max_tokens", f"must be in [1, {max_tokens_limit}], got {p.max_tokens}")
+
+def check_temperature(value: float, field: str = "temperature") -> None:
+    """0 <= temperature <= TEMPERATURE_MAX, finite."""
+    if not math.isfinite(value) or not 0 <= value <= TEMPERATURE_MAX:
+        raise InvalidArgument(field, f"must be in [0, {TEMPERATURE_MAX}], got {value}")
+
+
+def check_top_p(value: float, field: str = "top_p", zero_means_unset: bool = False) -> None:
+    """0 < top_p <= 1, finite; `zero_means_unset` accepts 0 (the proto default, read as 1)."""
+    if zero_means_unset and value == 0:
+        return
+    if not math.isfinite(value) or not 0 < value <= 1:
+        raise InvalidArgument(field, f"must be in (0, 1], got {value}")
+
+
+def check_top_k(value: int, field: str = "top_k") -> None:
+    """-1, 0 (disabled) or positive."""
+    if value < -1:
+        raise InvalidArgument(field, f"must be -1, 0 (disabled) or positive, got {value}")
+
+
+def validate_sampling(p: SamplingParams, max_tokens_limit: int | None) -> None:
+    """Raise `InvalidArgument(field, ...)` for the first out-of-range field (vLLM's own ranges);
+    `max_tokens_limit=None` checks only max_tokens >= 1 (the engine checks its own limit later)."""
+    if p.max_tokens is not None and not 1 <= p.max_tokens <= (max_tokens_limit or p.max_tokens):
+        raise InvalidArgument("max_tokens", f"must be in [1, {max_tokens_limit or 'limit'}], got {p.max_tokens}")
     if p.min_tokens < 0 or (p.max_tokens is not None and p.min_tokens > p.max_tokens):
         raise InvalidArgument("min_tokens", f"must be in [0, max_tokens], got {p.min_tokens}")
-    if not math.isfinite(p.temperature) or p.temperature < 0:
-        raise InvalidArgument("temperature", f"must be a finite number >= 0, got {p.temperature}")
-    if not math.isfinite(p.top_p) or not 0 < p.top_p <= 1:
-        raise InvalidArgument("top_p", f"must be in (0, 1], got {p.top_p}")
-    if p.top_k < -1:
-        raise InvalidArgument("top_k", f"must be -1, 0 (disabled) or positive, got {p.top_k}")
+    check_temperature(p.temperature)
+    check_top_p(p.top_p)
+    check_top_k(p.top_k)
     for name, value in (("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)):
         if not math.isfinite(value) or not -2 <= value <= 2:
             raise InvalidArgument(name, f"must be in [-2, 2], got {value}")

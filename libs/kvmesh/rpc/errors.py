@@ -3,7 +3,8 @@
 INVALID_ARGUMENT carries a `google.rpc.BadRequest` naming the field; RESOURCE_EXHAUSTED carries a
 `google.rpc.RetryInfo` and a `retry-after` trailer (seconds) for clients that don't parse details.
 Anything that is not a `KvmeshError` becomes INTERNAL with a generic message and the request id: the
-stack trace goes to the log, never to the client.
+stack trace goes to the log, never to the client. The HTTP table for the same classes (OpenAI-compatible
+endpoints) is `kvmesh.openai.errors.HTTP_ERRORS`.
 """
 
 from __future__ import annotations
@@ -28,21 +29,6 @@ _CODES: dict[type[errors.KvmeshError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
     errors.Aborted: grpc.StatusCode.ABORTED,
-}
-
-# HTTP status for the same domain errors (OpenAI-compatible endpoints).
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.FAILED_PRECONDITION: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.INTERNAL: 500,
 }
 
 
