@@ -21,7 +21,7 @@ from pathlib import Path
 _IO_AND_CLOCKS = ("grpc", "asyncio", "socket", "selectors", "ssl", "zmq", "redis", "aiohttp", "httpx", "consul")
 _IO_AND_CLOCKS += ("time", "datetime", "kvmesh.rpc", "kvmesh.tasks", "kvmesh.services")
 _PURE = ("kvmesh.hashing", "kvmesh.index", "kvmesh.routing", "kvmesh.warming", "kvmesh.engine.sim")
-_PURE += ("kvmesh.kvevents", "kvmesh.errors")
+_PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai")
 _PURE_CODECS = ("kvmesh.wire.vllm_events", "kvmesh.wire.proto*", "kvmesh.wire.ingest_log")
 
 
@@ -50,7 +50,8 @@ RULES = (
         "pure: no I/O or clocks",
         _PURE,
         (*_IO_AND_CLOCKS, "kvmesh.v1"),
-        exempt=("kvmesh.engine.sim.driver",),  # the async driver around the pure model
+        # the async driver around the pure model; the aiohttp edge of the OpenAI protocol
+        exempt=("kvmesh.engine.sim.driver", "kvmesh.openai.aio"),
         transitive=True,
     ),
     Rule("pure codec: no I/O or clocks", _PURE_CODECS, _IO_AND_CLOCKS, allow=("kvmesh.v1",), transitive=True),
