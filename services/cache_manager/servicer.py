@@ -96,7 +96,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 # and kvmesh workers resync by a full dump (PublishKvEventsResponse.resync_required)
                 res.merge(core.replay_failed(wid, res.resync.reason))
         elif kind == common_pb2.KV_STREAM_KIND_DUMP_BEGIN:
-            res = core.begin_dump(wid, req.batch.instance_id or instance_id)
+            res = core.begin_dump(wid, req.batch.instance_id or instance_id, req.batch.timestamp or -math.inf)
             res.merge(core.apply_dump(wid, events_from_proto(req.batch)))
         elif kind == common_pb2.KV_STREAM_KIND_DUMP_CHUNK:
             res = core.apply_dump(wid, events_from_proto(req.batch))

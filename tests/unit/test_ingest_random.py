@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvmesh.cachemgr.ingest import Ingestor, Phase
 from kvmesh.kvevents import KvEventBatch
-from tests.unit.test_ingest_state import BS, SetIndex, ToyEngine, make_hasher
+from tests.unit.test_ingest_state import BS, WALL_CLOCK, SetIndex, ToyEngine, make_hasher
 
 
 def run(seed: int, drop: float, dup: float, replay_window: int) -> None:
@@ -36,7 +36,7 @@ def run(seed: int, drop: float, dup: float, replay_window: int) -> None:
             if ing.workers[w].phase is Phase.REPLAYING:
                 handle(ing.replay_failed(w))
             return
-        handle(ing.begin_dump(w, eng.instance))
+        handle(ing.begin_dump(w, eng.instance, float(next(WALL_CLOCK))))
         handle(ing.apply_dump(w, eng.dump()))
         handle(ing.end_dump(w, eng.seq))
 

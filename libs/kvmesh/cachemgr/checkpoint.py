@@ -9,6 +9,7 @@ while the cache-manager was down show up as gaps on their next batch and are res
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ def snapshot_state(
             [codec.batch_to_wire(b) for b in st.pending.values()],
             st.retired,
             st.skipped_events,
+            st.alive_at,
         ]
         for st in ingestor.workers.values()
     ]
@@ -70,7 +72,8 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
         raise ValueError(f"unsupported checkpoint format {d.get('format')!r}")
     index = PrefixIndex.restore(d["index"])
     ing = Ingestor(index, hasher, int(d["block_size"]), max_pending=max_pending)
-    for wid, inst, nxt, phase, hmap, pending, retired, skipped in d["workers"]:
+    for wid, inst, nxt, phase, hmap, pending, retired, skipped, *rest in d["workers"]:
+        alive_at = rest[0] if rest else -math.inf  # snapshots taken before `alive_at` existed have 8 items
         batches = [codec.batch_from_wire(b) for b in pending]
         ing.workers[wid] = WorkerState(
             wid,
@@ -81,6 +84,7 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
             {b.sequence: b for b in batches},
             list(retired),
             skipped,
+            alive_at,
         )
     stats = PrefixStats.restore(d["stats"]) if d["stats"] is not None else None
     return Restored(index, ing, stats, dict(d["meta"]))
@@ -92,7 +96,7 @@ def apply_record(ing: Ingestor, rec: codec.LogRecord) -> IngestResult:
         assert rec.batch is not None
         return ing.apply(rec.batch)
     if rec.kind == codec.DUMP_BEGIN:
-        return ing.begin_dump(rec.worker_id, rec.instance_id)
+        return ing.begin_dump(rec.worker_id, rec.instance_id, rec.timestamp)
     if rec.kind == codec.DUMP_EVENTS:
         return ing.apply_dump(rec.worker_id, rec.events)
     if rec.kind == codec.DUMP_END:

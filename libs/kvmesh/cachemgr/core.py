@@ -9,6 +9,7 @@ Hit ratio = Σ max-matched blocks / Σ queried blocks over all `find_matches` ca
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -72,10 +73,10 @@ class CacheCore:
         """A live batch."""
         return self._record(codec.LogRecord(codec.BATCH, batch.worker_id, batch=batch), self.ingestor.apply(batch))
 
-    def begin_dump(self, worker_id: str, instance_id: str) -> IngestResult:
+    def begin_dump(self, worker_id: str, instance_id: str, timestamp: float = -math.inf) -> IngestResult:
         return self._record(
-            codec.LogRecord(codec.DUMP_BEGIN, worker_id, instance_id=instance_id),
-            self.ingestor.begin_dump(worker_id, instance_id),
+            codec.LogRecord(codec.DUMP_BEGIN, worker_id, instance_id=instance_id, timestamp=timestamp),
+            self.ingestor.begin_dump(worker_id, instance_id, timestamp),
         )
 
     def apply_dump(self, worker_id: str, events: Sequence[KvEvent]) -> IngestResult:

@@ -10,7 +10,11 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
 * `seq > next` (gap): phase REPLAYING, the batch is buffered (bounded) and a replay from `next` is
   requested. The worker's entries stay as they were at `next - 1` (lagging, never wrong) and nothing past
   the gap is applied until the gap is filled.
-* A batch of an instance this worker already replaced (late delivery) is ignored.
+* A batch of an instance this worker already replaced (late delivery) is ignored, and so is a batch of an
+  unknown instance stamped earlier than the current instance's latest batch or dump (`alive_at`): one
+  engine runs per worker at a time, so an earlier incarnation's batches all precede the current one's
+  (engines stamp batches with the wall clock, as vLLM and kvmesh workers do). Without that order, a late
+  batch of an incarnation that was never seen would pass for a restart and retire the live instance.
 * A different, new `instance_id` (worker restart): the engine's cache is gone, so the worker's entries are
   dropped, `next = 0`, and the batch is handled under the new instance (a gap from 0 asks for a replay).
 * The replay cannot fill the gap (`replay_failed`), the buffer overflows, or an event cannot be applied
@@ -33,6 +37,7 @@ continuing a chain needs no tenant and cannot move a chain to another tenant.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -77,6 +82,7 @@ class WorkerState:
     pending: dict[int, KvEventBatch] = field(default_factory=dict)
     retired: list[str] = field(default_factory=list)
     skipped_events: int = 0
+    alive_at: float = -math.inf  # latest timestamp of the current instance (its batches and dumps)
 
 
 @dataclass(slots=True)
@@ -110,11 +116,14 @@ class Ingestor:
         if st is None:
             st = self.workers[batch.worker_id] = WorkerState(batch.worker_id, batch.instance_id)
         elif st.instance_id != batch.instance_id:
-            if batch.instance_id in st.retired:
+            if batch.instance_id in st.retired or batch.timestamp < st.alive_at:
                 self.counters.duplicates += 1
                 res.ignored.append((batch.sequence, "retired instance"))
+                if batch.instance_id not in st.retired:
+                    self._retire(st, batch.instance_id)
                 return res
             self._restart(st, batch.instance_id, res)
+        st.alive_at = max(st.alive_at, batch.timestamp)
         seq = batch.sequence
         if seq < st.next_sequence:
             self.counters.duplicates += 1
@@ -140,14 +149,16 @@ class Ingestor:
         return res
 
     # ---------------------------------------------------------------- full dumps
-    def begin_dump(self, worker_id: str, instance_id: str) -> IngestResult:
-        """A full dump starts: the worker's entries are dropped and rebuilt from the dump's events."""
+    def begin_dump(self, worker_id: str, instance_id: str, timestamp: float = -math.inf) -> IngestResult:
+        """A full dump (taken at the worker's `timestamp`) starts: the worker's entries are dropped and rebuilt
+        from the dump's events."""
         res = IngestResult()
         st = self.workers.get(worker_id)
         if st is None:
             st = self.workers[worker_id] = WorkerState(worker_id, instance_id)
         elif st.instance_id != instance_id:
             self._restart(st, instance_id, res)
+        st.alive_at = max(st.alive_at, timestamp)
         self._drop_entries(st, res)
         st.phase = Phase.DUMPING
         return res
@@ -209,11 +220,15 @@ class Ingestor:
         self.counters.restarts += 1
         res.restart = True
         self._drop_entries(st, res)
-        st.retired = [*st.retired[-(RETIRED_KEEP - 1) :], st.instance_id]
+        self._retire(st, st.instance_id)
         st.instance_id = instance_id
         st.next_sequence = 0
         st.phase = Phase.SYNCED
         st.pending.clear()
+
+    @staticmethod
+    def _retire(st: WorkerState, instance_id: str) -> None:
+        st.retired = [*st.retired[-(RETIRED_KEEP - 1) :], instance_id]
 
     def _buffer(self, st: WorkerState, batch: KvEventBatch, res: IngestResult) -> IngestResult:
         if st.phase is Phase.SYNCED:

@@ -9,6 +9,7 @@ of the ingestion state machine, so replaying the records in order reproduces its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,7 @@ class LogRecord:
     instance_id: str = ""
     events: tuple[KvEvent, ...] = ()
     next_sequence: int = 0
+    timestamp: float = -math.inf  # DUMP_BEGIN: when the worker took the dump
 
 
 def encode_record(r: LogRecord) -> bytes:
@@ -80,6 +82,8 @@ def encode_record(r: LogRecord) -> bytes:
         return _enc.encode([BATCH, batch_to_wire(r.batch)])
     if r.kind == DUMP_EVENTS:
         return _enc.encode([DUMP_EVENTS, r.worker_id, [event_to_wire(e) for e in r.events]])
+    if r.kind == DUMP_BEGIN:
+        return _enc.encode([r.kind, r.worker_id, r.instance_id, r.next_sequence, r.timestamp])
     return _enc.encode([r.kind, r.worker_id, r.instance_id, r.next_sequence])
 
 
@@ -91,7 +95,8 @@ def decode_record(data: bytes) -> LogRecord:
         return LogRecord(BATCH, b.worker_id, batch=b)
     if w[0] == DUMP_EVENTS:
         return LogRecord(DUMP_EVENTS, w[1], events=tuple(event_from_wire(e) for e in w[2]))
-    return LogRecord(w[0], w[1], instance_id=w[2], next_sequence=w[3])
+    # DUMP_BEGIN records written before the dump's timestamp was logged have 4 items
+    return LogRecord(w[0], w[1], instance_id=w[2], next_sequence=w[3], timestamp=w[4] if len(w) > 4 else -math.inf)
 
 
 def encode(obj: object) -> bytes:
