@@ -73,7 +73,10 @@ def _list_items(text: str) -> list[str]:
     """The items of ``a,b`` or of a YAML/JSON flow list ``[a, b]`` (blank items dropped)."""
     stripped = text.strip()
     if stripped.startswith("["):
-        items = yaml.safe_load(stripped)
+        try:
+            items = yaml.safe_load(stripped)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"not a YAML list: {exc}") from exc
         if not isinstance(items, list):
             raise ValueError(f"not a list: {text!r}")
         return [str(i).strip() for i in items if str(i).strip()]
