@@ -85,11 +85,3 @@ _.enabled
 _.fallbacks
 bad_request_fields
 ServiceInterceptor
-
-# --- pending: owned by other work in progress ---
-# Dead code in files other helpers are editing; the lead deletes the code and these entries after merging.
-HTTP_STATUS  # libs/kvmesh/rpc/errors.py: never used (issue 12; kvmesh.openai gets the HTTP table)
-Builder  # libs/kvmesh/rpc/server.py: type alias never used
-ALL_ROLES  # libs/kvmesh/client/watch.py: never used
-ROUTERS_ONLY  # libs/kvmesh/client/watch.py: never used
-WORKERS_ROUTABLE  # services/router/metrics.py: never set, yet deploy/prometheus/alerts.yaml alerts on it

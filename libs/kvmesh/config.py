@@ -3,7 +3,8 @@
 A service declares a dataclass (fields with types, defaults and `help` metadata), usually extending
 `ServerSettings`. `load_settings(cls, argv)` resolves every field as: command-line flag `--field-name`, else
 `KVMESH_<SERVICE>_<FIELD>`, else `KVMESH_<FIELD>`, else the default. Bad values fail fast with a message
-naming the flag and the variable.
+naming the flag and the variable. List settings are `tuple[str, ...]` (or of int/float), given as ``a,b`` or
+as a YAML/JSON flow list ``[a, b]``; services never split strings themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
@@ -66,16 +69,30 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _list_items(text: str) -> list[str]:
+    """The items of ``a,b`` or of a YAML/JSON flow list ``[a, b]`` (blank items dropped)."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            items = yaml.safe_load(stripped)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"not a YAML list: {exc}") from exc
+        if not isinstance(items, list):
+            raise ValueError(f"not a list: {text!r}")
+        return [str(i).strip() for i in items if str(i).strip()]
+    return [part.strip() for part in stripped.split(",") if part.strip()]
+
+
 def _converter(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         inner = _converter(args[0])
         return lambda text: None if text in ("", "none", "None") else inner(text)
-    if origin is list:
-        (item,) = typing.get_args(tp)
+    if origin in (list, tuple):
+        item = typing.get_args(tp)[0]
         inner = _converter(item)
-        return lambda text: [inner(part.strip()) for part in text.split(",") if part.strip()]
+        return lambda text: origin(inner(part) for part in _list_items(text))
     if tp is bool:
         return _parse_bool
     if tp in (int, float, str):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -13,9 +14,10 @@ import yaml
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.types import IngestResult
 from kvmesh.kvevents import KvEventBatch
+from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.cache_manager import metrics as m
-from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, periodic, refresh_gauges
+from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, refresh_gauges
 from kvmesh.services.cache_manager.settings import CacheManagerSettings
 from kvmesh.services.cache_manager.warming import Warmer
 from kvmesh.store.base import CheckpointStore
@@ -95,17 +97,17 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         settings.warm_half_life_s,
         templates=read_templates(settings.warm_templates),
         lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None,
+        security=ChannelSecurity.of(settings),
     )
     servicer = CacheManagerServicer(core, warmer, runner.stopping, location)
     runner.add_servicer(
         cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer, "kvmesh.v1.CacheManagerService"
     )
-    zmq_specs = [parse_zmq(s) for s in settings.vllm_zmq if s]
+    zmq_specs = [parse_zmq(s) for s in settings.vllm_zmq]
     wake = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
 
     async def flush_loop() -> None:
-        while not runner.stopping.is_set():
+        while True:
             await wake.wait()
             wake.clear()
             await core.persist()
@@ -131,22 +133,14 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         sink = ZmqSink(core, wake)
         for wid, pub, replay in zmq_specs:
             sub = VllmZmqSubscriber(wid, pub, replay, sink)
-            tasks.append(asyncio.create_task(sub.run(runner.stopping)))
-        tasks.append(asyncio.create_task(flush_loop()))
-        tasks.append(asyncio.create_task(periodic(runner.stopping, 5.0, gauges, "gauges")))
+            runner.supervise(functools.partial(sub.run, runner.stopping), name=f"vllm-zmq-{wid}")
+        runner.supervise(flush_loop, name="flush")
+        runner.every(5.0, gauges, name="gauges")
         if store is not None:
-            tasks.append(
-                asyncio.create_task(periodic(runner.stopping, settings.checkpoint_interval_s, checkpoint, "checkpoint"))
-            )
-        tasks.append(
-            asyncio.create_task(periodic(runner.stopping, settings.warm_interval_s, warmer.dynamic_round, "warming"))
-        )
+            runner.every(settings.checkpoint_interval_s, checkpoint, name="checkpoint")
+        runner.every(settings.warm_interval_s, warmer.dynamic_round, name="warming")
 
-    async def stopped() -> None:
-        wake.set()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async def stopped() -> None:  # background tasks are stopped by now: persist what they left
         if store is not None:
             await core.persist()
             await checkpoint()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -220,28 +219,15 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             resyncs_total=c.resyncs_full,
             hit_ratio=core.queries.hit_ratio,
             warming_actions_total=self.warmer.actions_total,
+            block_size=core.block_size,
+            model=core.model,
         )
 
 
 def refresh_gauges(core: CacheCore) -> None:
-    """Index-size gauges (O(index) popcount: called on GetStats and by the periodic loop)."""
+    """Index-size gauges (O(index) popcount: called on GetStats and every few seconds)."""
     st = core.index.stats()
     m.INDEX_BLOCKS.set(st["blocks"])
     m.INDEX_PAIRS.set(st["pairs"])
     m.INDEX_BYTES.set(st["bytes"])
     m.WORKERS.set(st["workers"])
-
-
-async def periodic(stopping: asyncio.Event, interval_s: float, fn: object, what: str) -> None:
-    """Run `await fn()` every `interval_s` until `stopping` (errors logged, loop continues)."""
-    if interval_s <= 0:
-        return
-    while not stopping.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), interval_s)
-        if stopping.is_set():
-            return
-        try:
-            await fn()  # type: ignore[operator]
-        except Exception:
-            log.exception("periodic %s failed", what)

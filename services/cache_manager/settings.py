@@ -17,8 +17,8 @@ class CacheManagerSettings(ServerSettings):
     redis_url: str = setting("", "Redis URL for checkpoints, e.g. redis://127.0.0.1:6379/0")
     redis_prefix: str = setting("kvmesh:cm", "key prefix of this cache-manager's checkpoint in Redis")
     checkpoint_interval_s: float = setting(30.0, "seconds between automatic checkpoints (0 = off)")
-    vllm_zmq: list[str] = setting(
-        [], "stock vLLM KV event publishers to follow: worker_id=PUB_ENDPOINT[;REPLAY_ENDPOINT],..."
+    vllm_zmq: tuple[str, ...] = setting(
+        (), "stock vLLM KV event publishers to follow: worker_id=PUB_ENDPOINT[;REPLAY_ENDPOINT],..."
     )
     warm_threshold: int = setting(5, "a prefix seen this many times in the window is warmed onto more workers")
     warm_window_s: float = setting(60.0, "sliding window of prefix statistics, seconds")

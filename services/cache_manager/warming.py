@@ -23,7 +23,7 @@ from dataclasses import replace
 import grpc
 
 from kvmesh.cachemgr.core import CacheCore
-from kvmesh.rpc.channel import open_channel
+from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -47,8 +47,10 @@ class Warmer:
         request_timeout_s: float = 60.0,
         templates: Sequence[Template] = (),
         lfu_weight: float | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.core = core
+        self.security = security  # the workers' channels: TLS as the service is configured
         self.cfg = cfg
         self.warm = HybridWarmSet(capacity_blocks, half_life_s, lfu_weight)
         self.addresses: dict[str, str] = {}
@@ -157,7 +159,7 @@ class Warmer:
     async def _prefill(self, a: WarmAction) -> None:
         ch = self.channels.get(a.worker)
         if ch is None:
-            ch = self.channels[a.worker] = open_channel(self.addresses[a.worker])
+            ch = self.channels[a.worker] = open_channel(self.addresses[a.worker], self.security)
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         req = worker_pb2.GenerateRequest(
             request_id=f"warm-{uuid.uuid4().hex[:12]}",

@@ -13,7 +13,7 @@ class FailoverSettings(ServerSettings):
 
     lkg_file: str = setting("", "where the last known good endpoint sets are persisted")
     health_interval_s: float = setting(1.0, "seconds between health evaluations")
-    zones: list[str] = setting([], "zones to report even when nothing is registered in them (comma list)")
+    zones: tuple[str, ...] = setting((), "zones to report even when nothing is registered in them (comma list)")
     zone_weights: str = setting("", "initial zone weights, e.g. 'a=1,b=1' (default: equal over --zones)")
     version_weights: str = setting("", "initial version weights, e.g. 'v1=1' (default: --version only)")
     min_worker_fraction: float = setting(0.5, "a zone is unhealthy below this fraction of worker capacity")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
+from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import RouterCore
@@ -40,8 +41,9 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         load_interval_ms=s.load_interval_ms,
         stale_after_s=s.worker_stale_s,
         transport=s.worker_transport,
+        block_size=s.block_size,
     )
-    index = IndexReplica(s.cache_manager, s)
+    index = IndexReplica(s.cache_manager, s, expect=(s.block_size, s.salt_model))
     admission = Admission(
         short=QueueLimits(s.short_concurrency, s.short_queue),
         long=QueueLimits(s.long_concurrency, s.long_queue),
@@ -66,17 +68,19 @@ def build_frontend(settings: RouterSettings) -> Frontend:
 
 
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
-    """Wires the router's servicers into the runner."""
+    """Wires the router: frontend, servicers, HTTP API, failover follower; a cache-manager whose block size
+    or salt model disagrees with the router's fails the start."""
     front = build_frontend(settings)
     follower: FailoverFollower | None = None
     if settings.failover:
         follower = FailoverFollower(
-            [t.strip() for t in settings.failover.split(",") if t.strip()],
+            settings.failover,
             settings.zone,
             front.core.pool,
             front.core.index,
             static_workers=settings.workers,
             static_cache_manager=settings.cache_manager,
+            security=ChannelSecurity.of(settings),
         )
     runner.add_servicer(add_router_service, RouterServicer(front), "kvmesh.v1.RouterService")
     runner.add_servicer(
@@ -87,6 +91,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
     HttpApi(front, settings.max_request_bytes).install(runner.http_app)
 
     async def started(_ports: BoundPorts) -> None:
+        await front.core.index.check_agreement()
         await front.core.index.start()
         await front.core.pool.start()
         if follower is not None:  # bounded wait for the first endpoint sets (the last known ones keep serving)
@@ -105,7 +110,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
         await front.core.pool.stop()
         await front.core.index.stop()
 
-    runner.on_started.insert(0, started)
+    runner.on_started.append(started)
     runner.on_stopped.append(stopped)
 
 

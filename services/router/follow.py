@@ -9,21 +9,23 @@ On every `WatchEndpoints` update (`kvmesh.client.watch.EndpointWatcher`, roles W
 * cache-manager = the first non-critical CACHE_MANAGER of the own zone, else of any zone (sorted by zone, id);
   `--cache-manager` wins when given. A change re-targets the index replica.
 
-`select(endpoints, zone)` is pure; `FailoverFollower` applies it to the pool and the index replica.
+`select(endpoints, zone)` is pure; `FailoverFollower` applies it to the pool and the index replica. The
+watch uses the router's outbound TLS settings (`security`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
 from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
 from kvmesh.discovery.model import Health, Role, ServiceInstance
+from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.workers import WorkerPool
+from kvmesh.tasks import stop_task
 from kvmesh.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -56,13 +58,14 @@ class FailoverFollower:
         index: IndexReplica,
         static_workers: Sequence[str] = (),
         static_cache_manager: str = "",
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.zone = zone
         self.pool = pool
         self.index = index
         self.static_workers = set(static_workers)
         self.static_cache_manager = static_cache_manager
-        self.watcher = EndpointWatcher(list(targets), roles=ROLES, zone=zone)
+        self.watcher = EndpointWatcher(list(targets), roles=ROLES, zone=zone, security=security)
         self.applied = 0  # updates applied so far
         self.first = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -72,10 +75,7 @@ class FailoverFollower:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
         await self.watcher.stop()
 
     async def apply(self, endpoints: EndpointSet) -> None:

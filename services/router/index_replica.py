@@ -5,6 +5,9 @@ they are applied to a local `kvmesh.index.PrefixIndex`, so `matches(hashes)` is 
 While the stream is down or the snapshot incomplete the replica is *stale* and `matches` asks the
 cache-manager with `FindMatches` (bounded by `fallback_timeout_s`; on failure routing continues without
 overlap). A new stream starts from a fresh snapshot, so a gap can never leave the replica silently wrong.
+Before every stream the cache-manager's block size and hash salt model (`GetStats`) are checked against the
+router's (`expect`): a cache-manager that disagrees is not used at all (no replica, no FindMatches) until
+it agrees; `check_agreement` lets the router refuse to start against one.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import grpc
 import numpy as np
 
 from kvmesh.config import ServerSettings
+from kvmesh.errors import FailedPrecondition
 from kvmesh.index import PrefixIndex
+from kvmesh.rpc.agreement import Agreed, require_agreement
 from kvmesh.rpc.channel import open_channel
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
@@ -29,8 +34,16 @@ log = logging.getLogger(__name__)
 class IndexReplica:
     """Local index kept by WatchIndex; `address == ""` means no cache-manager (no overlap information)."""
 
-    def __init__(self, address: str, settings: ServerSettings, fallback_timeout_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        address: str,
+        settings: ServerSettings,
+        fallback_timeout_s: float = 0.25,
+        expect: tuple[int, str] | None = None,
+    ) -> None:
         self.address = address
+        self.expect = expect  # (block size, salt model) the cache-manager must have; None = no check
+        self.disagreement = ""  # why the current cache-manager is not used ('' = it agrees or is unchecked)
         self.fallback_timeout_s = fallback_timeout_s
         self.index = PrefixIndex()
         self.fresh = False
@@ -63,6 +76,7 @@ class IndexReplica:
             await self._channel.close()
         self.address = address
         self.fresh = False
+        self.disagreement = ""
         self.index = PrefixIndex()
         self.synced.clear()
         self._channel = open_channel(address, self._settings) if address else None
@@ -84,7 +98,7 @@ class IndexReplica:
             return {}
         if self.fresh:
             return self.index.find_matches(hashes)
-        if self._stub is None:
+        if self._stub is None or self.disagreement:
             return {}
         self.fallbacks += 1
         req = cache_manager_pb2.FindMatchesRequest(
@@ -114,6 +128,38 @@ class IndexReplica:
             self.synced.set()
         self.updated.set()
 
+    def _pairs(self, stats: cache_manager_pb2.GetStatsResponse) -> list[Agreed]:
+        assert self.expect is not None
+        block_size, salt_model = self.expect
+        return [
+            Agreed("--block-size", block_size, stats.block_size, unknown=stats.block_size == 0),
+            Agreed("--salt-model (cache-manager --model)", salt_model, stats.model),
+        ]
+
+    async def check_agreement(self, timeout_s: float = 5.0) -> None:
+        """Raises FailedPrecondition if the cache-manager disagrees with `expect`; an unreachable one passes
+        (it is checked again before every index stream)."""
+        if self._stub is None or self.expect is None:
+            return
+        try:
+            stats = await self._stub.GetStats(cache_manager_pb2.GetStatsRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            log.warning("cache-manager %s not reachable for the settings check: %s", self.address, e.code().name)
+            return
+        require_agreement(f"cache-manager {self.address}", self._pairs(stats))
+
+    async def _agrees(self) -> bool:
+        """Checks the cache-manager before a stream; a disagreement is logged once and keeps it unused."""
+        try:
+            await self.check_agreement(timeout_s=2.0)
+        except FailedPrecondition as e:
+            if e.message != self.disagreement:
+                log.error("not using the cache-manager: %s", e.message)
+            self.disagreement = e.message
+            return False
+        self.disagreement = ""
+        return True
+
     async def _follow(self) -> None:
         assert self._stub is not None
         backoff = 0.05
@@ -121,6 +167,8 @@ class IndexReplica:
             self.fresh = False
             self.index = PrefixIndex()
             try:
+                if not await self._agrees():
+                    raise FailedPrecondition(self.disagreement)
                 async for msg in self._stub.WatchIndex(cache_manager_pb2.WatchIndexRequest()):
                     self.apply(msg)
                     backoff = 0.05
@@ -128,6 +176,8 @@ class IndexReplica:
                 raise
             except grpc.aio.AioRpcError as e:
                 log.info("index watch ended: %s", e.code().name)
+            except FailedPrecondition:
+                pass  # logged by _agrees; checked again after the back-off
             except Exception:
                 log.exception("index watch failed")
             self.fresh = False

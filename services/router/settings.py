@@ -11,13 +11,13 @@ from kvmesh.config import ServerSettings, setting
 class RouterSettings(ServerSettings):
     """kvmesh router: the client-facing API and the routing decision."""
 
-    workers: list[str] = setting([], "static worker gRPC addresses (comma-separated)")
+    workers: tuple[str, ...] = setting((), "static worker gRPC addresses (comma-separated)")
     cache_manager: str = setting("", "cache-manager gRPC address (index watch, FindMatches)")
-    failover: str = setting("", "failover gRPC address to follow endpoint sets from")
+    failover: tuple[str, ...] = setting((), "failover gRPC addresses to follow endpoint sets from (comma-separated)")
     model: str = setting("", "model folder for the tokenizer; default: the tiny local test model")
     model_name: str = setting("", "served model name reported by /v1/models (default: folder name)")
-    lora_adapters: list[str] = setting(
-        [], 'LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP "model" selects one'
+    lora_adapters: tuple[str, ...] = setting(
+        (), 'LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP "model" selects one'
     )
     salt_model: str = setting(
         "",

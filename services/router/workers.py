@@ -6,7 +6,9 @@ tracker which assignments the report already includes. A broken stream marks the
 its breaker at once (a killed worker leaves rotation as soon as its connection breaks: well under a second
 on loopback); a worker that stays connected but sends no report for `stale_after_s` (10 s: an overloaded
 worker's reports can lag by seconds) is unhealthy too.
-The task reconnects with bounded exponential back-off until the pool stops.
+The task reconnects with bounded exponential back-off until the pool stops. A worker whose `GetInfo` block
+size differs from the router's (`block_size`) is logged as an error naming both values and never routed to
+(no id, no load stream) until it reports the same block size.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvmesh.config import ServerSettings
-from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
+from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, InflightTracker, WorkerView
+from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
+from kvmesh.services.router import metrics as m
 from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.proto import load_from_proto
@@ -36,12 +40,12 @@ _FAST_OPTIONS = [
 
 
 def _worker_channel(address: str, settings: ServerSettings) -> grpc.aio.Channel:
-    """The channel to a worker: the hot path, so without client interceptors (each streamed message through
-    a Python interceptor costs tens of µs); trace context is injected by the caller instead. TLS settings are
-    honoured through `open_channel`."""
+    """The channel to a worker, TLS as configured. Plaintext, it is the hot path, so without client interceptors
+    (each streamed message through a Python interceptor costs tens of µs; the caller injects trace context);
+    with TLS the propagating interceptor stays, as it always had."""
     if settings.tls_ca:
         return open_channel(address, settings)
-    return grpc.aio.insecure_channel(address, options=_FAST_OPTIONS)
+    return open_channel(address, options=_FAST_OPTIONS, propagate=False)
 
 
 @dataclass
@@ -60,6 +64,7 @@ class WorkerHandle:
     generate_raw: grpc.aio.UnaryStreamMultiCallable | None = None  # Generate taking a pre-serialised request
     stream: WorkerStream | None = None  # GenerateStream transport (transport "stream")
     stream_offered: bool = False  # the worker's GetInfo says it serves GenerateStream
+    disagreement: str = ""  # why the worker is not routed to: its settings disagree with the router's
 
     async def generate(
         self, request_id: str, request_bytes: bytes, carrier: dict[str, str]
@@ -74,6 +79,10 @@ class WorkerHandle:
 GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
 
 
+class _Disagrees(Exception):
+    """The worker's settings disagree with the router's (see `WorkerPool._agrees`)."""
+
+
 class WorkerPool:
     """All workers of this router; `routable_views(now)` is what the routing profile sees."""
 
@@ -86,6 +95,7 @@ class WorkerPool:
         load_interval_ms: int = 200,
         stale_after_s: float = 10.0,
         transport: str = "stream",
+        block_size: int = 0,
     ) -> None:
         if transport not in ("stream", "call"):
             raise ValueError(f"worker transport must be stream or call, got {transport!r}")
@@ -93,6 +103,7 @@ class WorkerPool:
         self.tracker = tracker
         self.load_interval_ms = load_interval_ms
         self.stale_after_s = stale_after_s
+        self.block_size = block_size  # the router's; a worker reporting another one is not routed to (0 = any)
         self._breaker_cfg = breaker or BreakerConfig()
         self._settings = settings
         self.handles: list[WorkerHandle] = []
@@ -153,6 +164,7 @@ class WorkerPool:
 
     async def start(self) -> None:
         self._started = True
+        m.WORKERS_ROUTABLE.set_function(lambda: self.routable_count(time.monotonic()))  # read at scrape time
         self._tasks = {h.address: asyncio.create_task(self._follow(h)) for h in self.handles}
 
     async def wait_ready(self, timeout_s: float) -> bool:
@@ -188,6 +200,10 @@ class WorkerPool:
             out.append(v)
         return out
 
+    def routable_count(self, now: float) -> int:
+        """Workers the profile may pick from: healthy, not draining, circuit not open."""
+        return sum(1 for v in self.views(now) if v.healthy and not v.draining and v.circuit is not CircuitState.OPEN)
+
     def mark_failed(self, worker_id: str, now: float, reason: str) -> None:
         """A call to the worker failed at the transport level: out of rotation until it reports again."""
         h = self.by_id.get(worker_id)
@@ -201,6 +217,8 @@ class WorkerPool:
         while not self._stopping.is_set():
             try:
                 info = await h.stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=2.0)
+                if not self._agrees(h, info):
+                    raise _Disagrees
                 self._on_info(h, info)
                 stream = h.stub.StreamLoad(worker_pb2.StreamLoadRequest(interval_ms=self.load_interval_ms))
                 async for msg in stream:
@@ -211,6 +229,8 @@ class WorkerPool:
             except grpc.aio.AioRpcError as e:
                 if h.view.healthy:
                     log.warning("worker %s (%s) out of rotation: %s", h.view.id, h.address, e.code().name)
+            except _Disagrees:
+                pass  # logged by _agrees; asked again after the back-off (it may restart with the right flag)
             except Exception:
                 log.exception("worker %s load stream failed", h.address)
             if h.view.id and h.view.healthy:
@@ -219,6 +239,17 @@ class WorkerPool:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), backoff)
             backoff = min(backoff * 2, 2.0)
+
+    def _agrees(self, h: WorkerHandle, info: worker_pb2.GetInfoResponse) -> bool:
+        """False (logged once per new reason) if the worker's block size differs from the router's."""
+        unknown = not (self.block_size and info.block_size)  # 0: no check asked, or an older worker
+        peer = f"worker {info.worker_id or h.address} ({h.address})"
+        problems = disagreements(peer, [Agreed("--block-size", self.block_size, info.block_size, unknown=unknown)])
+        reason = "; ".join(problems)
+        if reason and reason != h.disagreement:
+            log.error("not routing to the worker: %s", reason)
+        h.disagreement = reason
+        return not reason
 
     def _on_info(self, h: WorkerHandle, info: worker_pb2.GetInfoResponse) -> None:
         wid = info.worker_id or h.address

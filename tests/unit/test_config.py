@@ -44,3 +44,23 @@ def test_bad_value_names_flag_and_variable(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         load_settings(DemoSettings, ["--enabled", "maybe"], env={})
     assert "--enabled" in capsys.readouterr().err
+
+
+@dataclass(frozen=True)
+class ListSettings(ServerSettings):
+    targets: tuple[str, ...] = setting((), "addresses")
+    sizes: tuple[int, ...] = setting((), "sizes")
+
+
+def test_list_settings_are_tuples_from_commas_or_a_yaml_list() -> None:
+    assert load_settings(ListSettings, [], env={}).targets == ()
+    s = load_settings(ListSettings, ["--targets", "a:1, b:2,", "--sizes", "[16, 32]"], env={})
+    assert s.targets == ("a:1", "b:2") and s.sizes == (16, 32)
+    env = {"KVMESH_DEMO_TARGETS": '["c:3", "d:4"]'}
+    assert load_settings(ListSettings, [], env=env, service="demo").targets == ("c:3", "d:4")
+
+
+def test_a_yaml_value_that_is_not_a_list_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_settings(ListSettings, ["--targets", "[a"], env={})
+    assert "--targets" in capsys.readouterr().err

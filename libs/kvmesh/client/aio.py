@@ -30,6 +30,7 @@ from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
 from kvmesh.discovery.model import ServiceInstance
 from kvmesh.errors import DeadlineExceeded, Unavailable
+from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,14 @@ class AsyncClient:
         rng: random.Random | None = None,
         endpoints_timeout_s: float = 10.0,
         on_attempt: Callable[[ServiceInstance], None] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
-        self.watcher = EndpointWatcher(failover_targets, initial=EndpointSet.static(list(routers)) if routers else None)
+        self.security = security or ChannelSecurity()
+        self.watcher = EndpointWatcher(
+            failover_targets,
+            initial=EndpointSet.static(list(routers)) if routers else None,
+            security=self.security,
+        )
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.probe_interval_s = probe_interval_s
@@ -101,7 +108,7 @@ class AsyncClient:
     def _channel(self, target: str) -> grpc.aio.Channel:
         ch = self._channels.get(target)
         if ch is None:
-            ch = grpc.aio.insecure_channel(target)
+            ch = open_channel(target, self.security, options=(), propagate=False)
             self._channels[target] = ch
         return ch
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import grpc
 
+from kvmesh.rpc.channel import ChannelSecurity
+
 ROUTER_SERVICE = "kvmesh.v1.RouterService"
 
 
@@ -51,14 +53,30 @@ def channel_options(**kw: Any) -> list[tuple[str, Any]]:
     ]
 
 
-def mesh_channel(target: str, credentials: grpc.ChannelCredentials | None = None, **kw: Any) -> grpc.Channel:
-    """A sync channel with the service config, e.g. ``mesh_channel("dns:///routers.svc:50051")``."""
+def mesh_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    *,
+    security: ChannelSecurity | None = None,
+    **kw: Any,
+) -> grpc.Channel:
+    """A sync channel with the service config, e.g. ``mesh_channel("dns:///routers.svc:50051")``; TLS from
+    `credentials` or `security`."""
     opts = channel_options(**kw)
+    credentials = credentials or (security.credentials() if security else None)
     return grpc.secure_channel(target, credentials, opts) if credentials else grpc.insecure_channel(target, opts)
 
 
-def mesh_aio_channel(target: str, credentials: grpc.ChannelCredentials | None = None, **kw: Any) -> grpc.aio.Channel:
+def mesh_aio_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    *,
+    security: ChannelSecurity | None = None,
+    **kw: Any,
+) -> grpc.aio.Channel:
+    """The aio twin of `mesh_channel`."""
     opts = channel_options(**kw)
+    credentials = credentials or (security.credentials() if security else None)
     if credentials:
         return grpc.aio.secure_channel(target, credentials, opts)
     return grpc.aio.insecure_channel(target, opts)

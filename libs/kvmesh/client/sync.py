@@ -1,6 +1,7 @@
 """Synchronous facade over `AsyncClient`: its event loop runs in one background thread.
 
-Every wait on the loop is bounded by the client's `timeout_s` (plus a second of slack).
+Every wait on the loop is bounded by the client's `timeout_s` (plus a second of slack). Keyword arguments
+(`security=ChannelSecurity(...)` for TLS among them) go to `AsyncClient`.
 """
 
 from __future__ import annotations

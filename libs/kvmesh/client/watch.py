@@ -2,7 +2,8 @@
 
 The watcher keeps the latest `EndpointSet`; when a stream breaks it moves to the next failover
 address (round-robin) after ``min(retry_max_s, retry_min_s * 2**k)`` and keeps the last set in the
-meantime, so clients and routers keep working while every failover service is down.
+meantime, so clients and routers keep working while every failover service is down. Channels honour
+`security` (`kvmesh.rpc.channel.ChannelSecurity` or a `ServerSettings`): TLS to a TLS-only failover service.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import grpc.aio
 
 from kvmesh.changes import ChangeCounter
 from kvmesh.client.endpoints import EndpointSet
+from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.tasks import stop_task
-from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
+from kvmesh.v1 import failover_pb2, failover_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,7 @@ class EndpointWatcher:
         zone: str = "",
         retry_min_s: float = 0.05,
         retry_max_s: float = 1.0,
+        security: ChannelSecurity | None = None,
     ) -> None:
         if not failover_targets and initial is None:
             raise ValueError("need failover targets or an initial endpoint set")
@@ -41,6 +44,7 @@ class EndpointWatcher:
         self.zone = zone
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
+        self.security = security or ChannelSecurity()
         self.connected_to: str | None = None
         self._changes = ChangeCounter()
         self._task: asyncio.Task[None] | None = None
@@ -69,7 +73,7 @@ class EndpointWatcher:
             target = self.targets[k % len(self.targets)]
             k += 1
             try:
-                async with grpc.aio.insecure_channel(target) as ch:
+                async with open_channel(target, self.security, options=(), propagate=False) as ch:
                     stub = failover_pb2_grpc.FailoverServiceStub(ch)
                     req = failover_pb2.WatchEndpointsRequest(roles=self.roles, zone=self.zone)  # type: ignore[arg-type]
                     async for resp in stub.WatchEndpoints(req, wait_for_ready=False):
@@ -81,7 +85,3 @@ class EndpointWatcher:
             self.connected_to = None
             failures += 1
             await asyncio.sleep(min(self.retry_max_s, self.retry_min_s * 2 ** min(failures - 1, 10)))
-
-
-ALL_ROLES: tuple[int, ...] = ()
-ROUTERS_ONLY: tuple[int, ...] = (common_pb2.SERVICE_ROLE_ROUTER,)

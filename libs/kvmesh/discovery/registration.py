@@ -2,11 +2,15 @@
 
 `registry_from(registry_file, consul_url)`: Consul when `consul_url` is set (``http://host:port``),
 else the static YAML registry at `registry_file`, else None (no discovery). `parse_weights` reads the
-``"a=1,b=2"`` syntax of weight flags (validated by `traffic.normalise_weights`).
+``"a=1,b=2"`` syntax of weight flags (validated by `traffic.normalise_weights`). `register_until_done`
+registers with bounded retries: the registry may be down while the service starts, and it serves anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import urllib.parse
 from collections.abc import Mapping
 
@@ -15,7 +19,10 @@ from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.discovery.traffic import normalise_weights
-from kvmesh.errors import InvalidArgument
+from kvmesh.errors import InvalidArgument, KvmeshError
+
+log = logging.getLogger(__name__)
+REGISTER_ATTEMPTS = 30
 
 
 def registry_from(registry_file: str, consul_url: str, request_timeout_s: float = 5.0) -> Registry | None:
@@ -47,21 +54,42 @@ def parse_weights(field: str, text: str) -> dict[str, float]:
     return normalise_weights(field, out)
 
 
-async def register_self(
-    registry: Registry,
+def self_instance(
     *,
     instance_id: str,
     role: Role,
     zone: str,
     version: str,
     address: str,
-    check: CheckSpec | None = None,
-    probe: HealthProbe | None = None,
     capacity: float = 1.0,
     meta: Mapping[str, str] | None = None,
 ) -> ServiceInstance:
-    """Register this process (``address`` = ``host:port`` of its gRPC server); returns the instance."""
+    """This process as a registry instance (``address`` = ``host:port`` of its gRPC server)."""
     host, _, port = address.rpartition(":")
-    inst = ServiceInstance(instance_id, role, zone, version, host, int(port), capacity=capacity, meta=dict(meta or {}))
-    await registry.register(inst, check or CheckSpec(), probe)
-    return inst
+    return ServiceInstance(instance_id, role, zone, version, host, int(port), capacity=capacity, meta=dict(meta or {}))
+
+
+async def register_until_done(
+    registry: Registry,
+    instance: ServiceInstance,
+    check: CheckSpec,
+    probe: HealthProbe | None,
+    stopping: asyncio.Event,
+    attempts: int = REGISTER_ATTEMPTS,
+    backoff_min_s: float = 0.2,
+    backoff_max_s: float = 5.0,
+) -> bool:
+    """Registers `instance`, retrying failures after ``min(backoff_max_s, backoff_min_s * 2**k)`` until it
+    succeeds (True), `stopping` is set or `attempts` failed (False)."""
+    for attempt in range(attempts):
+        try:
+            await registry.register(instance, check, probe)
+            return True
+        except (KvmeshError, OSError) as exc:
+            log.warning("registration of %s, attempt %d failed: %s", instance.id, attempt + 1, exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), min(backoff_max_s, backoff_min_s * 2**attempt))
+        if stopping.is_set():
+            return False
+    log.error("%s could not register after %d attempts", instance.id, attempts)
+    return False

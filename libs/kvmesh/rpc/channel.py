@@ -1,13 +1,18 @@
-"""Outbound gRPC channels: TLS when configured, request id / trace context / deadline propagation."""
+"""Outbound gRPC channels: TLS when configured, request id / trace context / deadline propagation.
+
+Every channel a kvmesh process opens goes through `open_channel(address, security)`, where `security` is a
+`ChannelSecurity` (CA, client certificate and key) or any settings carrying the `tls_ca`/`tls_client_cert`/
+`tls_client_key` fields of `ServerSettings`; without a CA the channel is plaintext.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 
-from kvmesh.config import ServerSettings
 from kvmesh.rpc.tls import channel_credentials
 from kvmesh.telemetry import tracing
 from kvmesh.telemetry.context import REQUEST_ID_HEADER, outbound_timeout, request_id_var
@@ -61,10 +66,51 @@ class _PropagatingInterceptor(
         return await continuation(self._details(details), it)
 
 
-def open_channel(address: str, settings: ServerSettings | None = None) -> grpc.aio.Channel:
-    """An aio channel to `address`, secure when `settings.tls_ca` is set."""
-    interceptors = [_PropagatingInterceptor()]
-    if settings is not None and settings.tls_ca:
-        creds = channel_credentials(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key)
-        return grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS, interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+class _TlsClientSettings(Protocol):
+    @property
+    def tls_ca(self) -> str: ...
+    @property
+    def tls_client_cert(self) -> str: ...
+    @property
+    def tls_client_key(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ChannelSecurity:
+    """TLS of outbound channels: verify servers against `tls_ca`; present the client pair when given (mTLS)."""
+
+    tls_ca: str = ""
+    tls_client_cert: str = ""
+    tls_client_key: str = ""
+
+    @staticmethod
+    def of(settings: _TlsClientSettings | None) -> ChannelSecurity:
+        """The outbound TLS part of `settings` (e.g. a `ServerSettings`); plaintext for None."""
+        if settings is None:
+            return PLAINTEXT
+        return ChannelSecurity(settings.tls_ca, settings.tls_client_cert, settings.tls_client_key)
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        """Channel credentials, or None for plaintext."""
+        if not self.tls_ca:
+            return None
+        return channel_credentials(self.tls_ca, self.tls_client_cert, self.tls_client_key)
+
+
+PLAINTEXT = ChannelSecurity()
+
+
+def open_channel(
+    address: str,
+    security: _TlsClientSettings | None = None,
+    *,
+    options: Sequence[tuple[str, Any]] = CHANNEL_OPTIONS,
+    propagate: bool = True,
+) -> grpc.aio.Channel:
+    """An aio channel to `address`, secure when `security.tls_ca` is set. `propagate=False` leaves out the
+    request-id / trace / deadline interceptor (hot paths whose callers pass the metadata themselves)."""
+    interceptors = [_PropagatingInterceptor()] if propagate else None
+    creds = ChannelSecurity.of(security).credentials()
+    if creds is not None:
+        return grpc.aio.secure_channel(address, creds, options=list(options), interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)

@@ -1,12 +1,18 @@
-"""The shared server bootstrap of every kvmesh service.
+"""The shared skeleton of every kvmesh service.
 
-`ServiceRunner` owns one `grpc.aio` server and one aiohttp HTTP server:
-- gRPC: the service's servicers behind `ServiceInterceptor` (request id, deadline, tracing, metrics, error
-  map), `grpc.health.v1` health and server reflection, optional TLS / mTLS;
+`ServiceRunner` owns one `grpc.aio` server, one aiohttp HTTP server and the service's background work:
+- gRPC: the service's servicers wrapped by `InstrumentedServer` (request id, deadline, tracing, metrics,
+  error map per handler), `grpc.health.v1` health and server reflection, optional TLS / mTLS;
 - HTTP: `GET /metrics` (Prometheus), `GET /healthz`, plus any routes the service adds (OpenAI API, admin);
-- lifecycle: on SIGTERM/SIGINT health turns NOT_SERVING, `stopping` is set (long-lived watch streams end
-  cleanly), new calls are refused and in-flight calls get `grace_s` seconds to finish; then stop hooks run
-  and the process exits 0.
+- background: `every(interval_s, fn)` periodic and `supervise(coro_fn)` restarted tasks
+  (`kvmesh.rpc.background`), stopped in order on shutdown;
+- self-registration: in Consul when `consul_url` is set, or in the registry given to `register_in`, retried
+  in the background (the registry may be down at start; the service serves anyway), deregistered first thing
+  on drain so routers stop sending before the server stops accepting;
+- lifecycle: `on_started` hooks run once the servers listen; on SIGTERM/SIGINT health turns NOT_SERVING,
+  `stopping` is set (long-lived watch streams end cleanly), `on_stopping` hooks run, new calls are refused
+  and in-flight calls get `grace_s` seconds to finish; then background tasks stop, `on_stopped` hooks run
+  and the process exits 0. A `KvmeshError` or `OSError` from wiring or start-up exits 2 with its message.
 Bound ports are written to `ready_file` (JSON) once everything serves, so callers never poll with sleeps.
 """
 
@@ -30,9 +36,14 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from kvmesh.config import ServerSettings, load_settings
+from kvmesh.discovery.model import Health, Role
+from kvmesh.discovery.registration import register_until_done, registry_from, self_instance
+from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
 from kvmesh.errors import KvmeshError
+from kvmesh.rpc.background import BackgroundTasks, Job
 from kvmesh.rpc.interceptors import InstrumentedServer
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.tasks import stop_task
 from kvmesh.telemetry import metrics
 from kvmesh.telemetry.logging import setup_logging
 from kvmesh.telemetry.tracing import setup_tracing
@@ -51,8 +62,6 @@ _SERVER_OPTIONS = [
 
 Hook = Callable[[], Awaitable[None]]
 
-REGISTER_ATTEMPTS = 30
-
 
 @dataclass
 class BoundPorts:
@@ -65,6 +74,18 @@ class BoundPorts:
     @property
     def grpc_address(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass
+class Registration:
+    """Where and how this instance registers itself; `owned` registries are closed by the runner."""
+
+    registry: Registry
+    check: CheckSpec
+    probe: HealthProbe | None = None
+    advertise_host: str = ""  # default: settings.advertise_address, else the bound gRPC address
+    with_http_meta: bool = False
+    owned: bool = False
 
 
 @dataclass
@@ -81,14 +102,19 @@ class ServiceRunner:
     on_started: list[Callable[[BoundPorts], Awaitable[None]]] = field(init=False, default_factory=list)
     on_stopping: list[Hook] = field(init=False, default_factory=list)
     on_stopped: list[Hook] = field(init=False, default_factory=list)
+    background: BackgroundTasks = field(init=False)
+    registration: Registration | None = field(init=False, default=None)
     _service_names: list[str] = field(init=False, default_factory=list)
     _http_runner: web.AppRunner | None = field(init=False, default=None)
+    _register_task: asyncio.Task[None] | None = field(init=False, default=None)
+    _registered: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.server = grpc.aio.server(options=_SERVER_OPTIONS)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.stopping = asyncio.Event()
+        self.background = BackgroundTasks(self.stopping)
         self.http_app = web.Application(client_max_size=64 * 1024 * 1024)
         self.http_app.router.add_get("/metrics", self._metrics)
         self.http_app.router.add_get("/healthz", self._healthz)
@@ -107,6 +133,19 @@ class ServiceRunner:
         """Registers a generated servicer; `full_name` (e.g. `kvmesh.v1.WorkerService`) gets health + reflection."""
         add_to_server(servicer, InstrumentedServer(self.server, self.name))  # type: ignore[arg-type]
         self._service_names.append(full_name)
+
+    def every(self, interval_s: float, fn: Job, *, name: str) -> None:
+        """Runs `await fn()` every `interval_s` seconds until shutdown (errors logged and counted); <= 0: off."""
+        self.background.every(interval_s, fn, name=name)
+
+    def supervise(self, coro_fn: Job, *, name: str) -> None:
+        """Runs `await coro_fn()` until shutdown, restarted with bounded back-off when it raises."""
+        self.background.supervise(coro_fn, name=name)
+
+    def register_in(self, registry: Registry, check: CheckSpec, advertise_host: str = "") -> None:
+        """Registers this instance in `registry` once serving (instead of the Consul default of `consul_url`);
+        the caller keeps ownership of the registry (closes it)."""
+        self.registration = Registration(registry, check, advertise_host=advertise_host)
 
     async def start(self) -> BoundPorts:
         """Binds and starts gRPC and HTTP, marks every service SERVING and writes the ready file."""
@@ -130,8 +169,7 @@ class ServiceRunner:
         metrics.SERVICE_INFO.labels(self.name, s.zone, s.version).set(1)
         for hook in self.on_started:
             await hook(self.ports)
-        if s.consul_url:
-            await self._register_in_consul()
+        self._start_registration()
         self._write_ready_file()
         log.info("%s serving gRPC on %s, HTTP on %s", self.name, self.ports.grpc_address, http_port)
         return self.ports
@@ -141,7 +179,11 @@ class ServiceRunner:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # e.g. a peer whose settings disagree: release what started, then fail
+            await self.drain_and_stop()
+            raise
         await self.stopping.wait()
         await self.drain_and_stop()
         return 0
@@ -156,12 +198,14 @@ class ServiceRunner:
         """NOT_SERVING, refuse new calls, let in-flight ones finish within the grace period, run stop hooks."""
         self.stopping.set()
         await self.health.enter_graceful_shutdown()
+        await self._deregister()
         for hook in self.on_stopping:
             with contextlib.suppress(Exception):
                 await hook()
         await self.server.stop(self.settings.grace_s)
         if self._http_runner is not None:
             await self._http_runner.cleanup()
+        await self.background.stop()
         for hook in self.on_stopped:
             try:
                 await hook()
@@ -172,64 +216,53 @@ class ServiceRunner:
                 Path(self.settings.ready_file).unlink()
         log.info("%s stopped", self.name)
 
-    async def _register_in_consul(self) -> None:
-        """Registers this instance in Consul (zone, version, role; native gRPC health check, TTL fallback) in
-        the background with bounded retries — Consul may be down at start and the service must serve anyway —
-        and deregisters it first thing on drain, so routers stop sending before the server stops accepting."""
-        from kvmesh.discovery.model import Health, Role
-        from kvmesh.discovery.registration import register_self, registry_from
-        from kvmesh.discovery.registry import CheckSpec
-
-        assert self.ports is not None
+    def _start_registration(self) -> None:
+        """Registers in the background (zone, version, role; gRPC health check, TTL fallback)."""
         s, ports = self.settings, self.ports
-        registry = registry_from("", s.consul_url)
-        assert registry is not None
-        registered: list[str] = []
-
-        async def probe() -> Health:
-            return Health.CRITICAL if self.stopping.is_set() else Health.PASSING
+        assert ports is not None
+        reg = self.registration
+        if reg is None and s.consul_url:
+            consul = registry_from("", s.consul_url)
+            assert consul is not None
+            reg = self.registration = Registration(
+                consul, CheckSpec(use_tls=bool(s.tls_cert)), self._probe, with_http_meta=True, owned=True
+            )
+        if reg is None:
+            return
+        http = f"{s.host}:{ports.http_port}" if ports.http_port else ""
+        address = f"{reg.advertise_host}:{ports.grpc_port}" if reg.advertise_host else ""
+        inst = self_instance(
+            instance_id=self.service_id,
+            role=Role(self.name),
+            zone=s.zone,
+            version=s.version,
+            address=address or s.advertise_address or ports.grpc_address,
+            meta={"http": http} if http and reg.with_http_meta else None,
+        )
 
         async def register() -> None:
-            http = f"{s.host}:{ports.http_port}" if ports.http_port else ""
-            for attempt in range(REGISTER_ATTEMPTS):
-                try:
-                    inst = await register_self(
-                        registry,
-                        instance_id=self.service_id,
-                        role=Role(self.name),
-                        zone=s.zone,
-                        version=s.version,
-                        address=s.advertise_address or ports.grpc_address,
-                        check=CheckSpec(use_tls=bool(s.tls_cert)),
-                        probe=probe,
-                        meta={"http": http} if http else None,
-                    )
-                    registered.append(inst.id)
-                    log.info("%s registered in Consul at %s as %s", self.name, s.consul_url, inst.id)
-                    return
-                except (KvmeshError, OSError) as exc:
-                    log.warning("Consul registration attempt %d failed: %s", attempt + 1, exc)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.stopping.wait(), min(5.0, 0.2 * 2**attempt))
-                    if self.stopping.is_set():
-                        return
-            log.error("%s could not register in Consul after %d attempts", self.name, REGISTER_ATTEMPTS)
+            if await register_until_done(reg.registry, inst, reg.check, reg.probe, self.stopping):
+                self._registered = inst.id
+                log.info("%s registered as %s", self.name, inst.id)
 
-        task = asyncio.create_task(register())
+        self._register_task = asyncio.create_task(register(), name="registration")
 
-        async def deregister() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, KvmeshError, OSError, TimeoutError):
-                await task
-            for instance_id in registered:
-                with contextlib.suppress(KvmeshError, OSError, TimeoutError):
-                    await asyncio.wait_for(registry.deregister(instance_id), 3.0)
-            close = getattr(registry, "close", None)
-            if close is not None:
-                with contextlib.suppress(KvmeshError, OSError, TimeoutError):
-                    await close(deregister=False)
+    async def _probe(self) -> Health:
+        return Health.CRITICAL if self.stopping.is_set() else Health.PASSING
 
-        self.on_stopping.insert(0, deregister)
+    async def _deregister(self) -> None:
+        """Stops a pending registration and removes this instance from the registry (bounded)."""
+        reg = self.registration
+        if reg is None:
+            return
+        await stop_task(self._register_task)
+        if self._registered:
+            with contextlib.suppress(KvmeshError, OSError, TimeoutError):
+                await asyncio.wait_for(reg.registry.deregister(self._registered), 3.0)
+        close = getattr(reg.registry, "close", None)
+        if reg.owned and close is not None:
+            with contextlib.suppress(KvmeshError, OSError, TimeoutError):
+                await close(deregister=False)
 
     async def _start_http(self) -> int:
         self._http_runner = web.AppRunner(self.http_app, access_log=None)
@@ -266,9 +299,6 @@ class ServiceRunner:
         return web.json_response({"status": "SERVING", "service": self.name, "id": self.service_id})
 
 
-Builder = Callable[[ServiceRunner, Any], Awaitable[None]]
-
-
 def run_service(
     name: str,
     settings_cls: type[S],
@@ -287,6 +317,6 @@ def run_service(
 
     try:
         return asyncio.run(main())
-    except OSError as exc:
+    except (OSError, KvmeshError) as exc:
         log.error("%s failed to start: %s", name, exc)
         return 2

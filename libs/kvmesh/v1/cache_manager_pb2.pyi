@@ -616,6 +616,8 @@ class GetStatsResponse(_message.Message):
     RESYNCS_TOTAL_FIELD_NUMBER: _builtins.int
     HIT_RATIO_FIELD_NUMBER: _builtins.int
     WARMING_ACTIONS_TOTAL_FIELD_NUMBER: _builtins.int
+    BLOCK_SIZE_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     workers: _builtins.int
     """Workers known."""
     blocks: _builtins.int
@@ -632,6 +634,10 @@ class GetStatsResponse(_message.Message):
     """Fraction of queried blocks found on at least one worker."""
     warming_actions_total: _builtins.int
     """Warming requests issued since start."""
+    block_size: _builtins.int
+    """Tokens per KV block (must equal the routers' and workers' --block-size)."""
+    model: _builtins.str
+    """Model string of the block-hash salt make_salt(model, lora, tenant) (must equal the routers' --salt-model)."""
     def __init__(
         self,
         *,
@@ -643,10 +649,12 @@ class GetStatsResponse(_message.Message):
         resyncs_total: _builtins.int = ...,
         hit_ratio: _builtins.float = ...,
         warming_actions_total: _builtins.int = ...,
+        block_size: _builtins.int = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "blocks", b"blocks", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "warming_actions_total", b"warming_actions_total", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "warming_actions_total", b"warming_actions_total", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
