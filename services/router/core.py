@@ -40,8 +40,9 @@ from kvmesh.v1 import common_pb2, worker_pb2
 
 
 @dataclass(slots=True)
-class GenRequest:
-    """A request after tokenisation. `resume_ids`: tokens the client already has from a broken stream."""
+class RouterRequest:
+    """A client's request inside the router, after tokenisation (from gRPC or HTTP). `resume_ids`: tokens the
+    client already has from a broken stream."""
 
     request_id: str
     prompt: common_pb2.TokenIds
@@ -84,7 +85,7 @@ class RouterCore:
         self.placement = Placement(profile, pool, index, tracker, limits.block_size, salt_model)
         m.QUEUES.admission = admission
 
-    def check(self, req: GenRequest) -> int:
+    def check(self, req: RouterRequest) -> int:
         """Validates sizes; returns the effective max_tokens."""
         lim, n = self.limits, len(req.prompt.ids)
         if n == 0:
@@ -96,7 +97,7 @@ class RouterCore:
             raise InvalidArgument("max_tokens", f"{mt} > limit {lim.max_tokens_limit}")
         return mt
 
-    async def generate(self, req: GenRequest) -> AsyncIterator[Chunk]:
+    async def generate(self, req: RouterRequest) -> AsyncIterator[Chunk]:
         """Streams the request's tokens, retrying and migrating across workers as needed."""
         max_tokens = self.check(req)
         rid = req.request_id or uuid.uuid4().hex
@@ -108,7 +109,7 @@ class RouterCore:
         finally:
             self.gate.release(rid)
 
-    async def _run(self, rid: str, req: GenRequest, max_tokens: int, started: float) -> AsyncIterator[Chunk]:
+    async def _run(self, rid: str, req: RouterRequest, max_tokens: int, started: float) -> AsyncIterator[Chunk]:
         lim = self.limits
         att = at.Attempts(rid, at.Limits(lim.max_retries, lim.max_migrations, max_tokens), req.resume_ids)
         n_prompt = len(req.prompt.ids)
@@ -163,7 +164,7 @@ class RouterCore:
     async def _dispatch(
         self,
         rid: str,
-        req: GenRequest,
+        req: RouterRequest,
         plan: at.NextAttempt,
         so_far: list[int],
         prompt_bytes: bytes,

@@ -29,7 +29,7 @@ from kvmesh.openai.aio import SseWriter, openai_errors, read_json
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.services.router import metrics as m
-from kvmesh.services.router.core import Chunk, GenRequest
+from kvmesh.services.router.core import Chunk, RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.v1 import common_pb2
 
@@ -98,9 +98,9 @@ class HttpApi:
         limit = self.front.core.limits.max_tokens_limit
         return parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None), lora
 
-    def _gen_request(self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str) -> GenRequest:
+    def _gen_request(self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str) -> RouterRequest:
         session = request.headers.get("X-Session-Id") or parsed.user
-        return GenRequest(
+        return RouterRequest(
             f"http-{uuid.uuid4().hex}",
             common_pb2.TokenIds(ids=ids),
             sampling_to_proto(parsed.sampling),
@@ -129,7 +129,7 @@ class HttpApi:
         ids = await self.front.tokenize_chat(parsed.messages)
         return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora))
 
-    async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: GenRequest) -> web.StreamResponse:
+    async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:
         api = "chat" if parsed.chat else "completions"
         build = ResponseBuilder(req.request_id, parsed.chat, int(time.time()), req.lora or self.front.model_name)
         self.front.core.check(req)
@@ -160,7 +160,7 @@ class HttpApi:
             m.REQUESTS.labels(api, outcome).inc()
         return await sse.finish()
 
-    async def _whole(self, api: str, build: ResponseBuilder, req: GenRequest) -> web.StreamResponse:
+    async def _whole(self, api: str, build: ResponseBuilder, req: RouterRequest) -> web.StreamResponse:
         texts: list[str] = []
         last: Chunk | None = None
         try:

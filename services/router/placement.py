@@ -13,7 +13,7 @@ import numpy as np
 
 from kvmesh import hashing
 from kvmesh.errors import ResourceExhausted, Unavailable
-from kvmesh.routing import InflightTracker, Profile, RouteRequest
+from kvmesh.routing import InflightTracker, Profile, RoutingQuery
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.observe import record_decision, record_routed
 from kvmesh.services.router.workers import WorkerPool
@@ -65,7 +65,7 @@ class Placement:
         if exclude:
             views = [v for v in views if v.id not in exclude]
         self.tracker.apply(views)
-        rr = RouteRequest(rid, len(prompt), hashes, matches, bs, session_id=session, max_tokens=max_tokens)
+        rr = RoutingQuery(rid, len(prompt), hashes, matches, bs, session_id=session, max_tokens=max_tokens)
         d = self.profile.decide(rr, views)
         record_decision(rid, d, time.perf_counter() - t0)
         if d.worker_id is None:

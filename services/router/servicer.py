@@ -10,19 +10,20 @@ import grpc
 from kvmesh.protowire import field_payload
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.services.router import metrics as m
-from kvmesh.services.router.core import GenRequest
+from kvmesh.services.router.core import RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.telemetry.context import new_request_id, request_id_var
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
-_GenerateRequest = router_pb2.RouterServiceGenerateRequest
-_TOKEN_IDS_FIELD = _GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
+_TOKEN_IDS_FIELD = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
 _PROMPT_SIBLINGS = frozenset(  # text, chat: on the wire with token_ids, the parsed prompt may differ from the bytes
-    f.number for f in _GenerateRequest.DESCRIPTOR.oneofs_by_name["prompt"].fields if f.number != _TOKEN_IDS_FIELD
+    f.number
+    for f in router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.oneofs_by_name["prompt"].fields
+    if f.number != _TOKEN_IDS_FIELD
 )
 
 
-class ReceivedGenerate(NamedTuple):
+class WireGenerateRequest(NamedTuple):
     """A Generate request as parsed, with its wire bytes: a token-id prompt is forwarded to the worker as the
     bytes it arrived in (re-serialising 8K token ids costs ~50 µs on the hot path)."""
 
@@ -30,17 +31,17 @@ class ReceivedGenerate(NamedTuple):
     raw: bytes
 
     @classmethod
-    def parse(cls, raw: bytes) -> ReceivedGenerate:
-        return cls(_GenerateRequest.FromString(raw), raw)
+    def parse(cls, raw: bytes) -> WireGenerateRequest:
+        return cls(router_pb2.RouterServiceGenerateRequest.FromString(raw), raw)
 
 
 def add_router_service(servicer: RouterServicer, server: Any) -> None:
     """`router_pb2_grpc.add_RouterServiceServicer_to_server`, except that `Generate` receives a
-    `ReceivedGenerate` (the parsed message and its wire bytes)."""
+    `WireGenerateRequest` (the parsed message and its wire bytes)."""
     handlers = {
         "Generate": grpc.unary_stream_rpc_method_handler(
             servicer.Generate,
-            request_deserializer=ReceivedGenerate.parse,
+            request_deserializer=WireGenerateRequest.parse,
             response_serializer=router_pb2.RouterServiceGenerateResponse.SerializeToString,
         )
     }
@@ -66,7 +67,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self.front = front
 
     async def Generate(  # type: ignore[override]
-        self, received: ReceivedGenerate, context: grpc.aio.ServicerContext
+        self, received: WireGenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.RouterServiceGenerateResponse]:
         """`received`: the message and its wire bytes (registered by `add_router_service`)."""
         f = self.front
@@ -90,7 +91,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 )
             non_empty(prompt.ids, "prompt")
             rid = request.request_id or request_id_var.get() or new_request_id()
-            req = GenRequest(
+            req = RouterRequest(
                 rid,
                 prompt,
                 request.sampling,

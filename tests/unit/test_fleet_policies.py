@@ -9,7 +9,7 @@ from kvmesh.fleet.policies.dynamo import Dynamo
 from kvmesh.fleet.policies.llm_d import LlmD
 from kvmesh.fleet.policies.session import SessionAffinity
 from kvmesh.fleet.policies.sglang import SGLangCacheAware
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 
@@ -29,8 +29,8 @@ def _views(**kw: dict[str, float]) -> list[WorkerView]:
 
 def _req(
     rid: str, hashes: list[int], prompt: int, matches: dict[str, int] | None = None, bs: int = 16, session: str = ""
-) -> RouteRequest:
-    return RouteRequest(rid, prompt, hashes, matches or {}, bs, session)
+) -> RoutingQuery:
+    return RoutingQuery(rid, prompt, hashes, matches or {}, bs, session)
 
 
 def test_dynamo_logit_is_overlap_weight_prefill_blocks_plus_decode_blocks() -> None:

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from kvmesh.errors import InvalidArgument, Unavailable
 from kvmesh.routing import Admission, CircuitBreaker, CircuitState, InflightTracker, Profile, QueueLimits, WorkerView
-from kvmesh.services.router.core import GenRequest, RouterCore
+from kvmesh.services.router.core import RouterCore, RouterRequest
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.worker_stream import rpc_error
@@ -112,9 +112,9 @@ def core_for(pool: FakePool) -> RouterCore:
     )
 
 
-def request(max_tokens: int = 10, min_tokens: int = 5, resume: list[int] | None = None) -> GenRequest:
+def request(max_tokens: int = 10, min_tokens: int = 5, resume: list[int] | None = None) -> RouterRequest:
     sampling = common_pb2.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens)
-    return GenRequest("r1", common_pb2.TokenIds(ids=PROMPT), sampling, resume_ids=resume or [])
+    return RouterRequest("r1", common_pb2.TokenIds(ids=PROMPT), sampling, resume_ids=resume or [])
 
 
 def counter(name: str) -> float:

@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, Profile, RouteRequest, WorkerView
+from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, Profile, RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def test_slow_worker_is_avoided_then_readmitted() -> None:
         now = i * 0.05
         for v in views:
             v.circuit = breakers[v.id].view_state(now)
-        d = profile.decide(RouteRequest(f"r{i}", 200), views)
+        d = profile.decide(RoutingQuery(f"r{i}", 200), views)
         assert d.worker_id is not None
         b = breakers[d.worker_id]
         b.on_dispatch(now)

@@ -3,10 +3,10 @@
 import pytest
 
 from kvmesh.routing.filters import CircuitClosedFilter
-from kvmesh.routing.types import CircuitState, RouteRequest, WorkerView
+from kvmesh.routing.types import CircuitState, RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
-REQ = RouteRequest("r", prompt_tokens=10)
+REQ = RoutingQuery("r", prompt_tokens=10)
 WS = [
     WorkerView("closed"),
     WorkerView("open", circuit=CircuitState.OPEN),

@@ -3,10 +3,10 @@
 import pytest
 
 from kvmesh.routing.filters import HealthyFilter, NotDrainingFilter
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
-REQ = RouteRequest("r", prompt_tokens=10)
+REQ = RoutingQuery("r", prompt_tokens=10)
 
 
 def test_healthy_keeps_only_healthy_in_order() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvmesh.routing import InflightTracker, Profile, RouteRequest, WorkerView
+from kvmesh.routing import InflightTracker, Profile, RoutingQuery, WorkerView
 from kvmesh.routing.pickers import MinCostPicker
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def simulate(
         now = i * 0.01
         r = i % len(profiles)
         rid = f"req-{i}"
-        req = RouteRequest(
+        req = RoutingQuery(
             rid, SHARED + UNIQUE, block_size=BS, matches={w: SHARED // BS for w in cached}, max_tokens=128
         )
         trackers[r].apply(views[r])
@@ -93,7 +93,7 @@ class OverlapOnly:
     name = "overlap-only"
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         return [1.0 - req.overlap_tokens(w.id) / req.prompt_tokens for w in candidates]
 

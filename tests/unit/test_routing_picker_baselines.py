@@ -5,11 +5,11 @@ import collections
 import pytest
 
 from kvmesh.routing.pickers import LeastLoadedPicker, RandomPicker, RoundRobinPicker
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 WS = [WorkerView("a"), WorkerView("b"), WorkerView("c")]
-REQ = RouteRequest("r", 1)
+REQ = RoutingQuery("r", 1)
 
 
 def test_round_robin_cycles() -> None:

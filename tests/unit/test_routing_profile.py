@@ -3,7 +3,7 @@
 import pytest
 
 from kvmesh.errors import InvalidArgument
-from kvmesh.routing import Profile, RouteRequest, WorkerView
+from kvmesh.routing import Profile, RoutingQuery, WorkerView
 from kvmesh.routing.types import CircuitState
 
 pytestmark = pytest.mark.unit
@@ -50,7 +50,7 @@ def test_rebalance_changes_the_next_decision() -> None:
     #   alpha = 0.3: hot = 0.70,         cold = 0.3·0.5 = 0.15 -> cold
     hot = WorkerView("hot", decode_tokens_active=8192)
     cold = WorkerView("cold")
-    req = RouteRequest("r", prompt_tokens=4096, block_size=16, matches={"hot": 256})
+    req = RoutingQuery("r", prompt_tokens=4096, block_size=16, matches={"hot": 256})
     p = Profile.default(seed=0)
     p.set_weights(prefill_weight=0.7, decode_weight=0.3)
     assert {p.decide(req, [hot, cold]).worker_id for _ in range(20)} == {"hot"}
@@ -79,21 +79,21 @@ def test_set_weights_validation_is_all_or_nothing() -> None:
 def test_rejected_by_names_the_emptying_filter_and_removed_counts() -> None:
     p = Profile.default(seed=0)
     ws = [WorkerView("a", healthy=False), WorkerView("b", draining=True)]
-    d = p.decide(RouteRequest("r", 10), ws)
+    d = p.decide(RoutingQuery("r", 10), ws)
     assert d.worker_id is None and d.rejected_by == "not-draining"
     assert d.removed == {"healthy": 1, "not-draining": 1}
     ws = [WorkerView("a", circuit=CircuitState.OPEN), WorkerView("b")]
-    assert p.decide(RouteRequest("r", 10), ws).removed == {"circuit-closed": 1}
-    assert p.decide(RouteRequest("r", 10), []).rejected_by == "no-workers"
+    assert p.decide(RoutingQuery("r", 10), ws).removed == {"circuit-closed": 1}
+    assert p.decide(RoutingQuery("r", 10), []).rejected_by == "no-workers"
     full = [WorkerView("f", kv_usage=0.99, kv_blocks_total=100)]
-    assert p.decide(RouteRequest("r", 10), full).rejected_by == "kv-headroom"
+    assert p.decide(RoutingQuery("r", 10), full).rejected_by == "kv-headroom"
 
 
 def test_baselines_route_and_log() -> None:
     ws = [WorkerView(f"w{i}") for i in range(3)]
     rr = Profile.baseline("round-robin")
-    assert [rr.decide(RouteRequest(str(i), 5), ws).worker_id for i in range(4)] == ["w0", "w1", "w2", "w0"]
-    d = Profile.baseline("least-loaded", seed=1).decide(RouteRequest("x", 5), ws)
+    assert [rr.decide(RoutingQuery(str(i), 5), ws).worker_id for i in range(4)] == ["w0", "w1", "w2", "w0"]
+    d = Profile.baseline("least-loaded", seed=1).decide(RoutingQuery("x", 5), ws)
     assert d.to_log()["picker"] == "least-loaded"
     with pytest.raises(InvalidArgument):
         Profile.baseline("min-cost")
@@ -103,5 +103,5 @@ def test_session_affinity_with_dominant_weight_sticks() -> None:
     p = Profile.default(seed=3)
     p.set_weights(scorer_weights={"session-affinity": 10.0})
     ws = [WorkerView(f"w{i}") for i in range(8)]
-    chosen = {p.decide(RouteRequest(f"r{i}", 100, session_id="chat-1"), ws).worker_id for i in range(30)}
+    chosen = {p.decide(RoutingQuery(f"r{i}", 100, session_id="chat-1"), ws).worker_id for i in range(30)}
     assert len(chosen) == 1

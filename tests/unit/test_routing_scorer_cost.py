@@ -3,13 +3,13 @@
 import pytest
 
 from kvmesh.routing.scorers import CostScorer
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 
 
 def test_formula_on_shared_scale() -> None:
-    req = RouteRequest("r", prompt_tokens=1000, block_size=100, matches={"hot": 9})
+    req = RoutingQuery("r", prompt_tokens=1000, block_size=100, matches={"hot": 9})
     hot = WorkerView("hot", decode_tokens_active=2000)  # P = 100, D = 2000
     cold = WorkerView("cold", decode_tokens_active=0)  # P = 1000, D = 0
     s = CostScorer(prefill_weight=0.5, decode_weight=0.5)
@@ -33,7 +33,7 @@ def test_cached_worker_loses_after_bounded_extra_load() -> None:
     # With alpha = 0.9 the cached worker keeps winning only while 0.1·D < 0.9·(prompt it saves):
     # fewer than ~9 prompts' worth of decode KV, then the cold worker is cheaper.
     s = CostScorer(0.9, 0.1)
-    req = RouteRequest("r", prompt_tokens=1024, block_size=16, matches={"hot": 64})
+    req = RoutingQuery("r", prompt_tokens=1024, block_size=16, matches={"hot": 64})
     wins = 0
     hot, cold = WorkerView("hot"), WorkerView("cold")
     for _ in range(50):
@@ -50,8 +50,8 @@ def test_itl_term_sends_short_outputs_away_from_queued_prefill() -> None:
     hot = WorkerView("hot", prefill_tokens_queued=20_000)
     cold = WorkerView("cold")
     s = CostScorer(prefill_weight=0.9, decode_weight=0.1, itl_weight=10, prefill_slots=8)
-    long_out = RouteRequest("a", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=10_000)
-    short_out = RouteRequest("b", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=4)
+    long_out = RoutingQuery("a", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=10_000)
+    short_out = RoutingQuery("b", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=4)
     # T(hot) = 100 + min(20000, 8·100) = 900, T(cold) = 1000; I(hot) = 10·19900/(out − 1), I(cold) = 0
     # long output: 0.9·900 + 19.9 ≈ 830 < 0.9·1000 = 900 → hot;  short: 0.9·900 + 66 333 → cold
     c_long = s.score(long_out, [hot, cold], [hot, cold])
@@ -63,7 +63,7 @@ def test_itl_term_sends_short_outputs_away_from_queued_prefill() -> None:
 
 def test_prefill_slots_keep_a_cache_hit_on_a_busy_worker() -> None:
     # Chunked prefill: 100 new tokens behind a 20 000-token queue wait for ≤ k·100 of it, not all of it.
-    req = RouteRequest("r", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=100_000)
+    req = RoutingQuery("r", prompt_tokens=1000, block_size=100, matches={"hot": 9}, max_tokens=100_000)
     hot = WorkerView("hot", prefill_tokens_queued=20_000)
     cold = WorkerView("cold")
     fifo = CostScorer(1.0, 0.0)  # k = 0: the whole queue counts
@@ -81,7 +81,7 @@ def test_bad_itl_weight_and_slots_rejected() -> None:
 
 def test_interference_term_keeps_cold_prompts_off_busy_workers() -> None:
     # A cold 8 000-token prompt: E = n · running, so the worker running 3 sequences costs 0.25·8000·3 more.
-    req = RouteRequest("r", prompt_tokens=8000, block_size=100, max_tokens=200)
+    req = RoutingQuery("r", prompt_tokens=8000, block_size=100, max_tokens=200)
     busy = WorkerView("busy", running=3, decode_tokens_active=300)
     idle = WorkerView("idle", running=0, decode_tokens_active=0)
     s = CostScorer(0.9, 0.1, interference_weight=0.25)
@@ -90,7 +90,7 @@ def test_interference_term_keeps_cold_prompts_off_busy_workers() -> None:
         [(0.9 * 8000 + 0.25 * 8000 * 3 + 0.1 * 300) / 8000, 0.9]
     )
     # a full cache hit prefills (almost) nothing, so the busy worker's sequences are not delayed
-    hit = RouteRequest("h", prompt_tokens=8000, block_size=100, matches={"busy": 80}, max_tokens=200)
+    hit = RoutingQuery("h", prompt_tokens=8000, block_size=100, matches={"busy": 80}, max_tokens=200)
     c = s.score(hit, [busy, idle], [busy, idle])
     assert c[0] < c[1]
     with pytest.raises(ValueError):

@@ -3,10 +3,10 @@
 import pytest
 
 from kvmesh.routing.scorers import DecodeCapabilityScorer
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
-REQ = RouteRequest("r", prompt_tokens=1)
+REQ = RoutingQuery("r", prompt_tokens=1)
 
 
 def test_formula_and_clipping() -> None:

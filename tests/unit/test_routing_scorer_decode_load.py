@@ -3,7 +3,7 @@
 import pytest
 
 from kvmesh.routing.scorers import DecodeLoadScorer, decode_tokens
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 
@@ -12,5 +12,5 @@ def test_decode_load() -> None:
     a = WorkerView("a", decode_tokens_active=300, inflight_decode_tokens=100)
     b = WorkerView("b", decode_tokens_active=100)
     assert decode_tokens(a) == 400
-    out = DecodeLoadScorer().score(RouteRequest("r", prompt_tokens=1), [a, b], [a, b])
+    out = DecodeLoadScorer().score(RoutingQuery("r", prompt_tokens=1), [a, b], [a, b])
     assert out == pytest.approx([1.0, 0.25])

@@ -3,10 +3,10 @@
 import pytest
 
 from kvmesh.routing.scorers import NodeHealthScorer
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
-REQ = RouteRequest("r", prompt_tokens=1)
+REQ = RoutingQuery("r", prompt_tokens=1)
 
 
 def test_formula_with_max_queue_and_version() -> None:

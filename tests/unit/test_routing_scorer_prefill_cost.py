@@ -3,13 +3,13 @@
 import pytest
 
 from kvmesh.routing.scorers import PrefillCostScorer, prefill_tokens
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 pytestmark = pytest.mark.unit
 
 
 def test_raw_tokens_and_normalisation() -> None:
-    req = RouteRequest("r", prompt_tokens=100, block_size=16, matches={"a": 4, "b": 10})
+    req = RoutingQuery("r", prompt_tokens=100, block_size=16, matches={"a": 4, "b": 10})
     a = WorkerView("a", prefill_tokens_queued=10)
     b = WorkerView("b", inflight_prefill_tokens=5)  # 10 blocks = 160 tokens > prompt -> 0 new
     c = WorkerView("c")
@@ -18,5 +18,5 @@ def test_raw_tokens_and_normalisation() -> None:
 
 
 def test_all_zero_is_all_zero() -> None:
-    req = RouteRequest("r", prompt_tokens=0)
+    req = RoutingQuery("r", prompt_tokens=0)
     assert PrefillCostScorer().score(req, [WorkerView("a")], []) == [0.0]

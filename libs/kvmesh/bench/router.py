@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from kvmesh.routing import InflightTracker, Profile, RouteRequest, WorkerView
+from kvmesh.routing import InflightTracker, Profile, RoutingQuery, WorkerView
 
 BLOCK = 16
 
@@ -79,7 +79,7 @@ def bench_decision(workers: int, iterations: int, seed: int = 0) -> dict[str, ob
     prompt = 8192
     holders = rng.sample([v.id for v in views], max(workers // 4, 1))
     reqs = [
-        RouteRequest(
+        RoutingQuery(
             f"req-{i}",
             prompt,
             matches={w: rng.randrange(1, prompt // BLOCK) for w in holders},

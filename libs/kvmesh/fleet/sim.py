@@ -39,7 +39,7 @@ from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
 from kvmesh.hashing import compute_block_hashes
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 _STEP_END, _ARRIVAL, _WARM = 0, 1, 2
 
@@ -262,7 +262,7 @@ class FleetSim:
         hl = hs.tolist()
         matches = self.index.find_matches(hs) if hl else {}
         rid = str(i)
-        rr = RouteRequest(
+        rr = RoutingQuery(
             request_id=rid,
             prompt_tokens=r.input_len,
             block_hashes=hl,

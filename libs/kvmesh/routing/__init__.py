@@ -5,12 +5,12 @@ and inside a discrete-event simulator.
 
 API
 ---
-    from kvmesh.routing import Profile, RouteRequest, WorkerView, InflightTracker
+    from kvmesh.routing import Profile, RoutingQuery, WorkerView, InflightTracker
 
     profile = Profile.default(seed=1)                 # or Profile.from_yaml(text), Profile.baseline("random")
     views = [WorkerView(id="w0", kv_blocks_total=4096), ...]   # apply_report(LoadReport) keeps them fresh
     tracker = InflightTracker()
-    req = RouteRequest("req-1", prompt_tokens=1200, block_hashes=hashes, matches=index.find_matches(hashes),
+    req = RoutingQuery("req-1", prompt_tokens=1200, block_hashes=hashes, matches=index.find_matches(hashes),
                        block_size=16, session_id="s-9", max_tokens=256)
     tracker.apply(views)                              # router's own in-flight work into the views
     d = profile.decide(req, views)                    # Decision: worker_id (None → d.rejected_by), terms
@@ -44,7 +44,7 @@ from kvmesh.routing.inflight import InflightTracker
 from kvmesh.routing.plugin import FILTERS, PICKERS, SCORERS, Filter, Picker, Scorer, register
 from kvmesh.routing.profile import BASELINES, Profile
 from kvmesh.routing.ring import HashRing
-from kvmesh.routing.types import CircuitState, Decision, RouteRequest, WorkerView
+from kvmesh.routing.types import CircuitState, Decision, RoutingQuery, WorkerView
 
 __all__ = [
     "BASELINES",
@@ -62,7 +62,7 @@ __all__ = [
     "Picker",
     "Profile",
     "QueueLimits",
-    "RouteRequest",
+    "RoutingQuery",
     "Scorer",
     "WorkerView",
     "register",

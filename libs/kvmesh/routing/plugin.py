@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @runtime_checkable
@@ -23,7 +23,7 @@ class Filter(Protocol):
 
     name: str
 
-    def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]: ...
+    def filter(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Sequence[WorkerView]: ...
 
 
 @runtime_checkable
@@ -37,7 +37,7 @@ class Scorer(Protocol):
     name: str
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]: ...
 
 
@@ -47,7 +47,7 @@ class Picker(Protocol):
 
     name: str
 
-    def pick(self, req: RouteRequest, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int: ...
+    def pick(self, req: RoutingQuery, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int: ...
 
 
 Factory = Callable[..., Any]

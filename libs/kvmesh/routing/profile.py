@@ -33,7 +33,7 @@ from kvmesh.routing import filters as _filters  # noqa: F401  (registers the fil
 from kvmesh.routing import pickers as _pickers  # noqa: F401
 from kvmesh.routing import scorers as _scorers  # noqa: F401
 from kvmesh.routing.plugin import FILTERS, PICKERS, SCORERS, Factory, Filter, Picker, Scorer
-from kvmesh.routing.types import Decision, RouteRequest, WorkerView
+from kvmesh.routing.types import Decision, RoutingQuery, WorkerView
 
 log = logging.getLogger("kvmesh.routing")
 
@@ -170,7 +170,7 @@ class Profile:
         for n, v in updates.items():
             by_name[n][1] = float(v)
 
-    def decide(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Decision:
+    def decide(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Decision:
         """Run filters → scorers → picker over `workers` for `req`."""
         if not workers:
             return Decision(req.request_id, None, rejected_by="no-workers", picker=self.picker.name)

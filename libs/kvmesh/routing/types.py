@@ -1,7 +1,7 @@
 """Value types of the routing pipeline: what the router knows about a worker, a request, a decision.
 
 Everything here is plain data: no I/O, no clock. A `WorkerView` is the router's snapshot of one worker
-(its last load report plus the router's own in-flight accounting); a `RouteRequest` is one request as the
+(its last load report plus the router's own in-flight accounting); a `RoutingQuery` is one request as the
 pipeline sees it (token count, block hashes, per-worker prefix overlap from the index); a `Decision` is the
 outcome with every scorer's term per candidate, for DEBUG logs and trace spans.
 """
@@ -79,8 +79,9 @@ class WorkerView:
 
 
 @dataclass(slots=True)
-class RouteRequest:
-    """One request as the pipeline sees it.
+class RoutingQuery:
+    """What the routing pipeline is asked about one request (the router's `RouterRequest` seen through its block
+    hashes and the index's matches; the fleet simulator builds the same from a trace request).
 
     `matches[w]` is the number of leading blocks of `block_hashes` that worker w already caches (from
     the prefix index); the cached overlap in tokens is `min(matches[w] * block_size, prompt_tokens)`.

@@ -1,6 +1,6 @@
 """The policy interface of the fleet simulator.
 
-A policy sees, per request, the pipeline's :class:`~kvmesh.routing.types.RouteRequest` (prompt length,
+A policy sees, per request, the pipeline's :class:`~kvmesh.routing.types.RoutingQuery` (prompt length,
 block hashes, per-worker prefix matches from the simulated cache-manager index, session id) and one
 :class:`~kvmesh.routing.types.WorkerView` per worker (the engine's load report at decision time). It returns
 a worker id. Hooks tell it what happened afterwards, so policies that keep their own router-side state
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class Policy:
@@ -22,10 +22,10 @@ class Policy:
     def reset(self, worker_ids: Sequence[str], seed: int) -> None:
         """Forget all state before a run over ``worker_ids``."""
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         raise NotImplementedError
 
-    def on_routed(self, req: RouteRequest, worker_id: str, now: float) -> None:
+    def on_routed(self, req: RoutingQuery, worker_id: str, now: float) -> None:
         """The request was sent to ``worker_id``."""
 
     def on_first_token(self, request_id: str, worker_id: str, now: float) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.fleet.policies.base import Policy
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @dataclass(slots=True)
@@ -54,11 +54,11 @@ class Dynamo(Policy):
         self._partial = dict.fromkeys(worker_ids, 0)
 
     @staticmethod
-    def _partial_blocks(req: RouteRequest) -> int:
+    def _partial_blocks(req: RoutingQuery) -> int:
         # request_blocks = ⌈isl/bs⌉: a trailing partial block is always new (it has no hash to share)
         return -(-req.prompt_tokens // req.block_size) - len(req.block_hashes)
 
-    def logits(self, req: RouteRequest, workers: Sequence[WorkerView]) -> list[float]:
+    def logits(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> list[float]:
         bs = req.block_size
         blocks = list(req.block_hashes)
         extra = self._partial_blocks(req)
@@ -74,13 +74,13 @@ class Dynamo(Policy):
             out.append(self.w * prefill_tokens / bs + decode_blocks)
         return out
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         lg = self.logits(req, workers)
         best = min(lg)
         ties = [w.id for w, v in zip(workers, lg, strict=True) if v == best]
         return ties[0] if len(ties) == 1 else ties[self._rng.randrange(len(ties))]
 
-    def on_routed(self, req: RouteRequest, worker_id: str, now: float) -> None:
+    def on_routed(self, req: RoutingQuery, worker_id: str, now: float) -> None:
         overlap = req.matches.get(worker_id, 0)
         new = max(req.prompt_tokens - overlap * req.block_size, 0)
         a = _Active(worker_id, new, tuple(req.block_hashes), self._partial_blocks(req))

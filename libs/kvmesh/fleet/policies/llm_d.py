@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 
 from kvmesh.fleet.policies.base import Policy
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class LlmD(Policy):
@@ -31,7 +31,7 @@ class LlmD(Policy):
     def reset(self, worker_ids: Sequence[str], seed: int) -> None:
         self._rng = random.Random(seed)
 
-    def scores(self, req: RouteRequest, workers: Sequence[WorkerView]) -> list[float]:
+    def scores(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> list[float]:
         total = max(len(req.block_hashes), 1)
         qs = [w.waiting for w in workers]
         qmin, qmax = min(qs), max(qs)
@@ -42,7 +42,7 @@ class LlmD(Policy):
             out.append(self.wp * prefix + self.wq * queue + self.wk * (1.0 - w.kv_usage))
         return out
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         sc = self.scores(req, workers)
         best = max(sc)
         ties = [w.id for w, v in zip(workers, sc, strict=True) if v == best]

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.fleet.policies.base import Policy, load_of
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class MaxOverlap(Policy):
     name = "max_overlap"
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         return min(workers, key=lambda w: (-req.matches.get(w.id, 0), load_of(w))).id

@@ -16,7 +16,7 @@ from pathlib import Path
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.routing.inflight import InflightTracker
 from kvmesh.routing.profile import Profile
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class ProfilePolicy(Policy):
@@ -32,7 +32,7 @@ class ProfilePolicy(Policy):
         self.profile = self._factory(seed)
         self.tracker = InflightTracker()
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         for w in workers:
             self.tracker.on_report(w.id, w.report_ts)
         self.tracker.apply(workers)
@@ -41,7 +41,7 @@ class ProfilePolicy(Policy):
             return min(workers, key=lambda w: (w.waiting, w.running)).id
         return d.worker_id
 
-    def on_routed(self, req: RouteRequest, worker_id: str, now: float) -> None:
+    def on_routed(self, req: RoutingQuery, worker_id: str, now: float) -> None:
         new = max(req.prompt_tokens - req.matches.get(worker_id, 0) * req.block_size, 0)
         self.tracker.assign(req.request_id, worker_id, new, req.prompt_tokens, req.block_size, now)
 

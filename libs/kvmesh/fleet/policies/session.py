@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.routing.ring import HashRing
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class SessionAffinity(Policy):
@@ -26,7 +26,7 @@ class SessionAffinity(Policy):
     def reset(self, worker_ids: Sequence[str], seed: int) -> None:
         self._ring = HashRing(worker_ids, vnodes=self.vnodes)
 
-    def key(self, req: RouteRequest) -> str:
+    def key(self, req: RoutingQuery) -> str:
         if req.session_id:
             return req.session_id
         hs = list(req.block_hashes)
@@ -35,6 +35,6 @@ class SessionAffinity(Policy):
         k = max(1, self.key_tokens // req.block_size)
         return f"p{hs[min(k, len(hs)) - 1]}"
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         owner = self._ring.lookup(self.key(req), {w.id for w in workers})
         return owner if owner is not None else workers[0].id

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvmesh.fleet.policies.base import Policy
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 class SGLangCacheAware(Policy):
@@ -70,7 +70,7 @@ class SGLangCacheAware(Policy):
             best = max(alive, key=lambda t: own[t])
         return k, best
 
-    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> str:
+    def choose(self, req: RoutingQuery, workers: Sequence[WorkerView], now: float) -> str:
         ids = [w.id for w in workers]
         loads = [self._load.get(i, 0) for i in ids]
         lo, hi = min(loads), max(loads)
@@ -83,7 +83,7 @@ class SGLangCacheAware(Policy):
         sizes = [len(self._tree.get(i, ())) for i in ids]
         return ids[sizes.index(min(sizes))]
 
-    def on_routed(self, req: RouteRequest, worker_id: str, now: float) -> None:
+    def on_routed(self, req: RoutingQuery, worker_id: str, now: float) -> None:
         self._load[worker_id] = self._load.get(worker_id, 0) + 1
         self._where[req.request_id] = worker_id
         self._tick += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import FILTERS, register
-from kvmesh.routing.types import CircuitState, RouteRequest, WorkerView
+from kvmesh.routing.types import CircuitState, RoutingQuery, WorkerView
 
 
 @register(FILTERS, "circuit-closed")
@@ -27,7 +27,7 @@ class CircuitClosedFilter:
         self.fail_open = fail_open
         self.allowed = {CircuitState.CLOSED, CircuitState.HALF_OPEN} if allow_half_open else {CircuitState.CLOSED}
 
-    def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
+    def filter(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         allowed = self.allowed
         out = [w for w in workers if w.circuit in allowed]
         if not out and self.fail_open:

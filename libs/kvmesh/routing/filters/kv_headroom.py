@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import FILTERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(FILTERS, "kv-headroom")
@@ -31,7 +31,7 @@ class KvHeadroomFilter:
         self.max_usage = max_usage
         self.include_output = include_output
 
-    def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
+    def filter(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         bs = max(req.block_size, 1)
         prompt = req.prompt_tokens
         extra = req.max_tokens if self.include_output else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import FILTERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(FILTERS, "not-draining")
@@ -14,5 +14,5 @@ class NotDrainingFilter:
 
     name = "not-draining"
 
-    def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
+    def filter(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         return [w for w in workers if not w.draining]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import FILTERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(FILTERS, "pool")
@@ -28,7 +28,7 @@ class PoolFilter:
         self.long_prompt_tokens = long_prompt_tokens
         self.strict = strict
 
-    def filter(self, req: RouteRequest, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
+    def filter(self, req: RoutingQuery, workers: Sequence[WorkerView]) -> Sequence[WorkerView]:
         want = "long" if req.prompt_tokens > self.long_prompt_tokens else "short"
         out = [w for w in workers if w.pool == "" or w.pool == want]
         if not out and not self.strict:

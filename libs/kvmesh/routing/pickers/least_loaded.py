@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import PICKERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(PICKERS, "least-loaded")
@@ -26,7 +26,7 @@ class LeastLoadedPicker:
     def __init__(self, seed: int | None = None) -> None:
         self.rng = random.Random(seed)
 
-    def pick(self, req: RouteRequest, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
+    def pick(self, req: RoutingQuery, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
         loads = [w.running + w.waiting + w.inflight_requests for w in candidates]
         low = min(loads)
         ties = [i for i, v in enumerate(loads) if v == low]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import xxhash
 
 from kvmesh.routing.plugin import PICKERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(PICKERS, "min-cost")
@@ -46,7 +46,7 @@ class MinCostPicker:
         self.seed = 0 if seed is None else seed
         self.rng = random.Random(seed)
 
-    def pick(self, req: RouteRequest, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
+    def pick(self, req: RoutingQuery, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
         n = len(totals)
         if n == 1:
             return 0

@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import PICKERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(PICKERS, "random")
@@ -18,5 +18,5 @@ class RandomPicker:
     def __init__(self, seed: int | None = None) -> None:
         self.rng = random.Random(seed)
 
-    def pick(self, req: RouteRequest, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
+    def pick(self, req: RoutingQuery, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
         return self.rng.randrange(len(candidates))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import PICKERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(PICKERS, "round-robin")
@@ -17,7 +17,7 @@ class RoundRobinPicker:
     def __init__(self, start: int = 0) -> None:
         self.counter = start
 
-    def pick(self, req: RouteRequest, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
+    def pick(self, req: RoutingQuery, candidates: Sequence[WorkerView], totals: Sequence[float]) -> int:
         i = self.counter % len(candidates)
         self.counter += 1
         return i

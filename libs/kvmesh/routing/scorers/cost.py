@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(SCORERS, "cost")
@@ -82,7 +82,7 @@ class CostScorer:
         self.alpha = prefill_weight / (prefill_weight + decode_weight)
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         a = self.alpha
         b = 1.0 - a

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 def _clip01(x: float) -> float:
@@ -44,6 +44,6 @@ class DecodeCapabilityScorer:
         return q * lf * h
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         return [1.0 - self.capability(w) for w in candidates]

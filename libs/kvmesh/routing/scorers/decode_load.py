@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 def decode_tokens(w: WorkerView) -> int:
@@ -28,7 +28,7 @@ class DecodeLoadScorer:
     name = "decode-load"
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         raw = [w.decode_tokens_active + w.inflight_decode_tokens for w in candidates]
         scale = max(max(raw, default=0), 1)

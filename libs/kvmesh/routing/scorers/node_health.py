@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 def _clip01(x: float) -> float:
@@ -47,7 +47,7 @@ class NodeHealthScorer:
         return self.wl * (1.0 - _clip01(load)) + self.wm * (1.0 - _clip01(w.kv_usage)) + self.wv * vm
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         busiest = max((w.running + w.waiting for w in candidates), default=0)
         return [1.0 - self.health(w, busiest) for w in candidates]

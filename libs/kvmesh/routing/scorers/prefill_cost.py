@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
-def prefill_tokens(req: RouteRequest, w: WorkerView) -> int:
+def prefill_tokens(req: RoutingQuery, w: WorkerView) -> int:
     """P(w) = max(prompt - overlap(w), 0) + prefill_tokens_queued(w) + inflight_prefill_tokens(w)."""
     m = req.matches.get(w.id, 0)
     new = req.prompt_tokens - m * req.block_size if m else req.prompt_tokens
@@ -33,7 +33,7 @@ class PrefillCostScorer:
     name = "prefill-cost"
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         raw = [prefill_tokens(req, w) for w in candidates]
         scale = max(max(raw, default=0), 1)

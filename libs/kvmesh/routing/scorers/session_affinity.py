@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from kvmesh.routing.plugin import SCORERS, register
 from kvmesh.routing.ring import HashRing
-from kvmesh.routing.types import RouteRequest, WorkerView
+from kvmesh.routing.types import RoutingQuery, WorkerView
 
 
 @register(SCORERS, "session-affinity")
@@ -36,7 +36,7 @@ class SessionAffinityScorer:
         return self.ring.lookup(session_id, {w.id for w in candidates})
 
     def score(
-        self, req: RouteRequest, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
+        self, req: RoutingQuery, candidates: Sequence[WorkerView], all_workers: Sequence[WorkerView]
     ) -> list[float]:
         if not req.session_id:
             return [0.0] * len(candidates)
