@@ -5,6 +5,7 @@ reads worker outputs straight from the messages)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 from kvmesh.cachemgr.types import Cleared, IndexDelta, Removed, Stored
@@ -68,46 +69,18 @@ def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker
     return msg
 
 
+# every field of the domain report but `extra` (local only) travels, under the same name
+_LOAD_FIELDS = tuple(f.name for f in dataclasses.fields(LoadReport) if f.name != "extra")
+
+
 def load_to_proto(r: LoadReport) -> common_pb2.LoadReport:
     """Domain load report → proto (`extra` stays local)."""
-    return common_pb2.LoadReport(
-        worker_id=r.worker_id,
-        running=r.running,
-        waiting=r.waiting,
-        max_queue=r.max_queue,
-        kv_usage=r.kv_usage,
-        kv_blocks_total=r.kv_blocks_total,
-        kv_blocks_used=r.kv_blocks_used,
-        prefill_tokens_queued=r.prefill_tokens_queued,
-        decode_tokens_active=r.decode_tokens_active,
-        decode_latency_p50_ms=r.decode_latency_p50_ms,
-        decode_latency_p95_ms=r.decode_latency_p95_ms,
-        prefix_hit_rate=r.prefix_hit_rate,
-        error_rate=r.error_rate,
-        errors_total=r.errors_total,
-        timestamp=r.timestamp,
-    )
+    return common_pb2.LoadReport(**{name: getattr(r, name) for name in _LOAD_FIELDS})
 
 
 def load_from_proto(r: common_pb2.LoadReport) -> LoadReport:
     """Proto load report → domain `LoadReport`."""
-    return LoadReport(
-        worker_id=r.worker_id,
-        running=r.running,
-        waiting=r.waiting,
-        max_queue=r.max_queue,
-        kv_usage=r.kv_usage,
-        kv_blocks_total=r.kv_blocks_total,
-        kv_blocks_used=r.kv_blocks_used,
-        prefill_tokens_queued=r.prefill_tokens_queued,
-        decode_tokens_active=r.decode_tokens_active,
-        decode_latency_p50_ms=r.decode_latency_p50_ms,
-        decode_latency_p95_ms=r.decode_latency_p95_ms,
-        prefix_hit_rate=r.prefix_hit_rate,
-        error_rate=r.error_rate,
-        errors_total=r.errors_total,
-        timestamp=r.timestamp,
-    )
+    return LoadReport(**{name: getattr(r, name) for name in _LOAD_FIELDS})
 
 
 def event_to_proto(e: KvEvent) -> common_pb2.KvEvent:
