@@ -12,37 +12,14 @@ import grpc
 import pytest
 
 from kvmesh.cachemgr.hasher import IndexHasher
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from kvmesh.kvevents import KvEventBatch
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
+from kvmesh.wire.proto import batch_to_proto, event_to_proto
 from tests.support.procs import ServiceProcess
 from tests.unit.test_ingest_state import BS, ToyEngine
 
 MODEL = "toy"
-
-
-def ev_proto(e: KvEvent) -> common_pb2.KvEvent:
-    if isinstance(e, BlockStored):
-        s = common_pb2.BlockStored(
-            block_hashes=list(e.block_hashes), token_ids=list(e.token_ids), block_size=e.block_size
-        )
-        if e.parent_block_hash is not None:
-            s.parent_block_hash = e.parent_block_hash
-        return common_pb2.KvEvent(block_stored=s)
-    if isinstance(e, BlockRemoved):
-        return common_pb2.KvEvent(block_removed=common_pb2.BlockRemoved(block_hashes=list(e.block_hashes)))
-    assert isinstance(e, AllBlocksCleared)
-    return common_pb2.KvEvent(all_blocks_cleared=common_pb2.AllBlocksCleared())
-
-
-def batch_proto(b: KvEventBatch) -> common_pb2.KvEventBatch:
-    return common_pb2.KvEventBatch(
-        worker_id=b.worker_id,
-        instance_id=b.instance_id,
-        sequence=b.sequence,
-        timestamp=b.timestamp,
-        events=[ev_proto(e) for e in b.events],
-    )
 
 
 class Publisher:
@@ -74,7 +51,7 @@ class Publisher:
         )
 
     async def live(self, b: KvEventBatch) -> pb.PublishKvEventsResponse:
-        return await self.send(pb.PublishKvEventsRequest(kind=common_pb2.KV_STREAM_KIND_LIVE, batch=batch_proto(b)))
+        return await self.send(pb.PublishKvEventsRequest(kind=common_pb2.KV_STREAM_KIND_LIVE, batch=batch_to_proto(b)))
 
     async def dump(self) -> pb.PublishKvEventsResponse:
         """Full dump at the engine's current sequence: BEGIN, CHUNKs of 2 events, END."""
@@ -86,7 +63,7 @@ class Publisher:
                 worker_id=self.eng.worker,
                 instance_id=self.eng.instance,
                 sequence=last,
-                events=[ev_proto(e) for e in chunk],
+                events=[event_to_proto(e) for e in chunk],
             )
             return pb.PublishKvEventsRequest(kind=kind, batch=batch)
 
