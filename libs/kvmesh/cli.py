@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
+from kvmesh.discovery.static import write_catalog
 from kvmesh.launcher import ServiceProcess, start_service
 
 
@@ -92,18 +93,14 @@ def _start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
-    entries = [
-        {
-            "id": p.info["id"],
-            "role": p.name,
-            "address": p.address,
-            "zone": p.info.get("zone", "local"),
-            "version": "v1",
-            "meta": {"http": f"127.0.0.1:{p.info['http_port']}"},
-        }
-        for p in procs
-    ]
-    path.write_text(yaml.safe_dump({"services": entries}, sort_keys=False))
+    """The suite's static registry (the failover service's `--registry-file`), in the registry's own format."""
+    instances = []
+    for p in procs:
+        host, _, port = p.address.rpartition(":")
+        zone = str(p.info.get("zone", "local"))
+        meta = {"http": f"127.0.0.1:{p.info['http_port']}"}
+        instances.append(ServiceInstance(p.info["id"], Role(p.name), zone, "v1", host, int(port), meta=meta))
+    write_catalog(path, CatalogSnapshot.of(instances))
 
 
 def up(args: argparse.Namespace) -> int:

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
+
+from kvmesh.client import Client
+from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc, router_pb2
 
 pytestmark = [pytest.mark.integration]
 
@@ -36,6 +40,35 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+def _served_through_failover(home: Path) -> None:
+    """The suite's failover service finds the router in the registry `kvmesh up` wrote, and `kvmesh.client`
+    pointed only at the failover service serves a request through it."""
+    state = json.loads((home / "run" / "suite.json").read_text())
+    failover = next(s["grpc"] for s in state["services"] if s["name"] == "failover")
+    router = next(s["grpc"] for s in state["services"] if s["name"] == "router")
+    seen: list[tuple[str, bool, list[str]]] = []
+    with grpc.insecure_channel(failover) as ch:
+        # each message is a new revision of the endpoint sets; the zone turns healthy after its hysteresis
+        stream = failover_pb2_grpc.FailoverServiceStub(ch).WatchEndpoints(
+            failover_pb2.WatchEndpointsRequest(), timeout=30
+        )
+        for resp in stream:
+            seen = [(z.zone, z.healthy, sorted(e.address for e in z.endpoints)) for z in resp.zones]
+            if seen and seen[0][1]:
+                break
+        stream.cancel()
+    assert len(seen) == 1 and seen[0][:2] == ("local", True), seen
+    assert router in seen[0][2], seen
+    req = router_pb2.RouterServiceGenerateRequest(
+        token_ids=common_pb2.TokenIds(ids=list(range(3, 67))),
+        sampling=common_pb2.SamplingParams(max_tokens=4, ignore_eos=True),
+    )
+    with Client([failover], timeout_s=60) as client:
+        steps = list(client.generate(req))
+    assert steps[-1].finish_reason and steps[-1].usage.completion_tokens == 4
+    assert steps[-1].worker_id.startswith("worker-local-")
+
+
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = _kvmesh(home, "up", "--detach", "--workers", "2")
@@ -50,6 +83,7 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "completion (worker-local-" in demo.stdout
         assert "completion=8" in demo.stdout
+        _served_through_failover(home)
     finally:
         down = _kvmesh(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -90,11 +90,7 @@ class StaticRegistry:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, snap: CatalogSnapshot) -> None:
-        body = yaml.safe_dump({"instances": snap.to_json()}, sort_keys=False)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        with os.fdopen(fd, "w") as f:
-            f.write(body)
-        os.replace(tmp, self.path)
+        write_catalog(self.path, snap)
 
     # -- Registry ------------------------------------------------------------------------------
     async def register(
@@ -130,3 +126,12 @@ class StaticRegistry:
 
     async def close(self) -> None:
         return None
+
+
+def write_catalog(path: Path, snap: CatalogSnapshot) -> None:
+    """Writes `snap` to `path` in the file format above, atomically (a reader never sees half a file)."""
+    body = yaml.safe_dump({"instances": snap.to_json()}, sort_keys=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+    os.replace(tmp, path)
