@@ -58,6 +58,7 @@ class _CallScope:
         "in_flight",
         "latency",
         "method",
+        "recorded",
         "request_id",
         "service",
         "span",
@@ -90,6 +91,7 @@ class _CallScope:
         elif _TRACEPARENT in meta:  # not recording: pass the caller's trace on to the calls made for it
             self._otel_token = otel_context.attach(tracing.extract(meta))
         self.code = grpc.StatusCode.OK
+        self.recorded = False
         self.start = time.perf_counter()
         self.in_flight, self.latency = _children(service, method)
         self.in_flight.inc()
@@ -111,16 +113,24 @@ class _CallScope:
         if self.span is not None:
             self.span.record_exception(exc)
             self.span.set_status(trace.Status(trace.StatusCode.ERROR, status.details))
+        self.record()  # before the status leaves: a client that has its answer sees the call counted
         await self.context.abort(status.code, status.details, tuple(status.trailing_metadata) + self.trailers())
+
+    def record(self) -> None:
+        """Counts the call by its code and observes its latency, once."""
+        if self.recorded:
+            return
+        self.recorded = True
+        self.in_flight.dec()
+        _requests(self.service, self.method, self.code).inc()
+        self.latency.observe(time.perf_counter() - self.start)
 
     def close(self) -> None:
         if self.context.cancelled() and self.code == grpc.StatusCode.OK:
             self.code = grpc.StatusCode.CANCELLED
         elif self.code == grpc.StatusCode.OK:
             self.context.set_trailing_metadata(self.trailers())
-        self.in_flight.dec()
-        _requests(self.service, self.method, self.code).inc()
-        self.latency.observe(time.perf_counter() - self.start)
+        self.record()
         if self.span is not None:
             self.span.set_attribute("rpc.grpc.status_code", self.code.value[0])
             self.span.end()
