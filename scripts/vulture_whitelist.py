@@ -38,8 +38,10 @@ _.enable_prefix_caching
 _.disable_log_stats
 _.kv_events_config
 
-# wire: msgspec struct fields that decode vLLM's positional arrays
+# wire: msgspec struct fields that decode vLLM's positional arrays; LoadReport fields that
+# kvmesh.wire.proto copies to and from the proto by name
 lora_id
+_.kv_blocks_used
 
 # library: attributes a third-party object reads (tokenizers)
 _.pre_tokenizer
