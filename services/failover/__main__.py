@@ -1,9 +1,10 @@
 """Entry point: `python -m kvmesh.services.failover` / `kvmesh-failover`.
 
 Wiring: registry (Consul with --consul-url, else the static YAML --registry-file, else a static file
-in a temporary directory) → DiscoveryWatcher (+ last-known-good file) → FailoverPolicy → endpoint-set publisher →
-servicer. The runner registers the service (role failover, gRPC check) in that registry, in Consul through the
-shared default, and deregisters it on SIGTERM.
+in a temporary directory; a static one wrapped in `ProbedRegistry`, which probes each instance's gRPC
+health, unless --static-probe-interval-s 0) → DiscoveryWatcher (+ last-known-good file) → FailoverPolicy
+→ endpoint-set publisher → servicer. The runner registers the service (role failover, gRPC check) in that
+registry, in Consul through the shared default, and deregisters it on SIGTERM.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvmesh.discovery.checks import ProbePolicy
 from kvmesh.discovery.consul import ConsulRegistry
 from kvmesh.discovery.lkg import LastKnownGood
 from kvmesh.discovery.policy import FailoverPolicy
+from kvmesh.discovery.probing import PROBE_CHANNEL_OPTIONS, ProbedRegistry
 from kvmesh.discovery.registration import parse_weights, registry_from
 from kvmesh.discovery.registry import CheckSpec
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.discovery.zones import ZonePolicy
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.rpc.server import ServiceRunner, run_service
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.services.failover.servicer import FailoverServicer
@@ -50,6 +54,15 @@ def make_policy(s: FailoverSettings) -> FailoverPolicy:
     return FailoverPolicy.create(zp, zw, vw, s.zones, default_zone_weight=default)
 
 
+def probed(registry: StaticRegistry, s: FailoverSettings) -> ProbedRegistry:
+    """`registry` with its instances' health from gRPC health probes (a static file runs no checks)."""
+    policy = ProbePolicy(
+        s.static_probe_interval_s, s.static_probe_timeout_s, s.static_probe_failures, s.static_probe_successes
+    )
+    options = [*CHANNEL_OPTIONS, *PROBE_CHANNEL_OPTIONS]
+    return ProbedRegistry(registry, policy, lambda target: open_channel(target, s, options=options, propagate=False))
+
+
 async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     """Wires the failover servicer into the runner."""
     registry = registry_from(settings.registry_file, settings.consul_url, settings.registry_timeout_s)
@@ -57,6 +70,11 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
         path = Path(tempfile.mkdtemp(prefix="kvmesh-failover-")) / "registry.yaml"
         log.warning("no --consul-url or --registry-file: static registry at %s", path)
         registry = StaticRegistry(path)
+    static = registry if isinstance(registry, StaticRegistry) else None
+    if static is not None and settings.static_probe_interval_s > 0:
+        prober = probed(static, settings)
+        await prober.start()
+        registry = prober
     lkg = LastKnownGood(settings.lkg_file) if settings.lkg_file else None
     watcher = DiscoveryWatcher(registry, lkg, wait_s=settings.watch_wait_s, retry_max_s=1.0)
     await watcher.start()
@@ -69,7 +87,7 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     )
     if not settings.consul_url:  # with Consul the runner's default registration applies
         check = CheckSpec(interval_s=settings.check_interval_s, timeout_s=settings.check_interval_s)
-        runner.register_in(registry, check, advertise_host=settings.advertise_host)
+        runner.register_in(static or registry, check, advertise_host=settings.advertise_host)
 
     async def stopped() -> None:
         await publisher.stop()

@@ -26,3 +26,9 @@ class FailoverSettings(ServerSettings):
     registry_timeout_s: float = setting(2.0, "timeout of one registry request (beyond the blocking wait)")
     advertise_host: str = setting("", "host others use to reach this instance (default: --host)")
     check_interval_s: float = setting(1.0, "health-check interval of the registry check of this service")
+    static_probe_interval_s: float = setting(
+        0.5, "seconds between gRPC health probes of static-registry instances (0: trust the file's health)"
+    )
+    static_probe_timeout_s: float = setting(0.5, "timeout of one health probe of a static-registry instance")
+    static_probe_failures: int = setting(3, "consecutive failed probes that make a static-registry instance critical")
+    static_probe_successes: int = setting(2, "consecutive good probes that make it passing again")
