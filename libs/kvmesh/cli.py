@@ -6,7 +6,8 @@
     kvmesh down                                                        stop a detached suite
     kvmesh bench <index|worker|router|fleet|failover> ...              benchmarks (python -m kvmesh.bench)
 
-`up` starts each service as its own process with embedded defaults: a static registry file instead of Consul,
+`up` starts each service as its own process with embedded defaults: a static registry file instead of Consul
+(the failover service probes its instances' gRPC health: a killed service leaves the endpoint sets in seconds),
 file checkpoints instead of Redis (unless --redis), simulated workers unless --engine vllm (real vLLM on the
 CPU with the tiny local model). State lives in `$KVMESH_HOME/run` (default `./var/run`).
 """

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -69,6 +71,38 @@ def _served_through_failover(home: Path) -> None:
     assert steps[-1].worker_id.startswith("worker-local-")
 
 
+ROUTER_GONE_BOUND_S = 5.0  # probes: 3 failures 0.5 s apart, plus a phase and a loaded machine's slack
+
+
+def _router_kill_is_seen(home: Path) -> float:
+    """SIGKILL of the suite's router: the failover service's endpoint set drops it (health probes of the static
+    registry) within `ROUTER_GONE_BOUND_S`; returns the seconds it took, from the kill to the revision."""
+    state = json.loads((home / "run" / "suite.json").read_text())
+    failover = next(s["grpc"] for s in state["services"] if s["name"] == "failover")
+    router = next(s for s in state["services"] if s["name"] == "router")
+    with grpc.insecure_channel(failover) as ch:
+        stream = failover_pb2_grpc.FailoverServiceStub(ch).WatchEndpoints(
+            failover_pb2.WatchEndpointsRequest(), timeout=30
+        )
+        first = next(stream)  # the current endpoint sets: the router is in them
+        assert router["grpc"] in {e.address for z in first.zones for e in z.endpoints}, first
+        os.kill(int(router["pid"]), signal.SIGKILL)
+        killed = time.monotonic()
+        took, last = None, first
+        with contextlib.suppress(grpc.RpcError):  # the stream's deadline bounds the wait
+            for resp in stream:
+                last = resp
+                if router["grpc"] not in {e.address for z in resp.zones for e in z.endpoints}:
+                    took = time.monotonic() - killed
+                    break
+        stream.cancel()
+    assert took is not None, f"killed router still in the endpoint sets: {last}"
+    assert not last.zones[0].healthy, last  # a zone without a router cannot serve
+    assert took <= ROUTER_GONE_BOUND_S, f"killed router dropped after {took:.2f}s"
+    print(f"killed router dropped from the endpoint set after {took:.2f}s")
+    return took
+
+
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = _kvmesh(home, "up", "--detach", "--workers", "2")
@@ -84,6 +118,7 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
         assert "completion (worker-local-" in demo.stdout
         assert "completion=8" in demo.stdout
         _served_through_failover(home)
+        _router_kill_is_seen(home)
     finally:
         down = _kvmesh(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -11,7 +11,8 @@ several local processes can share it. The file is re-read when its (inode, size,
 `watch` polls that stat every `poll_s` seconds, at most ``ceil(wait_s / poll_s)`` times. The index
 is local to this object and increases by one each time the parsed content changes. A file that
 fails to parse (e.g. while an operator edits it) is ignored and the last good content kept.
-Health is what the file says: the static registry runs no checks.
+Health is what the file says: the static registry runs no checks (the failover service wraps it in
+`kvmesh.discovery.probing.ProbedRegistry`, which probes each instance).
 """
 
 from __future__ import annotations
