@@ -19,6 +19,11 @@ RPC_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 RPC_IN_FLIGHT = Gauge("kvmesh_rpc_in_flight", "gRPC calls being handled", ["service", "method"])
+LOG_RECORDS_SUPPRESSED = Counter(
+    "kvmesh_log_records_suppressed_total",
+    "Log records dropped by the repeat limit (same logger, level and message template within a window)",
+    ["logger", "level"],
+)
 SERVICE_INFO = Gauge("kvmesh_service_info", "Static service information (value 1)", ["service", "zone", "version"])
 
 
