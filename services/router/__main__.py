@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.rpc.channel import ChannelSecurity
-from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.follow import FailoverFollower
@@ -20,7 +20,7 @@ from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer, add_router_service
 from kvmesh.services.router.settings import RouterSettings
-from kvmesh.services.router.tokenize import RouterTokenizer
+from kvmesh.services.router.tokenize import CHARS_PER_TOKEN_CAP, RouterTokenizer
 from kvmesh.services.router.workers import WorkerPool
 from kvmesh.v1 import router_pb2_grpc
 
@@ -59,12 +59,24 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         queue_timeout_s=s.queue_timeout_s,
     )
     tok = RouterTokenizer(s.model)
+    limits.max_prompt_chars = s.max_prompt_chars or s.max_prompt_tokens * tok.max_chars_per_token
+    limits.max_chat_messages = s.max_chat_messages
+    limits.vocab_size = s.vocab_size or tok.vocab_size
     model_name = s.model_name or tok.name
     core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model)
     keys = ApiKeys.load(s.api_keys_file)
     return Frontend(
         core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters
     )
+
+
+def server_limits(s: RouterSettings) -> ServerLimits:
+    """gRPC: the largest Generate request the prompt limits allow (UTF-8 text of `max_prompt_chars`, or
+    token ids and resumed ids at <= 5 bytes each, plus 1 MiB for the rest), refused by the transport before
+    it is decoded; HTTP: `max_request_bytes`."""
+    chars = s.max_prompt_chars or s.max_prompt_tokens * CHARS_PER_TOKEN_CAP
+    ids = 5 * (s.max_prompt_tokens + s.max_tokens_limit)
+    return ServerLimits(grpc_max_receive_bytes=max(4 * chars, ids) + 2**20, http_max_body_bytes=s.max_request_bytes)
 
 
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
@@ -88,7 +100,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
         RouterAdminServicer(front),
         "kvmesh.v1.RouterAdminService",
     )
-    HttpApi(front, settings.max_request_bytes).install(runner.http_app)
+    HttpApi(front, settings.max_request_bytes, settings.http_body_timeout_s).install(runner.http_app)
 
     async def started(_ports: BoundPorts) -> None:
         await front.core.index.check_agreement()
@@ -115,7 +127,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_service("router", RouterSettings, build, argv)
+    return run_service("router", RouterSettings, build, argv, limits=server_limits)
 
 
 if __name__ == "__main__":

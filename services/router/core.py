@@ -30,7 +30,7 @@ from kvmesh.routing import attempts as at
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
 from kvmesh.services.router.index_replica import IndexReplica
-from kvmesh.services.router.limits import CoreLimits
+from kvmesh.services.router.limits import CoreLimits, check_token_ids
 from kvmesh.services.router.observe import StreamClock, record_attempt_end
 from kvmesh.services.router.placement import Placement
 from kvmesh.services.router.worker_stream import WorkerCall, attempt_request_bytes, classify, close_call
@@ -86,7 +86,8 @@ class RouterCore:
         m.QUEUES.admission = admission
 
     def check(self, req: RouterRequest) -> int:
-        """Validates sizes; returns the effective max_tokens."""
+        """Validates sizes and token ids (prompt, stop, resumed: within the vocabulary; the resumed ones at
+        most max_tokens); returns the effective max_tokens."""
         lim, n = self.limits, len(req.prompt.ids)
         if n == 0:
             raise InvalidArgument("prompt", "the prompt is empty")
@@ -95,6 +96,11 @@ class RouterCore:
         mt = req.sampling.max_tokens or lim.default_max_tokens
         if mt > lim.max_tokens_limit:
             raise InvalidArgument("max_tokens", f"{mt} > limit {lim.max_tokens_limit}")
+        if len(req.resume_ids) > mt:
+            raise InvalidArgument("resume_token_ids", f"{len(req.resume_ids)} tokens > max_tokens {mt}")
+        check_token_ids(req.prompt.ids, lim.vocab_size, "prompt")
+        check_token_ids(req.sampling.stop_token_ids, lim.vocab_size, "stop_token_ids")
+        check_token_ids(req.resume_ids, lim.vocab_size, "resume_token_ids")
         return mt
 
     async def generate(self, req: RouterRequest) -> AsyncIterator[Chunk]:
@@ -119,7 +125,7 @@ class RouterCore:
         while True:
             plan = att.next_attempt(req.sampling.min_tokens)
             if isinstance(plan, at.LengthReached):
-                usage = common_pb2.Usage(prompt_tokens=n_prompt, completion_tokens=len(att.tokens))
+                usage = common_pb2.Usage(prompt_tokens=n_prompt, completion_tokens=att.n_generated)
                 yield Chunk([], "", "", att.migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
             wid, h, request = await self._dispatch(rid, req, plan, att.tokens, prompt_bytes, exclude)
@@ -143,7 +149,7 @@ class RouterCore:
                         clock.on_finish(t)
                         cached = min(resp.usage.cached_tokens, n_prompt)
                         usage = common_pb2.Usage(
-                            prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
+                            prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=att.n_generated
                         )
                         yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations, resp.finish_reason, usage)
                         return

@@ -12,6 +12,7 @@ from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import RouterCore
+from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
 from kvmesh.services.router.tokenize import RouterTokenizer
 from kvmesh.v1 import common_pb2, router_pb2
 
@@ -66,17 +67,25 @@ class Frontend:
         return model
 
     async def tokenize_text(self, text: str) -> list[int]:
-        """Token ids of `text`; long texts are encoded on a worker thread (HF tokenizers releases the GIL), so
+        """Token ids of `text` (InvalidArgument, before any work, when it is longer than any prompt within the
+        token limit can be); long texts are encoded on a worker thread (HF tokenizers releases the GIL), so
         the event loop keeps serving and several long prompts tokenise in parallel."""
+        check_text_size(text, self.core.limits.max_prompt_chars, "prompt")
         if len(text) < _INLINE_CHARS:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode, text)
 
     async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of a rendered chat; its message count and total size are checked before rendering."""
         require(len(messages) > 0, "messages", "must not be empty")
+        check_chat_size(messages, self.core.limits.max_chat_messages, self.core.limits.max_prompt_chars)
         for role, _ in messages:
             require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
         return await self.tokenize_text(self.tokenizer.render_chat(messages))
+
+    def check_token_ids(self, ids: Sequence[int], field: str) -> None:
+        """Token ids a client sent, against the served model's vocabulary (before they go on the wire)."""
+        check_token_ids(ids, self.core.limits.vocab_size, field)
 
     # ---- admin -------------------------------------------------------------------------------------
     @property

@@ -10,11 +10,14 @@
 Auth: `Authorization: Bearer <key>`; affinity: `X-Session-Id` (or `"user"`/`"session_id"` in the body).
 Parsing, bounds, response objects and errors are `kvmesh.openai`'s (shared with the worker): errors are
 `{"error": {"message", "type", "param", "code"}}` from its one table (400 / 401 / 404 / 429 + Retry-After /
-503 ...); an error after an SSE stream started is sent as a final `data: {"error": ...}` event.
+503 ...); an error after an SSE stream started is sent as a final `data: {"error": ...}` event. A body
+that does not arrive within `body_timeout_s` is answered 408 and its connection closed; an SSE client that
+disconnects is logged at INFO, its request cancelled on the worker and its admission slot freed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -25,7 +28,7 @@ from google.protobuf.json_format import MessageToDict
 
 from kvmesh.engine.base import SamplingParams
 from kvmesh.errors import InvalidArgument, KvmeshError
-from kvmesh.openai.aio import SseWriter, openai_errors, read_json
+from kvmesh.openai.aio import BODY_TIMEOUT_S, ClientGone, SseWriter, client_gone, openai_errors, read_json
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.services.router import metrics as m
@@ -71,9 +74,10 @@ def sampling_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
 class HttpApi:
     """Handlers bound to one `Frontend`."""
 
-    def __init__(self, front: Frontend, max_request_bytes: int) -> None:
+    def __init__(self, front: Frontend, max_request_bytes: int, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.front = front
         self.max_request_bytes = max_request_bytes
+        self.body_timeout_s = body_timeout_s
 
     def install(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", openai_errors(self.models))
@@ -88,7 +92,7 @@ class HttpApi:
         self.front.authorize(_bearer(request))
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
-        return await read_json(request, self.max_request_bytes)
+        return await read_json(request, self.max_request_bytes, self.body_timeout_s)
 
     async def _parse(self, request: web.Request, chat: bool) -> tuple[OpenAIRequest, str]:
         """Auth, body, the adapter "model" selects (checked before anything is tokenised), the request."""
@@ -96,7 +100,9 @@ class HttpApi:
         body = await self._json(request)
         lora = self.front.lora_for(parse_model(body), "")
         limit = self.front.core.limits.max_tokens_limit
-        return parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None), lora
+        parsed = parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None)
+        self.front.check_token_ids(parsed.sampling.stop_token_ids, "stop_token_ids")
+        return parsed, lora
 
     def _gen_request(self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str) -> RouterRequest:
         session = request.headers.get("X-Session-Id") or parsed.user
@@ -122,6 +128,7 @@ class HttpApi:
             ids = await self.front.tokenize_text(parsed.prompt_text)
         else:
             ids = list(parsed.prompt_ids or ())
+            self.front.check_token_ids(ids, "prompt")  # before the wire's uint32 sees them
         return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -145,20 +152,32 @@ class HttpApi:
             m.REQUESTS.labels(api, "error").inc()
             raise
         sse = SseWriter()
-        await sse.start(request)
         outcome = "ok"
         try:
+            await sse.start(request)
             if first is not None:
                 await sse.send(build.chunk(first.text, _finish(first), first=True, usage=first.usage))
                 async for c in gen:
                     await sse.send(build.chunk(c.text, _finish(c), first=False, usage=c.usage))
         except KvmeshError as e:
             outcome = "error"
-            await sse.fail(e)
+            await self._fail(sse, e)
+        except ClientGone as e:
+            outcome = "cancelled"
+            return client_gone(request, sse.response, e)
         finally:
-            await gen.aclose()
+            await gen.aclose()  # cancels the worker call, frees the admission slot
             m.REQUESTS.labels(api, outcome).inc()
-        return await sse.finish()
+        try:
+            return await sse.finish()
+        except ClientGone as e:
+            return client_gone(request, sse.response, e)
+
+    @staticmethod
+    async def _fail(sse: SseWriter, exc: KvmeshError) -> None:
+        """The error event; a client already gone does not get it (nothing to log but the error)."""
+        with contextlib.suppress(ClientGone):
+            await sse.fail(exc)
 
     async def _whole(self, api: str, build: ResponseBuilder, req: RouterRequest) -> web.StreamResponse:
         texts: list[str] = []

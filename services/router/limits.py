@@ -1,13 +1,20 @@
-"""The router request path's guards and failure budgets (from `RouterSettings`)."""
+"""The router request path's guards and failure budgets (from `RouterSettings`), and the input checks made
+before any work: text sizes (before tokenising) and token ids against the model's vocabulary."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kvmesh.errors import InvalidArgument
+
+SIM_VOCAB_SIZE = 128256  # the simulated engine's vocabulary (`kvmesh.engine.sim.core.SimConfig.vocab_size`)
 
 
 @dataclass
 class CoreLimits:
-    """Request guards and failure budgets."""
+    """Request guards and failure budgets. `max_prompt_chars`: a prompt text longer than this cannot be
+    within `max_prompt_tokens` (0 = unchecked); `vocab_size`: token ids must be below it (0 = unchecked)."""
 
     block_size: int = 32
     max_prompt_tokens: int = 131072
@@ -16,3 +23,37 @@ class CoreLimits:
     max_retries: int = 3
     max_migrations: int = 3
     queue_timeout_s: float = 30.0
+    max_prompt_chars: int = 0
+    max_chat_messages: int = 1024
+    vocab_size: int = SIM_VOCAB_SIZE
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int, field: str) -> None:
+    """InvalidArgument(field) unless every id is in [0, vocab_size) (vocab_size 0: only >= 0). The ids are
+    integers already (the parsers' and the wire's); min/max run in C, a loop only to name the bad one."""
+    if not ids:
+        return
+    if min(ids) >= 0 and (not vocab_size or max(ids) < vocab_size):
+        return
+    i, t = next((i, t) for i, t in enumerate(ids) if t < 0 or (vocab_size and t >= vocab_size))
+    bound = f"[0, {vocab_size})" if vocab_size else "non-negative"
+    raise InvalidArgument(field, f"token ids must be in {bound}: {field}[{i}] is {t}")
+
+
+def check_text_size(text: str, max_chars: int, field: str) -> None:
+    """InvalidArgument(field) when `text` is longer than `max_chars` (0 = unchecked): refused before it is
+    tokenised, so an oversize prompt costs neither the time nor the memory of tokenising it."""
+    check_text_size_total(len(text), max_chars, field)
+
+
+def check_chat_size(messages: Sequence[tuple[str, str]], max_messages: int, max_chars: int) -> None:
+    """Message count and the total text length of a chat, before it is rendered and tokenised."""
+    if max_messages and len(messages) > max_messages:
+        raise InvalidArgument("messages", f"{len(messages)} messages > limit {max_messages}")
+    check_text_size_total(sum(len(r) + len(c) for r, c in messages), max_chars, "messages")
+
+
+def check_text_size_total(n_chars: int, max_chars: int, field: str) -> None:
+    """`check_text_size` for a length already summed."""
+    if max_chars and n_chars > max_chars:
+        raise InvalidArgument(field, f"{n_chars} characters > limit {max_chars} (the prompt token limit)")

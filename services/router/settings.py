@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.config import ServerSettings, setting
+from kvmesh.services.router.limits import SIM_VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,15 @@ class RouterSettings(ServerSettings):
     breaker_p95_ms: float = setting(1200.0, "circuit breaker: p95 latency threshold")
     breaker_error_rate: float = setting(0.01, "circuit breaker: error-rate threshold")
     breaker_cooldown_s: float = setting(5.0, "circuit breaker: first cool-down")
+    max_prompt_chars: int = setting(
+        0,
+        "longest accepted prompt text, characters, refused before tokenising (0 = max_prompt_tokens x the "
+        "tokenizer's longest token, at most 32 characters)",
+    )
+    max_chat_messages: int = setting(1024, "most messages in one chat request")
+    vocab_size: int = setting(
+        SIM_VOCAB_SIZE,
+        "token ids accepted are below this: the served model's vocabulary (default: the simulated engine's; "
+        "0 = the router tokenizer's)",
+    )
+    http_body_timeout_s: float = setting(30.0, "longest wait for an HTTP request body (then 408)")

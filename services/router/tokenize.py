@@ -20,6 +20,8 @@ from kvmesh.modelfiles import resolve_model_dir
 
 log = logging.getLogger(__name__)
 
+CHARS_PER_TOKEN_CAP = 32  # assumed at most, whatever the vocabulary's longest entry (a few are long runs)
+
 
 class RouterTokenizer:
     """encode / decode / render_chat for one model."""
@@ -34,8 +36,12 @@ class RouterTokenizer:
             log.warning("no tokenizer.json found (model=%r): using the byte tokenizer", model)
             self.tok = ByteTokenizer()
             self.name = model or "sim"
+            self.vocab_size = ByteTokenizer.vocab_size
+            self.max_chars_per_token = 1  # a character is at least one byte, each byte a token
             return
-        self.tok = HfTokenizer(self.model_dir)
+        hf = self.tok = HfTokenizer(self.model_dir)
+        self.vocab_size = hf.vocab_size
+        self.max_chars_per_token = min(hf.longest_token_chars, CHARS_PER_TOKEN_CAP)
         self.name = self.model_dir.name
         cfg_path = self.model_dir / "tokenizer_config.json"
         if cfg_path.is_file():

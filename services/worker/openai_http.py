@@ -17,7 +17,7 @@ from aiohttp import web
 
 from kvmesh.engine.base import Engine, EngineOutput, EngineRequest
 from kvmesh.errors import KvmeshError, Unavailable
-from kvmesh.openai.aio import SseWriter, error_response, openai_errors, read_json
+from kvmesh.openai.aio import ClientGone, SseWriter, client_gone, error_response, openai_errors, read_json
 from kvmesh.openai.protocol import Message, OpenAIRequest, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.services.worker import metrics as m
@@ -79,12 +79,15 @@ class OpenAIApi:
             await stream.aclose()
             return error_response(e)
         build = ResponseBuilder(rid, chat, int(time.time()), self.model_name)
+        sse = SseWriter()
         try:
             if parsed.stream:
-                return await self._sse(request, build, parsed, first, stream, timer)
+                return await self._sse(request, sse, build, parsed, first, stream, timer)
             return await self._whole(build, first, stream, timer)
+        except ClientGone as e:
+            return client_gone(request, sse.response, e)
         finally:
-            await stream.aclose()
+            await stream.aclose()  # aborts the request in the engine when the client went away
 
     def _observe(self, out: EngineOutput, timer: m.StreamTimer) -> None:
         timer.tokens(time.monotonic(), len(out.token_ids))
@@ -109,13 +112,13 @@ class OpenAIApi:
     async def _sse(
         self,
         request: web.Request,
+        sse: SseWriter,
         build: ResponseBuilder,
         parsed: OpenAIRequest,
         first: EngineOutput,
         stream: AsyncGenerator[EngineOutput, None],
         timer: m.StreamTimer,
     ) -> web.StreamResponse:
-        sse = SseWriter()
         await sse.start(request)
         out, is_first = first, True
         while True:

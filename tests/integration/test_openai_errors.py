@@ -70,7 +70,27 @@ BOTH = {
     "chat-no-messages": bad("messages", {"messages": "nope"}, chat=True),
     "chat-bad-content": bad("messages[0].content", {"messages": [{"role": "user", "content": 1}]}, chat=True),
     "chat-temperature": bad("temperature", {"messages": CHAT, "temperature": 3}, chat=True),
+    # issue 13: inputs that ended in a 500 (traceback) or were silently ignored with a 200
+    "prompt-lone-surrogate": bad("prompt", raw=b'{"prompt": "\\ud800", "max_tokens": 2}'),
+    "chat-lone-surrogate": bad(
+        "messages[0].content", raw=b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', chat=True
+    ),
+    "json-nested-100000-deep": bad("body", raw=b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "prompt-booleans": bad("prompt", {"prompt": [True, False]}),
+    "stop-token-ids-booleans": bad("stop_token_ids", {"prompt": [5], "stop_token_ids": [True, False]}),
+    "n-5": bad("n", {"prompt": [5], "n": 5}),
+    "best-of": bad("best_of", {"prompt": [5], "best_of": 3}),
+    "logprobs": bad("logprobs", {"prompt": [5], "logprobs": 2}),
+    "chat-logprobs": bad("logprobs", {"messages": CHAT, "logprobs": True}, chat=True),
+    "chat-top-logprobs": bad("top_logprobs", {"messages": CHAT, "top_logprobs": 3}, chat=True),
+    "echo": bad("echo", {"prompt": [5], "echo": True}),
+    "suffix": bad("suffix", {"prompt": [5], "suffix": "x"}),
+    "logit-bias-malformed": bad("logit_bias", {"prompt": [5], "logit_bias": [1, 2]}),
+    "logit-bias-unsupported": bad("logit_bias", {"prompt": [5], "logit_bias": {"5": 10}}),
+    "unknown-field": bad("frobnicate", {"prompt": [5], "frobnicate": 1}),
+    "chat-field-on-completions": bad("messages", {"prompt": [5], "messages": CHAT}),
 }
+OFF_VALUES = {"n": 1, "best_of": 1, "logprobs": None, "echo": False, "suffix": None, "logit_bias": {}}
 
 # Errors a router raises itself, and the domain class a worker's engine would raise for the same case.
 ENGINE_RAISED = {
@@ -154,6 +174,18 @@ def test_both_keep_serving_after_errors(router: ServiceProcess, sim_worker: Serv
         r = post(sp, ok)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_unsupported_fields_with_their_off_values_are_served(
+    router: ServiceProcess, sim_worker: ServiceProcess
+) -> None:
+    """`n: 1`, `echo: false`, `logit_bias: {}` ... mean "off": accepted (clients send them by default)."""
+    ok = Case("/v1/completions", 200, "", body={"prompt": [5, 6], "max_tokens": 2, "logprobs": 0, **OFF_VALUES})
+    for sp in (router, sim_worker):
+        r = post(sp, ok)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2
+    assert "Traceback" not in router.log() + sim_worker.log()
 
 
 def test_rate_limited_alike(limited_router: ServiceProcess, full_worker: ServiceProcess) -> None:

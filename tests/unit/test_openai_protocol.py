@@ -187,3 +187,50 @@ def test_http_error_table(exc: BaseException, status: int, etype: str) -> None:
         assert err.headers["Retry-After"] == "1"
     if status == 500:
         assert "secret" not in err.body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": [5], "n": 5}, "n"),
+        ({"prompt": [5], "n": True}, "n"),  # True == 1 in Python, but it is not the integer 1
+        ({"prompt": [5], "best_of": 2}, "best_of"),
+        ({"prompt": [5], "logprobs": 1}, "logprobs"),
+        ({"prompt": [5], "logprobs": True}, "logprobs"),
+        ({"prompt": [5], "echo": True}, "echo"),
+        ({"prompt": [5], "suffix": "s"}, "suffix"),
+        ({"prompt": [5], "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"prompt": [5], "logit_bias": {"5": 500}}, "logit_bias"),
+        ({"prompt": [5], "logit_bias": {"5": 5}}, "logit_bias"),
+        ({"prompt": [5], "top_logprobs": 0}, "top_logprobs"),  # a chat field, unknown to completions
+        ({"prompt": [5], "tools": []}, "tools"),
+        ({"prompt": "\ud800"}, "prompt"),
+        ({"prompt": [5], "stop": ["ok", "\udfff"]}, "stop"),
+        ({"prompt": [5], "user": "\ud800"}, "user"),
+        ({"prompt": [True]}, "prompt"),
+        ({"prompt": [5], "stop_token_ids": [False]}, "stop_token_ids"),
+    ],
+)
+def test_unsupported_fields_surrogates_and_booleans_name_the_field(body: dict[str, Any], field: str) -> None:
+    assert field_of(parse_request, body, False, 64, None) == field
+
+
+def test_chat_unsupported_and_surrogates_name_the_field() -> None:
+    chat = [{"role": "user", "content": "hi"}]
+    assert field_of(parse_request, {"messages": chat, "top_logprobs": 2}, True, 64, None) == "top_logprobs"
+    assert field_of(parse_request, {"messages": chat, "prompt": "x"}, True, 64, None) == "prompt"
+    bad = [{"role": "user", "content": [{"text": "a"}, {"text": "\ud800"}]}]
+    assert field_of(parse_request, {"messages": bad}, True, 64, None) == "messages[0].content"
+    assert field_of(parse_request, {"messages": [{"role": "user", "content": [{"text": 5}]}]}, True, 64, None) == (
+        "messages[0].content"
+    )
+
+
+def test_off_values_of_unsupported_fields_are_accepted() -> None:
+    off = {"n": 1, "best_of": 1, "logprobs": 0, "echo": False, "suffix": "", "logit_bias": {}}
+    assert parse_request({"prompt": [5], **off}, False, 64, None).prompt_ids == (5,)
+    nulls = dict.fromkeys(off)
+    assert parse_request({"prompt": [5], **nulls}, False, 64, None).prompt_ids == (5,)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "top_logprobs": 0, "n": 1}
+    assert parse_request(chat, True, 64, None).messages == (("user", "hi"),)
+    assert parse_request({"prompt": [5], "repetition_penalty": 1.2}, False, 64, None).sampling.repetition_penalty == 1.2

@@ -50,6 +50,9 @@ class HfTokenizer:
         p = Path(path)
         self._tok = _Tok.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
         self.vocab_size = int(self._tok.get_vocab_size())
+        # characters one token can stand for, at most (byte-level and sentencepiece entries have at least
+        # one character per character of text they match; byte-fallback entries like <0x0A> more)
+        self.longest_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`. Long texts go through `encode_batch`, which releases the GIL while it works

@@ -4,13 +4,20 @@ out, or `InvalidArgument` naming the field (the HTTP `param`).
 Accepted (what the router's and the worker's HTTP layers served): `model`; `prompt` as text, token ids or a
 one-element list of either (completions); `messages` of `{role, content}` with text or text parts (chat);
 `max_tokens` (chat also `max_completion_tokens`), `min_tokens`, `temperature`, `top_p`, `top_k`, `seed`,
-`stop` (string or list), `stop_token_ids`, `ignore_eos`, `presence_penalty`, `frequency_penalty`, `n` (1
-only), `stream`, `stream_options.include_usage`, `user` / `session_id`. The sampling bounds are
-`kvmesh.engine.validation`'s, the same as gRPC's.
+`stop` (string or list), `stop_token_ids`, `ignore_eos`, `presence_penalty`, `frequency_penalty`,
+`repetition_penalty`, `stream`, `stream_options.include_usage`, `user` / `session_id`. The sampling bounds
+are `kvmesh.engine.validation`'s, the same as gRPC's.
+
+Every other field is refused with InvalidArgument naming it: OpenAI fields kvmesh does not implement (`n`,
+`best_of`, `logprobs`, `top_logprobs`, `echo`, `suffix`, `logit_bias`) are accepted only with the value that
+means "off" (`n: 1`, `echo: false`, `logit_bias: {}`, null ...), and unknown fields always (a typo or a
+feature the client relies on is never silently ignored). Text must be valid Unicode (a lone surrogate such
+as "\\ud800", which JSON can carry but UTF-8 cannot, is refused); token ids are integers, never booleans.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +28,27 @@ from kvmesh.errors import InvalidArgument
 SEED_MAX = 2**63 - 1  # int64 in vLLM, uint64 on kvmesh's wire: [0, 2**63) fits both
 
 Message = tuple[str, str]  # (role, content)
+
+# fields served by both endpoints
+_COMMON = frozenset(
+    {
+        "model", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+        "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "stream", "stream_options",
+        "user", "session_id",
+    }
+)  # fmt: skip
+# OpenAI fields kvmesh does not implement -> the values that mean "off" (accepted; anything else is refused)
+_OFF_ONLY: dict[str, tuple[object, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "n", "best_of", "logprobs", "echo", "suffix", "logit_bias"}
+_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "logit_bias"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +70,7 @@ def parse_request(
     body: dict[str, Any], chat: bool, max_tokens_limit: int | None, default_max_tokens: int | None
 ) -> OpenAIRequest:
     """The whole request; `default_max_tokens` applies when the body gives none (None = the service's)."""
+    check_fields(body, chat)
     model = parse_model(body)
     ids, text = (None, None) if chat else parse_prompt(body)
     messages = parse_messages(body) if chat else ()
@@ -59,6 +88,43 @@ def parse_request(
     )
 
 
+def check_fields(body: dict[str, Any], chat: bool) -> None:
+    """InvalidArgument naming the first field the endpoint does not know, or an unimplemented one that is
+    not "off" (see the module docstring)."""
+    known = _CHAT_FIELDS if chat else _COMPLETION_FIELDS
+    for key, value in body.items():
+        if key not in known:
+            raise InvalidArgument(key, "unknown or unsupported field")
+        offs = _OFF_ONLY.get(key)
+        if offs is not None and not _is_off(value, offs):
+            if key == "logit_bias" and not _is_bias_map(value):
+                raise InvalidArgument(key, "must be an object of token id -> bias in [-100, 100]")
+            raise InvalidArgument(key, f"not supported: only {json.dumps(offs[0])} (or null) is accepted")
+
+
+def _is_off(value: object, offs: tuple[object, ...]) -> bool:
+    """None, or one of `offs` of the same type (True is not 1, 0.0 is not 0)."""
+    return value is None or any(type(value) is type(off) and value == off for off in offs)
+
+
+def _is_bias_map(value: object) -> bool:
+    """OpenAI's `logit_bias` shape: {"<token id>": number in [-100, 100]}."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and k.isdigit() and isinstance(v, int | float) and not isinstance(v, bool)
+        and -100 <= v <= 100
+        for k, v in value.items()
+    )  # fmt: skip
+
+
+def check_text(value: str, field: str) -> str:
+    """`value`, or InvalidArgument when it cannot be UTF-8 encoded (a lone surrogate from a JSON escape)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(field, f"invalid Unicode at character {e.start} (a lone surrogate?)") from None
+    return value
+
+
 def parse_model(body: dict[str, Any]) -> str:
     """The `model` field ('' when absent)."""
     return _opt_str(body, "model")
@@ -70,7 +136,7 @@ def parse_prompt(body: dict[str, Any]) -> tuple[tuple[int, ...] | None, str | No
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
         p = p[0]
     if isinstance(p, str) and p:
-        return None, p
+        return None, check_text(p, "prompt")
     if isinstance(p, list) and p and all(_is_int(t) and t >= 0 for t in p):
         return tuple(p), None
     raise InvalidArgument("prompt", "a non-empty string, a list of token ids, or a one-element list of either")
@@ -87,10 +153,11 @@ def parse_messages(body: dict[str, Any]) -> tuple[Message, ...]:
             raise InvalidArgument(f"messages[{i}]", "needs a string role")
         content = msg.get("content", "")
         if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content", "must be a string or a list of text parts")
-        out.append((msg["role"], content))
+        out.append((check_text(msg["role"], f"messages[{i}].role"), check_text(content, f"messages[{i}].content")))
     return tuple(out)
 
 
@@ -124,6 +191,7 @@ def parse_sampling(
         ignore_eos=_bool(body, "ignore_eos"),
         presence_penalty=_float(body, "presence_penalty", 0.0),
         frequency_penalty=_float(body, "frequency_penalty", 0.0),
+        repetition_penalty=_float(body, "repetition_penalty", 1.0),
     )
     validate_sampling(sp, max_tokens_limit)
     return sp
@@ -162,7 +230,7 @@ def _opt_str(body: dict[str, Any], key: str) -> str:
     v = body.get(key)
     if v is not None and not isinstance(v, str):
         raise InvalidArgument(key, "must be a string")
-    return v or ""
+    return check_text(v or "", key)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
@@ -170,9 +238,9 @@ def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,)
+        return (check_text(stop, "stop"),)
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
+        return tuple(check_text(s, "stop") for s in stop)
     raise InvalidArgument("stop", "must be a string or a list of strings")
 
 

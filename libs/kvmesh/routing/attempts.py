@@ -182,12 +182,13 @@ class Attempts:
     """One request's attempts: the tokens so far (starting with `resume_ids`) and the retries and migrations
     used. The driver calls `next_attempt()`, `add(tokens)` for each streamed step, then `end(outcome)`."""
 
-    __slots__ = ("_n_attempt", "limits", "migrations", "request_id", "retries", "tokens")
+    __slots__ = ("_n_attempt", "_n_resumed", "limits", "migrations", "request_id", "retries", "tokens")
 
     def __init__(self, request_id: str, limits: Limits, resume_ids: Iterable[int] = ()) -> None:
         self.request_id = request_id
         self.limits = limits
         self.tokens: list[int] = list(resume_ids)
+        self._n_resumed = len(self.tokens)
         self.retries = 0
         self.migrations = 0
         self._n_attempt = 0
@@ -204,6 +205,11 @@ class Attempts:
         n = len(self.tokens) - before
         self._n_attempt += n
         return n
+
+    @property
+    def n_generated(self) -> int:
+        """Tokens generated for this request (the resumed ones the client sent are not: usage counts these)."""
+        return len(self.tokens) - self._n_resumed
 
     @property
     def n_attempt(self) -> int:

@@ -9,7 +9,9 @@ For each call it
 - opens a server span under the caller's W3C trace context;
 - counts the call and its latency by final status code;
 - maps `KvmeshError`s to status codes through `kvmesh.rpc.errors` and turns any other exception into
-  INTERNAL with a generic message (the stack trace is logged, never sent).
+  INTERNAL with a generic message (the stack trace is logged, never sent);
+- answers a request message that does not decode (garbage or truncated protobuf bytes) INVALID_ARGUMENT
+  naming `request`, instead of grpc's UNKNOWN "Unexpected <class DecodeError>".
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from kvmesh.errors import InvalidArgument
 from kvmesh.rpc.errors import status_code_for, to_grpc_status
 from kvmesh.telemetry import metrics, tracing
 from kvmesh.telemetry.context import REQUEST_ID_HEADER, deadline_var, new_request_id, request_id_var
@@ -140,6 +143,50 @@ class _CallScope:
         deadline_var.reset(self.tokens[1])
 
 
+class Undecodable:
+    """What `safe_deserializer` gives for bytes the method's deserializer refused (the handler wrapper
+    answers INVALID_ARGUMENT: grpc itself would answer UNKNOWN)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def raise_invalid(self) -> None:
+        raise InvalidArgument("request", f"the request message does not decode: {self.error}")
+
+
+def safe_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer`, returning an `Undecodable` instead of raising (a DecodeError, a ValueError ...)."""
+    if deserializer is None:
+        return None
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as e:  # whatever the method's parser raises: the bytes are the client's
+            return Undecodable(f"{type(e).__name__}: {e}")
+
+    return decode
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream whose undecodable message raises InvalidArgument where the handler reads it."""
+    async for item in requests:
+        if isinstance(item, Undecodable):
+            item.raise_invalid()
+        yield item
+
+
+def _check_request(request: Any) -> Any:
+    """The handler's request: a message (InvalidArgument when it did not decode) or a checked stream."""
+    if isinstance(request, Undecodable):
+        request.raise_invalid()
+    if hasattr(request, "__aiter__"):
+        return _checked(request)
+    return request
+
+
 def instrument_handler(service: str, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """`handler` wrapped with the per-call bookkeeping above (health and reflection are returned as they are)."""
     if full_method.startswith("/grpc.") or full_method.startswith("grpc."):
@@ -147,20 +194,19 @@ def instrument_handler(service: str, full_method: str, handler: grpc.RpcMethodHa
     method = full_method.rsplit("/", 1)[-1]
     wrap_unary = _unary_wrapper(service, method)
     wrap_stream = _stream_wrapper(service, method)
+    decode = safe_deserializer(handler.request_deserializer)
     if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(
-            wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
-        )
+        return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), decode, handler.response_serializer)
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(
-            wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            wrap_stream(handler.unary_stream), decode, handler.response_serializer
         )
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(
-            wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            wrap_unary(handler.stream_unary), decode, handler.response_serializer
         )
     return grpc.stream_stream_rpc_method_handler(
-        wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        wrap_stream(handler.stream_stream), decode, handler.response_serializer
     )
 
 
@@ -238,7 +284,7 @@ def _unary_wrapper(service: str, method: str) -> Callable[[Any], Any]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             scope = _CallScope(service, method, context)
             try:
-                return await inner(request, context)
+                return await inner(_check_request(request), context)
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except BaseException as exc:
@@ -258,7 +304,7 @@ def _stream_wrapper(service: str, method: str) -> Callable[[Any], Any]:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             scope = _CallScope(service, method, context)
             try:
-                async for item in inner(request, context):
+                async for item in inner(_check_request(request), context):
                     yield item
             except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
                 raise

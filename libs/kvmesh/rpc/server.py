@@ -4,6 +4,9 @@
 - gRPC: the service's servicers wrapped by `InstrumentedServer` (request id, deadline, tracing, metrics,
   error map per handler), `grpc.health.v1` health and server reflection, optional TLS / mTLS;
 - HTTP: `GET /metrics` (Prometheus), `GET /healthz`, plus any routes the service adds (OpenAI API, admin);
+  a malformed HTTP request or a client that went away is logged at INFO without a traceback;
+- limits (`ServerLimits`, per service): the largest gRPC message received (refused RESOURCE_EXHAUSTED by
+  the transport, before it is decoded) and the largest HTTP body;
 - background: `every(interval_s, fn)` periodic and `supervise(coro_fn)` restarted tasks
   (`kvmesh.rpc.background`), stopped in order on shutdown;
 - self-registration: in Consul when `consul_url` is set, or in the registry given to `register_in`, retried
@@ -31,6 +34,7 @@ from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -52,13 +56,43 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServerSettings)
 
-_SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.so_reuseport", 0),
-]
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one service accepts: the largest gRPC message it receives and the largest HTTP body."""
+
+    grpc_max_receive_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    http_max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+def _server_options(limits: ServerLimits) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", limits.grpc_max_receive_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class QuietClientErrors(logging.Filter):
+    """On aiohttp's `aiohttp.server` logger: a malformed request (`BadHttpMessage`: garbage on the port) or
+    a client that closed its connection is the client's doing, free for it to repeat; logged at INFO with
+    the error's one-line text instead of ERROR with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, BadHttpMessage | ConnectionResetError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            one_line = " ".join(str(exc).split())
+            record.msg, record.args = "%s: %s: %s", (record.getMessage(), type(exc).__name__, one_line)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_QUIET = QuietClientErrors()
 
 Hook = Callable[[], Awaitable[None]]
 
@@ -94,6 +128,7 @@ class ServiceRunner:
 
     name: str
     settings: ServerSettings
+    limits: ServerLimits = field(default_factory=ServerLimits)
     server: grpc.aio.Server = field(init=False)
     health: HealthServicer = field(init=False)
     http_app: web.Application = field(init=False)
@@ -110,12 +145,14 @@ class ServiceRunner:
     _registered: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(options=_SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=_server_options(self.limits))
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.stopping = asyncio.Event()
         self.background = BackgroundTasks(self.stopping)
-        self.http_app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.http_app = web.Application(client_max_size=self.limits.http_max_body_bytes)
+        if _QUIET not in logging.getLogger("aiohttp.server").filters:
+            logging.getLogger("aiohttp.server").addFilter(_QUIET)
         self.http_app.router.add_get("/metrics", self._metrics)
         self.http_app.router.add_get("/healthz", self._healthz)
 
@@ -304,14 +341,16 @@ def run_service(
     settings_cls: type[S],
     build: Callable[[ServiceRunner, S], Awaitable[None]],
     argv: Sequence[str] | None = None,
+    limits: Callable[[S], ServerLimits] | None = None,
 ) -> int:
-    """Entry point body of a service: settings, logging, tracing, then `build(runner, settings)` and serve."""
+    """Entry point body of a service: settings, logging, tracing, then `build(runner, settings)` and serve;
+    `limits` derives the service's `ServerLimits` from its settings (default: 64 MiB each)."""
     settings = load_settings(settings_cls, argv, service=name.replace("-", "_"))
     setup_logging(name, settings.log_level, settings.log_format)
     setup_tracing(name, settings.otlp_endpoint or None)
 
     async def main() -> int:
-        runner = ServiceRunner(name, settings)
+        runner = ServiceRunner(name, settings, limits(settings) if limits else ServerLimits())
         await build(runner, settings)
         return await runner.serve()
 
