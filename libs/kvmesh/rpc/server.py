@@ -346,7 +346,9 @@ def run_service(
     """Entry point body of a service: settings, logging, tracing, then `build(runner, settings)` and serve;
     `limits` derives the service's `ServerLimits` from its settings (default: 64 MiB each)."""
     settings = load_settings(settings_cls, argv, service=name.replace("-", "_"))
-    setup_logging(name, settings.log_level, settings.log_format)
+    setup_logging(
+        name, settings.log_level, settings.log_format, settings.log_repeat_limit, settings.log_repeat_window_s
+    )
     setup_tracing(name, settings.otlp_endpoint or None)
 
     async def main() -> int:

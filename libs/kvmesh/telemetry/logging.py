@@ -5,14 +5,15 @@ arguments, so a client varying a field cannot evade it), the first `limit` per w
 (counted from the first of them) pass; the rest are dropped and counted in
 ``kvmesh_log_records_suppressed_total{logger,level}``. The first record after a window with drops ends is
 preceded by one line ``suppressed N similar records in W s: <template>`` at the dropped records' level.
-Defaults 5 per 60 s, from ``KVMESH_LOG_REPEAT_LIMIT`` / ``KVMESH_LOG_REPEAT_WINDOW_S`` (limit 0: no limit).
+Defaults 5 per 60 s; services set them from `ServerSettings.log_repeat_limit` / `log_repeat_window_s` (flags
+``--log-repeat-limit`` / ``--log-repeat-window-s``, or ``KVMESH_LOG_REPEAT_LIMIT`` / ``KVMESH_LOG_REPEAT_WINDOW_S``;
+limit 0: no limit).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Hashable
@@ -118,22 +119,18 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
-def repeat_filter_from_env() -> RepeatFilter | None:
-    """The repeat limit configured by ``KVMESH_LOG_REPEAT_LIMIT`` / ``KVMESH_LOG_REPEAT_WINDOW_S``; None when off."""
-    limit = int(os.environ.get("KVMESH_LOG_REPEAT_LIMIT", REPEAT_LIMIT))
-    window_s = float(os.environ.get("KVMESH_LOG_REPEAT_WINDOW_S", REPEAT_WINDOW_S))
-    if limit <= 0 or window_s <= 0:
-        return None
-    return RepeatFilter(RepeatLimiter(limit, window_s))
-
-
-def setup_logging(service: str, level: str = "INFO", fmt: str = "text") -> None:
+def setup_logging(
+    service: str,
+    level: str = "INFO",
+    fmt: str = "text",
+    repeat_limit: int = REPEAT_LIMIT,
+    repeat_window_s: float = REPEAT_WINDOW_S,
+) -> None:
     """Configures the root logger once: text (`time level service [request id] logger: msg`) or JSON lines,
     with the repeat limit of the module docstring."""
     handler = logging.StreamHandler(sys.stderr)
-    repeats = repeat_filter_from_env()
-    if repeats is not None:
-        handler.addFilter(repeats)
+    if repeat_limit > 0 and repeat_window_s > 0:
+        handler.addFilter(RepeatFilter(RepeatLimiter(repeat_limit, repeat_window_s)))
     handler.addFilter(_RequestIdFilter())
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
