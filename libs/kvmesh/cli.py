@@ -160,6 +160,8 @@ def up(args: argparse.Namespace) -> int:
         ]
         if args.model:
             r_flags += ["--model", args.model]
+        if args.engine == "vllm":  # the router checks token ids against the model's own vocabulary
+            r_flags += ["--vocab-size", "0"]
         router = start_service("router", logs, *r_flags, timeout=120)
         started.append(router)
         registry = rd / "registry.yaml"
