@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from kvmesh.engine.validation import check_temperature, check_top_k, check_top_p
+from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.errors import NotFound
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
@@ -50,6 +50,7 @@ class Frontend:
         check_temperature(sp.temperature)
         check_top_p(sp.top_p, zero_means_unset=True)
         check_top_k(sp.top_k)
+        check_penalties(sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty or 1.0)
 
     def lora_for(self, model: str, lora_name: str) -> str:
         """The LoRA adapter a request selects: `lora_name` (gRPC), else `model` when it names an adapter (the

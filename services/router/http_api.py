@@ -26,7 +26,6 @@ from typing import Any
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
-from kvmesh.engine.base import SamplingParams
 from kvmesh.errors import InvalidArgument, KvmeshError
 from kvmesh.openai.aio import BODY_TIMEOUT_S, ClientGone, SseWriter, client_gone, openai_errors, read_json
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
@@ -35,6 +34,7 @@ from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import Chunk, RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.v1 import common_pb2
+from kvmesh.wire.proto import sampling_to_proto
 
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -52,23 +52,6 @@ def _num(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -
     if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi) or not math.isfinite(v):
         raise InvalidArgument(key, f"must be a number in [{lo}, {hi}]")
     return float(v)
-
-
-def sampling_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
-    """Parsed sampling -> the wire's (max_tokens None = 0, the router's default; penalties are not on it)."""
-    out = common_pb2.SamplingParams(
-        temperature=sp.temperature,
-        top_p=sp.top_p,
-        top_k=sp.top_k,
-        max_tokens=sp.max_tokens or 0,
-        stop=sp.stop,
-        stop_token_ids=sp.stop_token_ids,
-        ignore_eos=sp.ignore_eos,
-        min_tokens=sp.min_tokens,
-    )
-    if sp.seed is not None:
-        out.seed = sp.seed
-    return out
 
 
 class HttpApi:

@@ -183,3 +183,15 @@ def test_resume_token_ids_bounded_and_not_counted_as_generated(router: ServicePr
     assert done[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and done[-1].usage.completion_tokens == 0
     part = generate(router, ids_req([5, 6, 7], 6, resume_token_ids=[9] * 2))
     assert sum(len(m.token_ids) for m in part) == 4 and part[-1].usage.completion_tokens == 4
+
+
+def test_grpc_penalties_out_of_range_are_refused(router: ServiceProcess) -> None:
+    """Penalties cross the router to the worker now (they were dropped there): out of range, they are refused."""
+    for field, value in (("presence_penalty", 3.0), ("frequency_penalty", -2.5), ("repetition_penalty", -1.0)):
+        req = ids_req([5, 6])
+        setattr(req.sampling, field, value)
+        err = grpc_error(router, req)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (err.details() or ""), err.details()
+    ok = ids_req([5, 6], 2)
+    ok.sampling.presence_penalty, ok.sampling.repetition_penalty = 0.5, 1.2
+    assert generate(router, ok)[-1].usage.completion_tokens == 2

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvmesh.cachemgr.types import Cleared, Removed, Stored
-from kvmesh.engine.base import EngineOutput, Usage
+from kvmesh.engine.base import EngineOutput, SamplingParams, Usage
 from kvmesh.kvevents import BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.v1 import common_pb2, worker_pb2
 from kvmesh.wire.proto import (
@@ -21,6 +21,8 @@ from kvmesh.wire.proto import (
     load_to_proto,
     output_to_proto,
     request_from_proto,
+    sampling_from_proto,
+    sampling_to_proto,
 )
 from tests.support.kv_strategies import kv_batch, kv_event
 
@@ -90,6 +92,31 @@ def test_request_decodes_prompt_sampling_and_unset_zero_values() -> None:
     assert (req.sampling.max_tokens, req.sampling.top_p, req.sampling.seed) == (None, 1.0, 0)
     text = request_from_proto(worker_pb2.GenerateRequest(request_id="r", text="hi"))
     assert (text.prompt, text.prompt_token_ids, text.sampling.seed) == ("hi", None, None)
+
+
+f16 = st.floats(-2, 2, width=16)  # exact in float32, the wire's width
+
+
+@given(
+    st.builds(
+        SamplingParams,
+        max_tokens=st.none() | st.integers(1, 8192),
+        min_tokens=st.integers(0, 16),
+        temperature=st.floats(0, 2, width=16),
+        top_p=st.floats(0.125, 1, width=16),
+        top_k=st.integers(-1, 100),
+        seed=st.none() | st.integers(0, 2**63 - 1),
+        stop=st.lists(st.text(min_size=1, max_size=4), max_size=3).map(tuple),
+        stop_token_ids=st.lists(st.integers(0, 1 << 20), max_size=3).map(tuple),
+        ignore_eos=st.booleans(),
+        presence_penalty=f16,
+        frequency_penalty=f16,
+        repetition_penalty=st.floats(0.125, 2, width=16),
+    )
+)
+def test_sampling_round_trips_every_field_penalties_included(sp: SamplingParams) -> None:
+    """Every sampling field crosses the router -> worker hop (a field left off would be silently ignored)."""
+    assert sampling_from_proto(sampling_to_proto(sp)) == sp
 
 
 def test_output_carries_usage_and_finish_on_the_last_message() -> None:

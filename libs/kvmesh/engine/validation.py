@@ -36,6 +36,15 @@ def check_top_k(value: int, field: str = "top_k") -> None:
         raise InvalidArgument(field, f"must be -1, 0 (disabled) or positive, got {value}")
 
 
+def check_penalties(presence: float, frequency: float, repetition: float) -> None:
+    """Presence and frequency penalties in [-2, 2], repetition penalty > 0, all finite."""
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not math.isfinite(value) or not -2 <= value <= 2:
+            raise InvalidArgument(name, f"must be in [-2, 2], got {value}")
+    if not math.isfinite(repetition) or repetition <= 0:
+        raise InvalidArgument("repetition_penalty", f"must be > 0, got {repetition}")
+
+
 def validate_sampling(p: SamplingParams, max_tokens_limit: int | None) -> None:
     """Raise `InvalidArgument(field, ...)` for the first out-of-range field (vLLM's own ranges);
     `max_tokens_limit=None` checks only max_tokens >= 1 (the engine checks its own limit later)."""
@@ -46,11 +55,7 @@ def validate_sampling(p: SamplingParams, max_tokens_limit: int | None) -> None:
     check_temperature(p.temperature)
     check_top_p(p.top_p)
     check_top_k(p.top_k)
-    for name, value in (("presence_penalty", p.presence_penalty), ("frequency_penalty", p.frequency_penalty)):
-        if not math.isfinite(value) or not -2 <= value <= 2:
-            raise InvalidArgument(name, f"must be in [-2, 2], got {value}")
-    if not math.isfinite(p.repetition_penalty) or p.repetition_penalty <= 0:
-        raise InvalidArgument("repetition_penalty", f"must be > 0, got {p.repetition_penalty}")
+    check_penalties(p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
     if any(t < 0 for t in p.stop_token_ids):
         raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
     if any(s == "" for s in p.stop):

@@ -182,6 +182,9 @@ class SamplingParams(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
     MIN_TOKENS_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
     """Softmax temperature, >= 0; 0 means greedy."""
     top_p: _builtins.float
@@ -196,6 +199,12 @@ class SamplingParams(_message.Message):
     """Keep generating after the end-of-sequence token."""
     min_tokens: _builtins.int
     """Minimum tokens to generate before stop conditions apply."""
+    presence_penalty: _builtins.float
+    """OpenAI presence penalty, in [-2, 2]; 0 means none."""
+    frequency_penalty: _builtins.float
+    """OpenAI frequency penalty, in [-2, 2]; 0 means none."""
+    repetition_penalty: _builtins.float
+    """vLLM repetition penalty, > 0; 0 means unset (1, none)."""
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stop strings; generation ends when one appears (not included in the output)."""
@@ -216,10 +225,13 @@ class SamplingParams(_message.Message):
         seed: _builtins.int | None = ...,
         ignore_eos: _builtins.bool = ...,
         min_tokens: _builtins.int = ...,
+        presence_penalty: _builtins.float = ...,
+        frequency_penalty: _builtins.float = ...,
+        repetition_penalty: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "min_tokens", b"min_tokens", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "max_tokens", b"max_tokens", "min_tokens", b"min_tokens", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015

@@ -23,7 +23,8 @@ MASK64 = (1 << 64) - 1
 
 
 def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
-    """proto3 zero values mean "unset": top_p 0 -> 1, max_tokens 0 -> the worker's guard."""
+    """proto3 zero values mean "unset": top_p 0 -> 1, repetition_penalty 0 -> 1, max_tokens 0 -> the worker's
+    guard."""
     return SamplingParams(
         max_tokens=p.max_tokens or None,
         min_tokens=p.min_tokens,
@@ -34,7 +35,30 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(p.stop_token_ids),
         stop=tuple(p.stop),
         ignore_eos=p.ignore_eos,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty or 1.0,
     )
+
+
+def sampling_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
+    """The engine's sampling -> the wire's (max_tokens None = 0, the receiver's default)."""
+    out = common_pb2.SamplingParams(
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        max_tokens=sp.max_tokens or 0,
+        stop=sp.stop,
+        stop_token_ids=sp.stop_token_ids,
+        ignore_eos=sp.ignore_eos,
+        min_tokens=sp.min_tokens,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        repetition_penalty=sp.repetition_penalty,
+    )
+    if sp.seed is not None:
+        out.seed = sp.seed
+    return out
 
 
 def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
