@@ -6,7 +6,9 @@ For one request (token ids already known):
    short ones wait in separate bounded queues; a full queue raises RESOURCE_EXHAUSTED with a retry-after;
 2. `Placement` hashes the prompt (salted per model, LoRA and tenant) and the routing profile picks a worker
    with the index replica's per-worker overlap;
-3. the worker streams tokens; the in-flight tracker and the worker's breaker follow the request;
+3. the worker streams tokens; the in-flight tracker and the worker's breaker follow the request; a stream
+   that sends nothing for longer than the worker's stall bound (`kvmesh.routing.stall`: its time to first
+   token, then between tokens) is cancelled and ends `Stalled` (a frozen worker keeps its connection open);
 4. when an attempt ends, `kvmesh.routing.attempts` decides: done, a retry elsewhere (no token yet,
    `kvmesh_retries_total`, at most `max_retries`), a migration (prompt + tokens so far and the remaining
    `max_tokens` on another worker, `kvmesh_migrations_total`, at most `max_migrations`) or fail, and what
@@ -16,6 +18,7 @@ For one request (token ids already known):
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,11 +30,12 @@ import numpy as np
 from kvmesh.errors import InvalidArgument, Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
+from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
-from kvmesh.services.router.observe import StreamClock, record_attempt_end
+from kvmesh.services.router.observe import StallWatch, StreamClock, record_attempt_end
 from kvmesh.services.router.placement import Placement
 from kvmesh.services.router.worker_stream import WorkerCall, attempt_request_bytes, classify, close_call
 from kvmesh.services.router.workers import WorkerHandle, WorkerPool
@@ -78,8 +82,11 @@ class RouterCore:
         admission: Admission,
         limits: CoreLimits,
         salt_model: str = "",
+        stall: StallConfig | None = None,
     ) -> None:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
+        self.stall = stall or StallConfig()
+        self.latency: dict[str, WorkerLatency] = {}  # per worker id: what its stall bounds derive from
         self.admission, self.limits, self.salt_model = admission, limits, salt_model
         self.gate = AdmissionGate(admission, limits.queue_timeout_s)
         self.placement = Placement(profile, pool, index, tracker, limits.block_size, salt_model)
@@ -122,33 +129,43 @@ class RouterCore:
                 usage = common_pb2.Usage(prompt_tokens=n_prompt, completion_tokens=len(att.tokens))
                 yield Chunk([], "", "", att.migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
-            wid, h, request = await self._dispatch(rid, req, plan, att.tokens, prompt_bytes, exclude)
+            wid, h, request, n_new = await self._dispatch(rid, req, plan, att.tokens, prompt_bytes, exclude)
             carrier: dict[str, str] = {}
             inject(carrier)
             call: WorkerCall | None = None
             clock.new_attempt(time.monotonic())
             outcome: at.Outcome = at.Ended()
             own_error: grpc.aio.AioRpcError | None = None
+            watch = StallWatch(self.stall, self._latency(wid), n_new)
             try:
-                call = await h.generate(rid, request, carrier)
-                async for resp in call:
-                    t = time.monotonic()
-                    if resp.token_ids:
-                        if clock.on_tokens(t):
-                            self.tracker.first_token(rid)
-                        att.add(resp.token_ids)
-                    if resp.finish_reason:
-                        outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
-                        self._record(wid, h, att.end(outcome), t)
-                        clock.on_finish(t)
-                        cached = min(resp.usage.cached_tokens, n_prompt)
-                        usage = common_pb2.Usage(
-                            prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
-                        )
-                        yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations, resp.finish_reason, usage)
-                        return
-                    if resp.token_ids or resp.text:
-                        yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations)
+                async with asyncio.timeout(None) as timer:
+                    watch.arm(timer)
+                    call = await h.generate(rid, request, carrier)
+                    watch.sent(time.monotonic())
+                    async for resp in call:
+                        t = time.monotonic()
+                        if resp.token_ids:
+                            watch.on_tokens(t)
+                            if clock.on_tokens(t):
+                                self.tracker.first_token(rid)
+                            att.add(resp.token_ids)
+                        if resp.finish_reason:
+                            outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
+                            self._record(wid, h, att.end(outcome), t)
+                            clock.on_finish(t)
+                            cached = min(resp.usage.cached_tokens, n_prompt)
+                            usage = common_pb2.Usage(
+                                prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
+                            )
+                            timer.reschedule(None)
+                            yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations, resp.finish_reason, usage)
+                            return
+                        if resp.token_ids or resp.text:
+                            timer.reschedule(None)  # the client's pace is no worker's stall
+                            yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations)
+                        watch.arm(timer)
+            except TimeoutError:
+                outcome = at.Stalled(watch.detail(wid))
             except grpc.aio.AioRpcError as e:
                 outcome, own_error = at.Failed(classify(e, call), f"{e.code().name}: {e.details()}"), e
             finally:
@@ -157,9 +174,16 @@ class RouterCore:
             d = att.end(outcome)
             self._record(wid, h, d, time.monotonic())
             exclude.add(wid)
-            record_attempt_end(rid, wid, d, len(att.tokens))
+            record_attempt_end(rid, wid, d, len(att.tokens), isinstance(outcome, at.Stalled))
             if d.action is at.Action.FAIL:
                 raise d.error or own_error or Unavailable(d.reason)
+
+    def _latency(self, wid: str) -> WorkerLatency:
+        """The worker's recent latencies (its stall bounds), created on first use."""
+        lat = self.latency.get(wid)
+        if lat is None:
+            lat = self.latency[wid] = WorkerLatency()
+        return lat
 
     async def _dispatch(
         self,
@@ -169,9 +193,10 @@ class RouterCore:
         so_far: list[int],
         prompt_bytes: bytes,
         exclude: set[str],
-    ) -> tuple[str, WorkerHandle, bytes]:
+    ) -> tuple[str, WorkerHandle, bytes, int]:
         """Routes the next attempt (prompt + `so_far`), opens it on the chosen worker's breaker and in the
-        in-flight tracker; returns (worker id, its handle, the request's wire bytes)."""
+        in-flight tracker; returns (worker id, its handle, the request's wire bytes, the prompt tokens the
+        worker has to compute: not cached there)."""
         base = np.array(req.prompt.ids, dtype=np.uint32)
         prompt = np.concatenate([base, np.array(so_far, dtype=np.uint32)]) if so_far else base
         wid, overlap = await self.placement.route(
@@ -183,7 +208,7 @@ class RouterCore:
         h.breaker.on_dispatch(now)
         self.tracker.assign(rid, wid, len(prompt) - overlap, len(prompt), self.limits.block_size, now)
         head = worker_pb2.GenerateRequest(request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True)
-        return wid, h, attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far)
+        return wid, h, attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far), len(prompt) - overlap
 
     def _record(self, wid: str, h: WorkerHandle, d: at.AttemptDecision, now: float) -> None:
         """Applies what the decision says the worker's breaker records."""

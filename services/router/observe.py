@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 from kvmesh.routing import Decision
 from kvmesh.routing.attempts import AttemptDecision
+from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.services.router import metrics as m
 from kvmesh.telemetry.tracing import recording, tracer
 
@@ -70,8 +72,46 @@ class StreamClock:
         m.E2E.observe(t - self.started)
 
 
-def record_attempt_end(rid: str, wid: str, d: AttemptDecision, n_so_far: int) -> None:
-    """Counts and logs an attempt's retry or migration."""
+class StallWatch:
+    """One attempt's stall deadline: arms the request path's `asyncio.timeout` with the worker's time-to-first-
+    token bound, then its inter-token bound after each message, and feeds the worker's latency EWMAs."""
+
+    __slots__ = ("_bound", "_cfg", "_first", "_lat", "_n_new", "_t_prev")
+
+    def __init__(self, cfg: StallConfig, lat: WorkerLatency, n_new: int) -> None:
+        self._cfg, self._lat, self._n_new = cfg, lat, n_new
+        self._first = True
+        self._t_prev = 0.0
+        self._bound = lat.ttft_bound(cfg, n_new)
+
+    def sent(self, t: float) -> None:
+        self._t_prev = t
+
+    def on_tokens(self, t: float) -> None:
+        """A message with tokens arrived at `t`: a latency sample, and the next bound is the inter-token one."""
+        alpha = self._cfg.ewma_alpha
+        if self._first:
+            self._lat.on_first_token(t - self._t_prev, self._n_new, alpha)
+            self._first = False
+        else:
+            self._lat.on_gap(t - self._t_prev, alpha)
+        self._t_prev = t
+        self._bound = self._lat.itl_bound(self._cfg)
+
+    def arm(self, timer: asyncio.Timeout) -> None:
+        """The deadline for the next message: now + the current bound (none when stall bounds are off)."""
+        if self._cfg.enabled:
+            timer.reschedule(asyncio.get_running_loop().time() + self._bound)
+
+    def detail(self, wid: str) -> str:
+        what = "first token" if self._first else "next token"
+        return f"STALLED: no {what} from {wid} within {self._bound:.2f} s"
+
+
+def record_attempt_end(rid: str, wid: str, d: AttemptDecision, n_so_far: int, stalled: bool = False) -> None:
+    """Counts and logs an attempt's retry or migration (and a stall)."""
+    if stalled:
+        m.STALLS.inc()
     if d.retry:
         m.RETRIES.inc()
         log.warning("request %s: worker %s failed before its first token (%s); retry %d", rid, wid, d.reason, d.retry)
