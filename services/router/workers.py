@@ -26,8 +26,8 @@ import grpc
 
 from kvmesh.config import ServerSettings
 from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, InflightTracker, WorkerView
-from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.routing.stall import report_age_bound
+from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
