@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from kvmesh.errors import InvalidArgument, Unavailable
+from kvmesh.errors import InvalidArgument, KvmeshError, Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
 from kvmesh.routing.stall import StallConfig, WorkerLatency
@@ -68,6 +68,44 @@ class Chunk:
     migrations: int
     finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
     usage: common_pb2.Usage | None = None
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt of a request on one worker: its request bytes, call, stall watch; `hedge`: a second try
+    racing the first for its first token."""
+
+    request_id: str
+    wid: str
+    h: WorkerHandle
+    request: bytes
+    n_new: int  # prompt tokens the worker has to compute (not cached there)
+    kv_tokens: int
+    watch: StallWatch
+    call: WorkerCall | None = None
+    hedge: bool = False
+    _it: AsyncIterator[worker_pb2.GenerateResponse] | None = None
+
+    @property
+    def it(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """The call's steps (one iterator per attempt: a step read by a racer is not read again)."""
+        if self._it is None:
+            assert self.call is not None
+            self._it = aiter(self.call)
+        return self._it
+
+    def steps(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        return self.it
+
+    def take(self, other: _Attempt) -> None:
+        """Becomes `other` (a hedge that won)."""
+        for name in self.__slots__:
+            setattr(self, name, getattr(other, name))
+
+
+def _next(a: _Attempt) -> asyncio.Future[worker_pb2.GenerateResponse]:
+    """The attempt's next step, as a future a race can wait on."""
+    return asyncio.ensure_future(anext(a.it))
 
 
 class RouterCore:
@@ -123,60 +161,196 @@ class RouterCore:
         prompt_bytes = req.prompt.SerializeToString() if req.prompt_bytes is None else req.prompt_bytes
         exclude: set[str] = set()
         clock = StreamClock(started)
+        hedged = False  # at most one hedge per request
         while True:
             plan = att.next_attempt(req.sampling.min_tokens)
             if isinstance(plan, at.LengthReached):
                 usage = common_pb2.Usage(prompt_tokens=n_prompt, completion_tokens=len(att.tokens))
                 yield Chunk([], "", "", att.migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
-            wid, h, request, n_new = await self._dispatch(rid, req, plan, att.tokens, prompt_bytes, exclude)
+            cur = await self._dispatch(rid, req, plan, att.tokens, prompt_bytes, exclude)
             carrier: dict[str, str] = {}
             inject(carrier)
-            call: WorkerCall | None = None
             clock.new_attempt(time.monotonic())
             outcome: at.Outcome = at.Ended()
             own_error: grpc.aio.AioRpcError | None = None
-            watch = StallWatch(self.stall, self._latency(wid), n_new)
+            hedge = self.stall.hedge and self.stall.enabled and not hedged
             try:
                 async with asyncio.timeout(None) as timer:
-                    watch.arm(timer)
-                    call = await h.generate(rid, request, carrier)
-                    watch.sent(time.monotonic())
-                    async for resp in call:
+                    if not hedge:  # a hedged first token has its own race (`_hedged`)
+                        cur.watch.arm(timer)
+                    await self._send(cur, rid, carrier)
+                    steps = (
+                        self._hedged(cur, rid, req, plan, att.tokens, prompt_bytes, exclude, carrier)
+                        if hedge
+                        else cur.steps()
+                    )
+                    hedged = hedged or hedge
+                    async for resp in steps:
                         t = time.monotonic()
                         if resp.token_ids:
-                            watch.on_tokens(t)
+                            cur.watch.on_tokens(t)
                             if clock.on_tokens(t):
                                 self.tracker.first_token(rid)
                             att.add(resp.token_ids)
                         if resp.finish_reason:
                             outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
-                            self._record(wid, h, att.end(outcome), t)
+                            self._record(cur.wid, cur.h, att.end(outcome), t)
                             clock.on_finish(t)
                             cached = min(resp.usage.cached_tokens, n_prompt)
                             usage = common_pb2.Usage(
                                 prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
                             )
                             timer.reschedule(None)
-                            yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations, resp.finish_reason, usage)
+                            yield Chunk(
+                                list(resp.token_ids), resp.text, cur.wid, att.migrations, resp.finish_reason, usage
+                            )
                             return
                         if resp.token_ids or resp.text:
                             timer.reschedule(None)  # the client's pace is no worker's stall
-                            yield Chunk(list(resp.token_ids), resp.text, wid, att.migrations)
-                        watch.arm(timer)
+                            yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations)
+                        cur.watch.arm(timer)
             except TimeoutError:
-                outcome = at.Stalled(watch.detail(wid))
+                outcome = at.Stalled(cur.watch.detail(cur.wid))
             except grpc.aio.AioRpcError as e:
-                outcome, own_error = at.Failed(classify(e, call), f"{e.code().name}: {e.details()}"), e
+                outcome, own_error = at.Failed(classify(e, cur.call), f"{e.code().name}: {e.details()}"), e
             finally:
-                close_call(call, isinstance(outcome, at.Finished))
+                close_call(cur.call, isinstance(outcome, at.Finished))
                 self.tracker.finish(rid)
             d = att.end(outcome)
-            self._record(wid, h, d, time.monotonic())
-            exclude.add(wid)
-            record_attempt_end(rid, wid, d, len(att.tokens), isinstance(outcome, at.Stalled))
+            self._record(cur.wid, cur.h, d, time.monotonic())
+            exclude.add(cur.wid)
+            record_attempt_end(rid, cur.wid, d, len(att.tokens), isinstance(outcome, at.Stalled))
             if d.action is at.Action.FAIL:
                 raise d.error or own_error or Unavailable(d.reason)
+
+    async def _send(self, a: _Attempt, rid: str, carrier: dict[str, str]) -> None:
+        """Sends the attempt's request to its worker."""
+        a.call = await a.h.generate(rid, a.request, carrier)
+        a.watch.sent(time.monotonic())
+
+    async def _hedged(
+        self,
+        cur: _Attempt,
+        rid: str,
+        req: RouterRequest,
+        plan: at.NextAttempt,
+        so_far: list[int],
+        prompt_bytes: bytes,
+        exclude: set[str],
+        carrier: dict[str, str],
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """`cur`'s steps, its first one raced: when it is later than `cur`'s stall bound, the same attempt goes
+        to a second worker too, and the first of the two to send a step wins; the other is cancelled (a late
+        primary counts as stalled). `cur` is updated in place to the winner. Raises TimeoutError when neither
+        answers within its bound (a stall of `cur`)."""
+        racers: dict[asyncio.Future[worker_pb2.GenerateResponse], _Attempt] = {_next(cur): cur}
+        deadline = time.monotonic() + cur.watch.bound
+        sent_hedge = False
+        try:
+            for _ in range(4):  # each pass ends the race, drops a racer or adds the one hedge
+                left = max(deadline - time.monotonic(), 0.0)
+                done, _ = await asyncio.wait(racers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                won = next((t for t in done if t.exception() is None), None)
+                if won is not None:
+                    self._hedge_won(cur, racers.pop(won), racers)
+                    first = won.result()
+                    break
+                if done:  # a racer failed or ended: the other goes on; the last one's error is the attempt's
+                    t = next(iter(done))
+                    lost = racers.pop(t)
+                    if not racers:
+                        cur.take(lost)
+                        first = t.result()  # raises
+                    self._abandon(lost, stalled=True, exclude=exclude)
+                    continue
+                if not sent_hedge:
+                    sent_hedge = True
+                    second = await self._hedge(rid, req, plan, so_far, prompt_bytes, exclude | {cur.wid}, carrier)
+                    if second is not None:
+                        racers[_next(second)] = second
+                        deadline = time.monotonic() + second.watch.bound
+                        continue
+                break
+            else:
+                raise AssertionError("unreachable: the race has at most 4 passes")
+            if won is None:  # neither answered in time: the attempt stalls
+                self._stall_race(cur, racers, exclude)
+                raise TimeoutError
+        except StopAsyncIteration:
+            return
+        finally:  # a cancelled request (client gone) leaves no racer behind
+            for t, a in racers.items():
+                t.cancel()
+                if a is not cur:
+                    close_call(a.call, False)
+        yield first
+        async for step in cur.it:
+            yield step
+
+    async def _hedge(
+        self,
+        rid: str,
+        req: RouterRequest,
+        plan: at.NextAttempt,
+        so_far: list[int],
+        prompt_bytes: bytes,
+        exclude: set[str],
+        carrier: dict[str, str],
+    ) -> _Attempt | None:
+        """The hedge attempt on another worker, sent; None when no other worker can take it."""
+        try:
+            a = await self._dispatch(rid, req, plan, so_far, prompt_bytes, exclude)
+        except KvmeshError:
+            return None
+        a.hedge = True
+        try:
+            await self._send(a, rid, carrier)
+        except grpc.aio.AioRpcError:
+            self._abandon(a, stalled=False, exclude=exclude)
+            return None
+        return a
+
+    def _hedge_won(
+        self, cur: _Attempt, winner: _Attempt, losers: dict[asyncio.Future[worker_pb2.GenerateResponse], _Attempt]
+    ) -> None:
+        """`winner` sent the first step: the losers are cancelled and `cur` becomes the winner."""
+        if not winner.hedge and not losers:
+            return  # no race was run: the primary answered in time
+        m.HEDGES.labels("hedge" if winner.hedge else "primary").inc()
+        for t, lost in list(losers.items()):
+            t.cancel()
+            self._abandon(lost, stalled=not lost.hedge, exclude=set())
+        losers.clear()
+        now = time.monotonic()
+        self.tracker.assign(cur.request_id, winner.wid, winner.n_new, winner.kv_tokens, self.limits.block_size, now)
+        if winner is not cur:
+            cur.take(winner)
+
+    def _stall_race(
+        self, cur: _Attempt, racers: dict[asyncio.Future[worker_pb2.GenerateResponse], _Attempt], exclude: set[str]
+    ) -> None:
+        """Neither racer answered within its bound: one stays the attempt (it ends Stalled), the others are
+        cancelled as stalled too."""
+        keep = cur if any(a is cur for a in racers.values()) else next(iter(racers.values()))
+        for t, a in list(racers.items()):
+            t.cancel()
+            if a is not keep:
+                self._abandon(a, stalled=True, exclude=exclude)
+        racers.clear()
+        if keep is not cur:
+            cur.take(keep)
+
+    def _abandon(self, a: _Attempt, stalled: bool, exclude: set[str]) -> None:
+        """Cancels a lost racer's call; a stalled primary trips its worker's breaker, a hedge frees its slot."""
+        close_call(a.call, False)
+        now = time.monotonic()
+        exclude.add(a.wid)
+        if stalled:
+            m.STALLS.inc()
+            self.pool.mark_failed(a.wid, now, a.watch.detail(a.wid))
+        else:
+            a.h.breaker.record(now, 0.0, True)
 
     def _latency(self, wid: str) -> WorkerLatency:
         """The worker's recent latencies (its stall bounds), created on first use."""
@@ -193,10 +367,9 @@ class RouterCore:
         so_far: list[int],
         prompt_bytes: bytes,
         exclude: set[str],
-    ) -> tuple[str, WorkerHandle, bytes, int]:
+    ) -> _Attempt:
         """Routes the next attempt (prompt + `so_far`), opens it on the chosen worker's breaker and in the
-        in-flight tracker; returns (worker id, its handle, the request's wire bytes, the prompt tokens the
-        worker has to compute: not cached there)."""
+        in-flight tracker; returns it, not yet sent."""
         base = np.array(req.prompt.ids, dtype=np.uint32)
         prompt = np.concatenate([base, np.array(so_far, dtype=np.uint32)]) if so_far else base
         wid, overlap = await self.placement.route(
@@ -206,9 +379,12 @@ class RouterCore:
         h.selections_total += 1
         now = time.monotonic()
         h.breaker.on_dispatch(now)
-        self.tracker.assign(rid, wid, len(prompt) - overlap, len(prompt), self.limits.block_size, now)
+        n_new = len(prompt) - overlap
+        self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
         head = worker_pb2.GenerateRequest(request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True)
-        return wid, h, attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far), len(prompt) - overlap
+        request = attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far)
+        watch = StallWatch(self.stall, self._latency(wid), n_new)
+        return _Attempt(rid, wid, h, request, n_new, len(prompt), watch)
 
     def _record(self, wid: str, h: WorkerHandle, d: at.AttemptDecision, now: float) -> None:
         """Applies what the decision says the worker's breaker records."""

@@ -84,6 +84,11 @@ class StallWatch:
         self._t_prev = 0.0
         self._bound = lat.ttft_bound(cfg, n_new)
 
+    @property
+    def bound(self) -> float:
+        """Seconds the attempt may wait for its next message now."""
+        return self._bound
+
     def sent(self, t: float) -> None:
         self._t_prev = t
 

@@ -83,11 +83,14 @@ def listed(router: ServiceProcess) -> dict[str, router_pb2.WorkerStatus]:
     return {w.endpoint.address: w for w in resp.workers}
 
 
-def routable(router: ServiceProcess) -> float:
+def metric(router: ServiceProcess, name: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{router.http_port}/metrics", timeout=10).text
-    m = re.search(r"^kvmesh_router_workers_routable (\S+)$", text, re.M)
-    assert m
-    return float(m.group(1))
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def routable(router: ServiceProcess) -> float:
+    return metric(router, "kvmesh_router_workers_routable")
 
 
 def out_of_rotation(w: router_pb2.WorkerStatus) -> bool:
@@ -107,12 +110,14 @@ def p99(xs: list[float]) -> float:
     return s[max(math.ceil(0.99 * len(s)) - 1, 0)] if s else 0.0
 
 
-def test_a_frozen_worker_never_stalls_a_stream(services: Callable[..., ServiceProcess]) -> None:
+@pytest.mark.parametrize("hedge", ["false", "true"])
+def test_a_frozen_worker_never_stalls_a_stream(hedge: str, services: Callable[..., ServiceProcess]) -> None:
     workers = [
         services("worker", "--engine", "sim", "--sim-speed", "1", "--block-size", "16", "--kv-blocks", "4096")
         for _ in range(N_WORKERS)
     ]
-    router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", "16")
+    addresses = ",".join(w.address for w in workers)
+    router = services("router", "--workers", addresses, "--block-size", "16", "--hedge-first-token", hedge)
     assert wait_for(lambda: routable(router) == N_WORKERS, 20)
     with grpc.insecure_channel(router.address) as ch:  # the undisturbed tokens; also warms the latency EWMAs
         stub = router_pb2_grpc.RouterServiceStub(ch)
@@ -164,10 +169,13 @@ def test_a_frozen_worker_never_stalls_a_stream(services: Callable[..., ServicePr
     lat = [d.ended - d.started for d in on_frozen]
     lat_during = [d.ended - d.started for d in during]
     print(
-        f"requests={len(done)} during_stop={len(during)} migrated_off_frozen={len(on_frozen)} "
+        f"hedge={hedge} requests={len(done)} during_stop={len(during)} migrated_off_frozen={len(on_frozen)} "
         f"p99_on_frozen={p99(lat):.2f}s max_on_frozen={max(lat, default=0):.2f}s "
         f"p99_during_stop={p99(lat_during):.2f}s out_of_rotation_after={t_out:.2f}s back_after_cont={t_back:.2f}s"
     )
     assert on_frozen, "no request was migrated off the frozen worker"
+    assert metric(router, "kvmesh_router_stalls_total") >= len(on_frozen)
+    if hedge == "true":
+        assert metric(router, 'kvmesh_router_hedges_total{winner="hedge"}') >= 1
     assert p99(lat) < 3.0
     assert p99(lat_during) < 3.0

@@ -254,3 +254,51 @@ async def test_the_stall_bound_follows_the_workers_own_gaps() -> None:
     assert [t for c in chunks for t in c.token_ids] == [7, 8, 9, 10] and pool.failed == []
     (lat,) = core.latency.values()
     assert 0.3 < lat.itl_bound(cfg) < 5.0
+
+
+HEDGE = StallConfig(itl_floor_s=0.05, itl_ceiling_s=0.05, ttft_floor_s=0.05, ttft_ceiling_s=0.05, hedge=True)
+
+
+def hedges(winner: str) -> float:
+    return counter_labelled("kvmesh_router_hedges_total", winner)
+
+
+def counter_labelled(name: str, winner: str) -> float:
+    return REGISTRY.get_sample_value(name, {"winner": winner}) or 0.0
+
+
+async def test_a_late_first_token_is_hedged_and_the_hedge_that_answers_wins_alone() -> None:
+    frozen = FrozenCall([], later=[step([99])] * 3)  # answers, but only after the hedge has: never streamed
+    hedge = ScriptedCall([step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([frozen, hedge])
+    won = hedges("hedge")
+    chunks = await collect(core_for(pool, HEDGE), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8]
+    assert {c.worker_id for c in chunks} == {chunks[-1].worker_id} and chunks[-1].migrations == 0
+    assert [list(r.token_ids.ids) for r in pool.sent] == [PROMPT, PROMPT]
+    assert frozen.was_cancelled and not hedge.was_cancelled
+    assert pool.failed == [w for w in pool.by_id if w != chunks[-1].worker_id]  # the late one's circuit opens
+    assert hedges("hedge") == won + 1
+
+
+async def test_a_primary_that_answers_first_wins_and_the_hedge_is_aborted() -> None:
+    late = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])  # 0.2 s late
+    hedge = FrozenCall([])  # the hedge never answers
+    pool = FakePool([late, hedge])
+    cfg = StallConfig(itl_floor_s=1.0, itl_ceiling_s=1.0, ttft_floor_s=0.1, ttft_ceiling_s=0.1, hedge=True)
+    won = hedges("primary")
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and len(pool.sent) == 2
+    assert hedge.was_cancelled and not late.was_cancelled and pool.failed == []
+    assert hedges("primary") == won + 1
+
+
+async def test_when_neither_racer_answers_the_attempt_stalls_and_retries_elsewhere() -> None:
+    primary, second = FrozenCall([]), FrozenCall([])
+    pool = FakePool([primary, second, ScriptedCall([step([7], finish=common_pb2.FINISH_REASON_STOP)], None)])
+    pool.by_id["w2"] = FakeHandle("w2", pool.by_id["w0"].scripts, pool.sent)
+    core = core_for(pool, HEDGE)
+    chunks = await collect(core, request())
+    assert [t for c in chunks for t in c.token_ids] == [7]
+    assert primary.was_cancelled and second.was_cancelled  # both racers late: both stalled, both tripped
+    assert len(set(pool.failed)) == 2 and chunks[-1].worker_id not in pool.failed and len(pool.sent) == 3
