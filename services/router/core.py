@@ -9,6 +9,8 @@ For one request (token ids already known):
 3. the worker streams tokens; the in-flight tracker and the worker's breaker follow the request; a stream
    that sends nothing for longer than the worker's stall bound (`kvmesh.routing.stall`: its time to first
    token, then between tokens) is cancelled and ends `Stalled` (a frozen worker keeps its connection open);
+   with `StallConfig.hedge`, a first attempt whose first token is later than its bound also goes to a second
+   worker: the first of the two to send a step streams, the other is cancelled (`kvmesh_router_hedges_total`);
 4. when an attempt ends, `kvmesh.routing.attempts` decides: done, a retry elsewhere (no token yet,
    `kvmesh_retries_total`, at most `max_retries`), a migration (prompt + tokens so far and the remaining
    `max_tokens` on another worker, `kvmesh_migrations_total`, at most `max_migrations`) or fail, and what
@@ -161,7 +163,7 @@ class RouterCore:
         prompt_bytes = req.prompt.SerializeToString() if req.prompt_bytes is None else req.prompt_bytes
         exclude: set[str] = set()
         clock = StreamClock(started)
-        hedged = False  # at most one hedge per request
+        hedged = False  # only a request's first attempt may race a hedge
         while True:
             plan = att.next_attempt(req.sampling.min_tokens)
             if isinstance(plan, at.LengthReached):
@@ -262,7 +264,7 @@ class RouterCore:
                     if not racers:
                         cur.take(lost)
                         first = t.result()  # raises
-                    self._abandon(lost, stalled=True, exclude=exclude)
+                    self._abandon(lost, exclude, trip=f"failed while racing: {t.exception()!r}")
                     continue
                 if not sent_hedge:
                     sent_hedge = True
@@ -306,8 +308,8 @@ class RouterCore:
         a.hedge = True
         try:
             await self._send(a, rid, carrier)
-        except grpc.aio.AioRpcError:
-            self._abandon(a, stalled=False, exclude=exclude)
+        except grpc.aio.AioRpcError as e:
+            self._abandon(a, exclude, trip=f"hedge not sent: {e.code().name}")
             return None
         return a
 
@@ -320,7 +322,7 @@ class RouterCore:
         m.HEDGES.labels("hedge" if winner.hedge else "primary").inc()
         for t, lost in list(losers.items()):
             t.cancel()
-            self._abandon(lost, stalled=not lost.hedge, exclude=set())
+            self._abandon(lost, set(), stalled=not lost.hedge)
         losers.clear()
         now = time.monotonic()
         self.tracker.assign(cur.request_id, winner.wid, winner.n_new, winner.kv_tokens, self.limits.block_size, now)
@@ -336,19 +338,22 @@ class RouterCore:
         for t, a in list(racers.items()):
             t.cancel()
             if a is not keep:
-                self._abandon(a, stalled=True, exclude=exclude)
+                self._abandon(a, exclude, stalled=True)
         racers.clear()
         if keep is not cur:
             cur.take(keep)
 
-    def _abandon(self, a: _Attempt, stalled: bool, exclude: set[str]) -> None:
-        """Cancels a lost racer's call; a stalled primary trips its worker's breaker, a hedge frees its slot."""
+    def _abandon(self, a: _Attempt, exclude: set[str], stalled: bool = False, trip: str = "") -> None:
+        """Cancels a racer's call and excludes its worker: a stalled or failed one trips the worker's breaker
+        (a stall is counted), one that merely lost frees its breaker slot (a 0 ms success sample)."""
         close_call(a.call, False)
         now = time.monotonic()
         exclude.add(a.wid)
         if stalled:
             m.STALLS.inc()
-            self.pool.mark_failed(a.wid, now, a.watch.detail(a.wid))
+            trip = a.watch.detail(a.wid)
+        if trip:
+            self.pool.mark_failed(a.wid, now, trip)
         else:
             a.h.breaker.record(now, 0.0, True)
 
