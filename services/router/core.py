@@ -178,45 +178,47 @@ class RouterCore:
             own_error: grpc.aio.AioRpcError | None = None
             hedge = self.stall.hedge and self.stall.enabled and not hedged
             try:
-                async with asyncio.timeout(None) as timer:
-                    if not hedge:  # a hedged first token has its own race (`_hedged`)
-                        cur.watch.arm(timer)
-                    await self._send(cur, rid, carrier)
-                    steps = (
-                        self._hedged(cur, rid, req, plan, att.tokens, prompt_bytes, exclude, carrier)
-                        if hedge
-                        else cur.steps()
-                    )
-                    hedged = hedged or hedge
-                    async for resp in steps:
-                        t = time.monotonic()
-                        if resp.token_ids:
-                            cur.watch.on_tokens(t)
-                            if clock.on_tokens(t):
-                                self.tracker.first_token(rid)
-                            att.add(resp.token_ids)
-                        if resp.finish_reason:
-                            outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
-                            self._record(cur.wid, cur.h, att.end(outcome), t)
-                            clock.on_finish(t)
-                            cached = min(resp.usage.cached_tokens, n_prompt)
-                            usage = common_pb2.Usage(
-                                prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
-                            )
-                            timer.reschedule(None)
-                            yield Chunk(
-                                list(resp.token_ids), resp.text, cur.wid, att.migrations, resp.finish_reason, usage
-                            )
-                            return
-                        if resp.token_ids or resp.text:
-                            timer.reschedule(None)  # the client's pace is no worker's stall
-                            yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations)
-                        cur.watch.arm(timer)
-            except TimeoutError:
+                if not hedge:  # a hedged first token has its own race (`_hedged`)
+                    cur.watch.arm()
+                await self._send(cur, rid, carrier)
+                steps = (
+                    self._hedged(cur, rid, req, plan, att.tokens, prompt_bytes, exclude, carrier)
+                    if hedge
+                    else cur.steps()
+                )
+                hedged = hedged or hedge
+                async for resp in steps:
+                    t = time.monotonic()
+                    cur.watch.on_step(t, bool(resp.token_ids))
+                    if resp.token_ids:
+                        if clock.on_tokens(t):
+                            self.tracker.first_token(rid)
+                        att.add(resp.token_ids)
+                    if resp.finish_reason:
+                        outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
+                        self._record(cur.wid, cur.h, att.end(outcome), t)
+                        clock.on_finish(t)
+                        cached = min(resp.usage.cached_tokens, n_prompt)
+                        usage = common_pb2.Usage(
+                            prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=len(att.tokens)
+                        )
+                        cur.watch.disarm()
+                        yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations, resp.finish_reason, usage)
+                        return
+                    if resp.token_ids or resp.text:
+                        cur.watch.disarm()  # the client's pace is no worker's stall
+                        yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations)
+                    cur.watch.arm()
+            except asyncio.CancelledError:
+                if not cur.watch.stalled():
+                    raise
+                outcome = at.Stalled(cur.watch.detail(cur.wid))
+            except TimeoutError:  # a hedged race that neither racer answered
                 outcome = at.Stalled(cur.watch.detail(cur.wid))
             except grpc.aio.AioRpcError as e:
                 outcome, own_error = at.Failed(classify(e, cur.call), f"{e.code().name}: {e.details()}"), e
             finally:
+                cur.watch.disarm()
                 close_call(cur.call, isinstance(outcome, at.Finished))
                 self.tracker.finish(rid)
             d = att.end(outcome)
@@ -271,7 +273,7 @@ class RouterCore:
                     second = await self._hedge(rid, req, plan, so_far, prompt_bytes, exclude | {cur.wid}, carrier)
                     if second is not None:
                         racers[_next(second)] = second
-                        deadline = time.monotonic() + second.watch.bound
+                        deadline = time.monotonic() + self.stall.ttft_ceiling_s  # a busy pair is waited for
                         continue
                 break
             else:
@@ -322,7 +324,7 @@ class RouterCore:
         m.HEDGES.labels("hedge" if winner.hedge else "primary").inc()
         for t, lost in list(losers.items()):
             t.cancel()
-            self._abandon(lost, set(), stalled=not lost.hedge)
+            self._abandon(lost, set(), stalled=not lost.hedge and lost.watch.silent(time.monotonic()))
         losers.clear()
         now = time.monotonic()
         self.tracker.assign(cur.request_id, winner.wid, winner.n_new, winner.kv_tokens, self.limits.block_size, now)
@@ -388,7 +390,7 @@ class RouterCore:
         self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
         head = worker_pb2.GenerateRequest(request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True)
         request = attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far)
-        watch = StallWatch(self.stall, self._latency(wid), n_new)
+        watch = StallWatch(self.stall, self._latency(wid), n_new, lambda: h.last_report_rx)
         return _Attempt(rid, wid, h, request, n_new, len(prompt), watch)
 
     def _record(self, wid: str, h: WorkerHandle, d: at.AttemptDecision, now: float) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
 from kvmesh.routing import Decision
 from kvmesh.routing.attempts import AttemptDecision
-from kvmesh.routing.stall import StallConfig, WorkerLatency
+from kvmesh.routing.stall import StallConfig, WorkerLatency, stall_check
 from kvmesh.services.router import metrics as m
 from kvmesh.telemetry.tracing import recording, tracer
 
@@ -73,44 +76,96 @@ class StreamClock:
 
 
 class StallWatch:
-    """One attempt's stall deadline: arms the request path's `asyncio.timeout` with the worker's time-to-first-
-    token bound, then its inter-token bound after each message, and feeds the worker's latency EWMAs."""
+    """One attempt's stall deadline (`kvmesh.routing.stall`): armed while the attempt waits for a message (the
+    time-to-first-token bound, then the inter-token one), it cancels the request's task once
+    `stall_check` says the stream is stalled; `stalled()` then tells that cancellation from any other. Feeds the
+    worker's latency EWMAs. `last_report`: when the worker's last load report arrived."""
 
-    __slots__ = ("_bound", "_cfg", "_first", "_lat", "_n_new", "_t_prev")
+    __slots__ = (
+        "_cancelling",
+        "_ceiling",
+        "_cfg",
+        "_first",
+        "_handle",
+        "_last_report",
+        "_lat",
+        "_n_new",
+        "_since",
+        "_task",
+        "bound",
+        "fired",
+    )  # fmt: skip
 
-    def __init__(self, cfg: StallConfig, lat: WorkerLatency, n_new: int) -> None:
-        self._cfg, self._lat, self._n_new = cfg, lat, n_new
+    def __init__(self, cfg: StallConfig, lat: WorkerLatency, n_new: int, last_report: Callable[[], float]) -> None:
+        self._cfg, self._lat, self._n_new, self._last_report = cfg, lat, n_new, last_report
         self._first = True
-        self._t_prev = 0.0
-        self._bound = lat.ttft_bound(cfg, n_new)
-
-    @property
-    def bound(self) -> float:
-        """Seconds the attempt may wait for its next message now."""
-        return self._bound
+        self._since = 0.0
+        self.bound = lat.ttft_bound(cfg, n_new)
+        self._ceiling = cfg.ttft_ceiling_s
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self.fired = False
 
     def sent(self, t: float) -> None:
-        self._t_prev = t
+        self._since = t
 
-    def on_tokens(self, t: float) -> None:
-        """A message with tokens arrived at `t`: a latency sample, and the next bound is the inter-token one."""
+    def on_step(self, t: float, tokens: bool) -> None:
+        """A message arrived at `t`: a sign of life; with tokens, a latency sample and the next bound is the
+        inter-token one."""
+        self._lat.seen(t)
+        if not tokens:
+            return
         alpha = self._cfg.ewma_alpha
         if self._first:
-            self._lat.on_first_token(t - self._t_prev, self._n_new, alpha)
+            self._lat.on_first_token(t - self._since, self._n_new, alpha)
             self._first = False
+            self._ceiling = self._cfg.itl_ceiling_s
         else:
-            self._lat.on_gap(t - self._t_prev, alpha)
-        self._t_prev = t
-        self._bound = self._lat.itl_bound(self._cfg)
+            self._lat.on_gap(t - self._since, alpha)
+        self._since = t
+        self.bound = self._lat.itl_bound(self._cfg)
 
-    def arm(self, timer: asyncio.Timeout) -> None:
-        """The deadline for the next message: now + the current bound (none when stall bounds are off)."""
-        if self._cfg.enabled:
-            timer.reschedule(asyncio.get_running_loop().time() + self._bound)
+    def arm(self) -> None:
+        """Starts waiting for the next message now (nothing when stall detection is off)."""
+        self.disarm()
+        if not self._cfg.enabled:
+            return
+        if self._task is None:
+            self._task = asyncio.current_task()
+            self._cancelling = self._task.cancelling() if self._task is not None else 0
+        self._since = time.monotonic()
+        self._handle = asyncio.get_running_loop().call_later(self.bound, self._check)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def silent(self, now: float) -> bool:
+        """Whether the stream counts as stalled at `now` (see `kvmesh.routing.stall.stall_check`)."""
+        last = max(self._lat.last_seen, self._last_report())
+        return stall_check(now, self._since, last, self.bound, self._ceiling) is None
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        last = max(self._lat.last_seen, self._last_report())
+        nxt = stall_check(now, self._since, last, self.bound, self._ceiling)
+        if nxt is not None:  # the worker still shows life: look again when it may have gone quiet
+            self._handle = asyncio.get_running_loop().call_later(nxt - now, self._check)
+            return
+        self._handle = None
+        if self._task is not None:
+            self.fired = True
+            self._task.cancel()
+
+    def stalled(self) -> bool:
+        """After a CancelledError: True when this watch cancelled the task (the cancellation is taken back)."""
+        return self.fired and self._task is not None and self._task.uncancel() <= self._cancelling
 
     def detail(self, wid: str) -> str:
         what = "first token" if self._first else "next token"
-        return f"STALLED: no {what} from {wid} within {self._bound:.2f} s"
+        return f"STALLED: no {what} from {wid} within {self.bound:.2f} s, and the worker silent"
 
 
 def record_attempt_end(rid: str, wid: str, d: AttemptDecision, n_so_far: int, stalled: bool = False) -> None:

@@ -84,6 +84,7 @@ class FakeHandle:
     sent: list[worker_pb2.GenerateRequest]
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     selections_total: int = 0
+    last_report_rx: float = float("-inf")  # no load reports: only its streams show it alive
     view: WorkerView = field(init=False)
 
     def __post_init__(self) -> None:
@@ -302,3 +303,40 @@ async def test_when_neither_racer_answers_the_attempt_stalls_and_retries_elsewhe
     assert [t for c in chunks for t in c.token_ids] == [7]
     assert primary.was_cancelled and second.was_cancelled  # both racers late: both stalled, both tripped
     assert len(set(pool.failed)) == 2 and chunks[-1].worker_id not in pool.failed and len(pool.sent) == 3
+
+
+async def test_a_slow_worker_that_still_reports_is_waited_for_up_to_the_ceiling() -> None:
+    # past its 0.05 s bound, but its load reports keep coming (busy, not frozen): no stall before the ceiling
+    slow = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])
+    pool = FakePool([slow])
+    for h in pool.by_id.values():
+        h.last_report_rx = float("inf")
+    cfg = StallConfig(itl_floor_s=0.05, itl_ceiling_s=5.0, ttft_floor_s=0.05, ttft_ceiling_s=5.0)
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and pool.failed == [] and len(pool.sent) == 1
+
+
+async def test_a_reporting_worker_past_the_ceiling_is_a_stall_all_the_same() -> None:
+    hung = FrozenCall([])
+    finish = ScriptedCall([step([7], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([hung, finish])
+    for h in pool.by_id.values():
+        h.last_report_rx = float("inf")
+    cfg = StallConfig(itl_floor_s=0.05, itl_ceiling_s=0.1, ttft_floor_s=0.05, ttft_ceiling_s=0.1)
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7] and hung.was_cancelled and len(pool.failed) == 1
+
+
+async def test_a_client_cancel_is_not_mistaken_for_a_stall() -> None:
+    frozen = FrozenCall([step([7])])
+    pool = FakePool([frozen])
+    stalls = counter("kvmesh_router_stalls_total")
+    task = asyncio.ensure_future(_collect(core_for(pool, StallConfig()), request()))
+    for _ in range(100):  # bounded: until the first token is in
+        if pool.sent:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert frozen.was_cancelled and pool.failed == [] and counter("kvmesh_router_stalls_total") == stalls

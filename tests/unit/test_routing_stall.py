@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvmesh.routing.stall import StallConfig, WorkerLatency, clamp, ewma, report_age_bound
+from kvmesh.routing.stall import StallConfig, WorkerLatency, clamp, ewma, report_age_bound, stall_check
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +61,12 @@ def test_report_age_bound() -> None:
     assert report_age_bound(0.2, 5, 2.0, 10.0) == 2.0  # 1 s, the floor wins
     assert report_age_bound(1.0, 5, 2.0, 10.0) == 5.0
     assert report_age_bound(5.0, 5, 2.0, 10.0) == 10.0
+
+
+def test_a_stream_past_its_bound_is_stalled_only_while_its_worker_is_silent_too() -> None:
+    # waiting since 10 s for the next token, bound 1 s, ceiling 5 s
+    assert stall_check(11.0, 10.0, last_seen=9.0, bound=1.0, ceiling=5.0) is None  # silent worker: stalled
+    assert stall_check(11.0, 10.0, last_seen=10.8, bound=1.0, ceiling=5.0) == pytest.approx(11.8)  # it reports
+    assert stall_check(10.5, 10.0, last_seen=9.0, bound=1.0, ceiling=5.0) == pytest.approx(11.0)  # not yet
+    assert stall_check(15.0, 10.0, last_seen=14.9, bound=1.0, ceiling=5.0) is None  # the ceiling: stalled anyway
+    assert stall_check(14.5, 10.0, last_seen=14.4, bound=1.0, ceiling=5.0) == pytest.approx(15.0)

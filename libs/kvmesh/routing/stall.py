@@ -17,6 +17,11 @@ keeping a frozen stream's cost under the 3 s the issue asks for; the ceiling of 
 history is slow (big batches) or unknown. Time to first token grows with the prompt and the queue, so its
 floor (1.5 s: a retry after it still ends within 3 s) and ceiling (30 s: a 100K-token prefill) are wider.
 
+A stream past its bound is stalled only when its worker is silent too (`stall_check`): no message on any of
+its streams and no load report for the bound. A frozen worker sends nothing at all; a busy one (a long queue,
+a preempted request recomputing) still reports, and is waited for up to the ceiling: retrying its requests
+elsewhere and opening its circuit would turn load into failures.
+
 `report_age_bound`: load reports that stop arriving make a worker unroutable after
 clamp(report_age_intervals · interval, report_age_floor_s, ceiling_s).
 """
@@ -54,11 +59,16 @@ def ewma(prev: float | None, sample: float, alpha: float) -> float:
 class WorkerLatency:
     """One worker's recent latencies: the EWMAs its stall bounds derive from."""
 
-    __slots__ = ("gap_s", "ttft_per_token_s")
+    __slots__ = ("gap_s", "last_seen", "ttft_per_token_s")
 
     def __init__(self) -> None:
         self.gap_s: float | None = None
         self.ttft_per_token_s: float | None = None
+        self.last_seen = float("-inf")  # the worker's last message on any stream
+
+    def seen(self, t: float) -> None:
+        """A message from this worker arrived at `t` (a sign of life)."""
+        self.last_seen = max(self.last_seen, t)
 
     def on_gap(self, gap_s: float, alpha: float) -> None:
         """A gap of `gap_s` between two messages of one stream on this worker."""
@@ -80,6 +90,16 @@ class WorkerLatency:
             return cfg.ttft_ceiling_s
         want = cfg.ttft_factor * self.ttft_per_token_s * max(prompt_tokens, 1)
         return clamp(want, cfg.ttft_floor_s, cfg.ttft_ceiling_s)
+
+
+def stall_check(now: float, waiting_since: float, last_seen: float, bound: float, ceiling: float) -> float | None:
+    """When to look again at a stream waiting since `waiting_since` for its next message from a worker last
+    seen alive (any message or load report) at `last_seen`; None: the stream is stalled, because it waited
+    `ceiling`, or it and its worker have both been silent for `bound`."""
+    quiet_since = max(last_seen, waiting_since)
+    if now - waiting_since >= ceiling or now - quiet_since >= bound:
+        return None
+    return min(waiting_since + ceiling, quiet_since + bound)
 
 
 def report_age_bound(interval_s: float, intervals: float, floor_s: float, ceiling_s: float) -> float:
