@@ -206,7 +206,7 @@ class RouterCore:
                         yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations, resp.finish_reason, usage)
                         return
                     if resp.token_ids or resp.text:
-                        cur.watch.disarm()  # the client's pace is no worker's stall
+                        cur.watch.pause()  # the client's pace is no worker's stall
                         yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations)
                     cur.watch.arm()
             except asyncio.CancelledError:

@@ -90,9 +90,9 @@ class StallWatch:
         "_last_report",
         "_lat",
         "_n_new",
+        "_paused",
         "_since",
         "_task",
-        "bound",
         "fired",
     )  # fmt: skip
 
@@ -100,12 +100,18 @@ class StallWatch:
         self._cfg, self._lat, self._n_new, self._last_report = cfg, lat, n_new, last_report
         self._first = True
         self._since = 0.0
-        self.bound = lat.ttft_bound(cfg, n_new)
+        self._paused = False
         self._ceiling = cfg.ttft_ceiling_s
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
         self.fired = False
+
+    @property
+    def bound(self) -> float:
+        """Seconds the attempt may wait for its next message now (computed when asked: a timer fires at most
+        once per bound, messages come far more often)."""
+        return self._lat.ttft_bound(self._cfg, self._n_new) if self._first else self._lat.itl_bound(self._cfg)
 
     def sent(self, t: float) -> None:
         self._since = t
@@ -124,20 +130,26 @@ class StallWatch:
         else:
             self._lat.on_gap(t - self._since, alpha)
         self._since = t
-        self.bound = self._lat.itl_bound(self._cfg)
 
     def arm(self) -> None:
-        """Starts waiting for the next message now (nothing when stall detection is off)."""
-        self.disarm()
+        """Starts waiting for the next message now (nothing when stall detection is off). One timer per
+        attempt, moved lazily when it fires: a message costs two attribute writes, not a timer."""
         if not self._cfg.enabled:
             return
-        if self._task is None:
-            self._task = asyncio.current_task()
-            self._cancelling = self._task.cancelling() if self._task is not None else 0
         self._since = time.monotonic()
-        self._handle = asyncio.get_running_loop().call_later(self.bound, self._check)
+        self._paused = False
+        if self._handle is None:
+            if self._task is None:
+                self._task = asyncio.current_task()
+                self._cancelling = self._task.cancelling() if self._task is not None else 0
+            self._handle = asyncio.get_running_loop().call_later(self.bound, self._check)
+
+    def pause(self) -> None:
+        """Stops waiting while the client takes a step: its pace is no worker's stall."""
+        self._paused = True
 
     def disarm(self) -> None:
+        """The attempt is over."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -150,8 +162,8 @@ class StallWatch:
     def _check(self) -> None:
         now = time.monotonic()
         last = max(self._lat.last_seen, self._last_report())
-        nxt = stall_check(now, self._since, last, self.bound, self._ceiling)
-        if nxt is not None:  # the worker still shows life: look again when it may have gone quiet
+        nxt = now + self.bound if self._paused else stall_check(now, self._since, last, self.bound, self._ceiling)
+        if nxt is not None:  # paused, or the stream moved on, or the worker still shows life: look again later
             self._handle = asyncio.get_running_loop().call_later(nxt - now, self._check)
             return
         self._handle = None
