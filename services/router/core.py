@@ -96,9 +96,6 @@ class _Attempt:
             self._it = aiter(self.call)
         return self._it
 
-    def steps(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        return self.it
-
     def take(self, other: _Attempt) -> None:
         """Becomes `other` (a hedge that won)."""
         for name in self.__slots__:
@@ -182,9 +179,7 @@ class RouterCore:
                     cur.watch.arm()
                 await self._send(cur, rid, carrier)
                 steps = (
-                    self._hedged(cur, rid, req, plan, att.tokens, prompt_bytes, exclude, carrier)
-                    if hedge
-                    else cur.steps()
+                    self._hedged(cur, rid, req, plan, att.tokens, prompt_bytes, exclude, carrier) if hedge else cur.it
                 )
                 hedged = hedged or hedge
                 async for resp in steps:
