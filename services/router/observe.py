@@ -127,6 +127,7 @@ class StallWatch:
             self._lat.on_first_token(t - self._since, self._n_new, alpha)
             self._first = False
             self._ceiling = self._cfg.itl_ceiling_s
+            self.disarm()  # re-armed with the (shorter) inter-token bound: once per attempt
         else:
             self._lat.on_gap(t - self._since, alpha)
         self._since = t
@@ -149,7 +150,7 @@ class StallWatch:
         self._paused = True
 
     def disarm(self) -> None:
-        """The attempt is over."""
+        """Stops the timer: the attempt is over, or its bound changes (the next `arm` starts it again)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
