@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
+from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
@@ -39,9 +40,11 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         tracker,
         breaker,
         load_interval_ms=s.load_interval_ms,
-        stale_after_s=s.worker_stale_s,
+        max_report_age_s=s.worker_stale_s,
         transport=s.worker_transport,
         block_size=s.block_size,
+        report_age_intervals=s.report_age_intervals,
+        report_age_floor_s=s.report_age_floor_s,
     )
     index = IndexReplica(s.cache_manager, s, expect=(s.block_size, s.salt_model))
     admission = Admission(
@@ -63,7 +66,17 @@ def build_frontend(settings: RouterSettings) -> Frontend:
     limits.max_chat_messages = s.max_chat_messages
     limits.vocab_size = s.vocab_size or tok.vocab_size
     model_name = s.model_name or tok.name
-    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model)
+    stall = StallConfig(
+        enabled=s.stall_detection,
+        itl_factor=s.stall_itl_factor,
+        itl_floor_s=s.stall_itl_floor_s,
+        itl_ceiling_s=s.stall_itl_ceiling_s,
+        ttft_factor=s.stall_ttft_factor,
+        ttft_floor_s=s.stall_ttft_floor_s,
+        ttft_ceiling_s=s.stall_ttft_ceiling_s,
+        hedge=s.hedge_first_token,
+    )
+    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model, stall=stall)
     keys = ApiKeys.load(s.api_keys_file)
     return Frontend(
         core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters

@@ -24,6 +24,10 @@ ROUTED_CACHED_TOKENS = Counter(
 )
 RETRIES = Counter("kvmesh_retries_total", "Requests re-sent to another worker before their first token")
 MIGRATIONS = Counter("kvmesh_migrations_total", "Requests resumed on another worker mid-stream")
+STALLS = Counter("kvmesh_router_stalls_total", "Worker streams cancelled for sending no token within their stall bound")
+HEDGES = Counter(
+    "kvmesh_router_hedges_total", "Requests whose late first token was hedged to a second worker", ["winner"]
+)
 REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
 
 

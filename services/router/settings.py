@@ -65,3 +65,23 @@ class RouterSettings(ServerSettings):
         "0 = the router tokenizer's)",
     )
     http_body_timeout_s: float = setting(30.0, "longest wait for an HTTP request body (then 408)")
+    report_age_intervals: float = setting(
+        5.0,
+        "a worker whose load reports stop is out of rotation after this many report intervals, within "
+        "[report_age_floor_s, worker_stale_s], whatever its health endpoint says",
+    )
+    report_age_floor_s: float = setting(2.0, "shortest report age that takes a worker out of rotation")
+    stall_detection: bool = setting(
+        True, "cancel and migrate a worker stream that sends no token within its stall bound (kvmesh.routing.stall)"
+    )
+    stall_itl_factor: float = setting(10.0, "stall bound between tokens: this × the worker's mean inter-token gap")
+    stall_itl_floor_s: float = setting(1.0, "stall bound between tokens: at least this")
+    stall_itl_ceiling_s: float = setting(5.0, "stall bound between tokens: at most this (and without samples)")
+    stall_ttft_factor: float = setting(
+        5.0, "stall bound for the first token: this × the worker's mean time to first token per prompt token × tokens"
+    )
+    stall_ttft_floor_s: float = setting(1.5, "stall bound for the first token: at least this")
+    stall_ttft_ceiling_s: float = setting(30.0, "stall bound for the first token: at most this (and without samples)")
+    hedge_first_token: bool = setting(
+        False, "a request whose first token is later than its stall bound also goes to a second worker: first wins"
+    )

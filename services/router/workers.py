@@ -4,8 +4,11 @@ Each worker is followed by one supervised task: `GetInfo` (identity, zone, versi
 `StreamLoad` at `load_interval_ms`; every report refreshes the worker's `WorkerView` and tells the in-flight
 tracker which assignments the report already includes. A broken stream marks the worker unhealthy and trips
 its breaker at once (a killed worker leaves rotation as soon as its connection breaks: well under a second
-on loopback); a worker that stays connected but sends no report for `stale_after_s` (10 s: an overloaded
-worker's reports can lag by seconds) is unhealthy too.
+on loopback); a worker that stays connected but sends no report for `stale_after_s` is unhealthy too (a
+frozen worker keeps its connection open: only the silence tells), whatever its health endpoint says. That
+bound is `kvmesh.routing.stall.report_age_bound`: `report_age_intervals` (5) report intervals, at least
+`report_age_floor_s` (2 s: a busy worker's reports can lag by a second) and at most `max_report_age_s` (10 s),
+so 2 s at the default 200 ms interval.
 The task reconnects with bounded exponential back-off until the pool stops. A worker whose `GetInfo` block
 size differs from the router's (`block_size`) is logged as an error naming both values and never routed to
 (no id, no load stream) until it reports the same block size.
@@ -23,6 +26,7 @@ import grpc
 
 from kvmesh.config import ServerSettings
 from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, InflightTracker, WorkerView
+from kvmesh.routing.stall import report_age_bound
 from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router import metrics as m
@@ -93,16 +97,20 @@ class WorkerPool:
         tracker: InflightTracker,
         breaker: BreakerConfig | None = None,
         load_interval_ms: int = 200,
-        stale_after_s: float = 10.0,
+        max_report_age_s: float = 10.0,
         transport: str = "stream",
         block_size: int = 0,
+        report_age_intervals: float = 5.0,
+        report_age_floor_s: float = 2.0,
     ) -> None:
         if transport not in ("stream", "call"):
             raise ValueError(f"worker transport must be stream or call, got {transport!r}")
         self.transport = transport
         self.tracker = tracker
         self.load_interval_ms = load_interval_ms
-        self.stale_after_s = stale_after_s
+        self.stale_after_s = report_age_bound(
+            load_interval_ms / 1000, report_age_intervals, report_age_floor_s, max_report_age_s
+        )
         self.block_size = block_size  # the router's; a worker reporting another one is not routed to (0 = any)
         self._breaker_cfg = breaker or BreakerConfig()
         self._settings = settings
@@ -196,6 +204,9 @@ class WorkerPool:
                 continue
             if v.healthy and now - h.last_report_rx > self.stale_after_s:
                 v.healthy = False
+                log.warning(
+                    "worker %s (%s) out of rotation: no load report for %.1f s", v.id, h.address, now - h.last_report_rx
+                )
             v.circuit = h.breaker.view_state(now)
             out.append(v)
         return out

@@ -4,8 +4,9 @@ a failed worker's breaker trips, a client error fails at once."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from kvmesh.errors import InvalidArgument, Unavailable
 from kvmesh.routing import Admission, CircuitBreaker, CircuitState, InflightTracker, Profile, QueueLimits, WorkerView
+from kvmesh.routing.stall import StallConfig
 from kvmesh.services.router.core import RouterCore, RouterRequest
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
@@ -56,6 +58,25 @@ class ScriptedCall:
         return True
 
 
+class FrozenCall(ScriptedCall):
+    """A worker call that yields `steps`, then nothing more while its connection stays open (SIGSTOP), or
+    `gap_s` later the next step of `later` (a slow worker, not a frozen one)."""
+
+    def __init__(
+        self, steps: list[worker_pb2.GenerateResponse], later: Sequence[worker_pb2.GenerateResponse] = ()
+    ) -> None:
+        super().__init__(steps, None)
+        self.later = later
+
+    async def _run(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        for s in self.steps:
+            yield s
+        for s in self.later:
+            await asyncio.sleep(0.2)
+            yield s
+        await asyncio.Event().wait()
+
+
 @dataclass
 class FakeHandle:
     wid: str
@@ -63,6 +84,7 @@ class FakeHandle:
     sent: list[worker_pb2.GenerateRequest]
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     selections_total: int = 0
+    last_report_rx: float = float("-inf")  # no load reports: only its streams show it alive
     view: WorkerView = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,7 +122,7 @@ def step(ids: list[int], finish: int = 0) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(token_ids=ids, text="t" * len(ids), finish_reason=finish)
 
 
-def core_for(pool: FakePool) -> RouterCore:
+def core_for(pool: FakePool, stall: StallConfig | None = None) -> RouterCore:
     admission = Admission(short=QueueLimits(4, 4), long=QueueLimits(4, 4))
     return RouterCore(
         Profile.default(seed=1),
@@ -109,6 +131,7 @@ def core_for(pool: FakePool) -> RouterCore:
         InflightTracker(),
         admission,
         CoreLimits(block_size=16, max_retries=1, max_migrations=1),
+        stall=stall,
     )
 
 
@@ -175,3 +198,146 @@ async def test_closing_the_stream_early_cancels_the_worker_call() -> None:
     assert first.token_ids == [7]
     await gen.aclose()
     assert call.was_cancelled
+
+
+FAST = StallConfig(itl_floor_s=0.05, itl_ceiling_s=0.05, ttft_floor_s=0.05, ttft_ceiling_s=0.05)
+
+
+async def collect(core: RouterCore, req: RouterRequest) -> list[Any]:
+    return await asyncio.wait_for(_collect(core, req), 10)  # a stall not seen fails here instead of hanging
+
+
+async def _collect(core: RouterCore, req: RouterRequest) -> list[Any]:
+    return [c async for c in core.generate(req)]
+
+
+async def test_a_stalled_stream_migrates_with_the_tokens_so_far_and_trips_the_breaker() -> None:
+    frozen = FrozenCall([step([7]), step([8, 9])])
+    finish = ScriptedCall([step([10], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([frozen, finish])
+    stalls, migrations = counter("kvmesh_router_stalls_total"), counter("kvmesh_migrations_total")
+    chunks = await collect(core_for(pool, FAST), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8, 9, 10]
+    assert chunks[-1].migrations == 1 and chunks[-1].worker_id != chunks[0].worker_id
+    assert list(pool.sent[1].token_ids.ids) == [*PROMPT, 7, 8, 9]
+    assert frozen.was_cancelled  # the frozen worker is told to abort (it hears it once it runs again)
+    assert pool.failed == [chunks[0].worker_id]
+    assert pool.by_id[chunks[0].worker_id].breaker.current(time.monotonic()) is CircuitState.OPEN
+    assert counter("kvmesh_router_stalls_total") == stalls + 1
+    assert counter("kvmesh_migrations_total") == migrations + 1
+
+
+async def test_a_first_token_that_never_comes_is_a_retry_elsewhere() -> None:
+    frozen = FrozenCall([])
+    finish = ScriptedCall([step([7, 8], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([frozen, finish])
+    retries = counter("kvmesh_retries_total")
+    chunks = await collect(core_for(pool, FAST), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and chunks[-1].migrations == 0
+    assert [list(r.token_ids.ids) for r in pool.sent] == [PROMPT, PROMPT]
+    assert frozen.was_cancelled and len(pool.failed) == 1
+    assert counter("kvmesh_retries_total") == retries + 1
+
+
+async def test_without_stall_detection_a_slow_stream_is_waited_for() -> None:
+    slow = FrozenCall([step([7])], later=[step([8], finish=common_pb2.FINISH_REASON_STOP)])
+    pool = FakePool([slow])
+    chunks = await collect(core_for(pool, StallConfig(enabled=False)), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and pool.failed == [] and len(pool.sent) == 1
+
+
+async def test_the_stall_bound_follows_the_workers_own_gaps() -> None:
+    # a worker whose gaps are 0.2 s gets 10 x 0.2 = 2 s (within [0.05, 5]): its 0.2 s gap is no stall
+    cfg = StallConfig(itl_floor_s=0.05, itl_ceiling_s=5.0, ttft_floor_s=0.05, ttft_ceiling_s=5.0)
+    steps = [step([8]), step([9]), step([10], finish=common_pb2.FINISH_REASON_STOP)]
+    pool = FakePool([FrozenCall([step([7])], later=steps)])
+    core = core_for(pool, cfg)
+    chunks = await collect(core, request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8, 9, 10] and pool.failed == []
+    (lat,) = core.latency.values()
+    assert 0.3 < lat.itl_bound(cfg) < 5.0
+
+
+HEDGE = StallConfig(itl_floor_s=0.05, itl_ceiling_s=0.05, ttft_floor_s=0.05, ttft_ceiling_s=0.05, hedge=True)
+
+
+def hedges(winner: str) -> float:
+    return counter_labelled("kvmesh_router_hedges_total", winner)
+
+
+def counter_labelled(name: str, winner: str) -> float:
+    return REGISTRY.get_sample_value(name, {"winner": winner}) or 0.0
+
+
+async def test_a_late_first_token_is_hedged_and_the_hedge_that_answers_wins_alone() -> None:
+    frozen = FrozenCall([], later=[step([99])] * 3)  # answers, but only after the hedge has: never streamed
+    hedge = ScriptedCall([step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([frozen, hedge])
+    won = hedges("hedge")
+    chunks = await collect(core_for(pool, HEDGE), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8]
+    assert {c.worker_id for c in chunks} == {chunks[-1].worker_id} and chunks[-1].migrations == 0
+    assert [list(r.token_ids.ids) for r in pool.sent] == [PROMPT, PROMPT]
+    assert frozen.was_cancelled and not hedge.was_cancelled
+    assert pool.failed == [w for w in pool.by_id if w != chunks[-1].worker_id]  # the late one's circuit opens
+    assert hedges("hedge") == won + 1
+
+
+async def test_a_primary_that_answers_first_wins_and_the_hedge_is_aborted() -> None:
+    late = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])  # 0.2 s late
+    hedge = FrozenCall([])  # the hedge never answers
+    pool = FakePool([late, hedge])
+    cfg = StallConfig(itl_floor_s=1.0, itl_ceiling_s=1.0, ttft_floor_s=0.1, ttft_ceiling_s=0.1, hedge=True)
+    won = hedges("primary")
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and len(pool.sent) == 2
+    assert hedge.was_cancelled and not late.was_cancelled and pool.failed == []
+    assert hedges("primary") == won + 1
+
+
+async def test_when_neither_racer_answers_the_attempt_stalls_and_retries_elsewhere() -> None:
+    primary, second = FrozenCall([]), FrozenCall([])
+    pool = FakePool([primary, second, ScriptedCall([step([7], finish=common_pb2.FINISH_REASON_STOP)], None)])
+    pool.by_id["w2"] = FakeHandle("w2", pool.by_id["w0"].scripts, pool.sent)
+    core = core_for(pool, HEDGE)
+    chunks = await collect(core, request())
+    assert [t for c in chunks for t in c.token_ids] == [7]
+    assert primary.was_cancelled and second.was_cancelled  # both racers late: both stalled, both tripped
+    assert len(set(pool.failed)) == 2 and chunks[-1].worker_id not in pool.failed and len(pool.sent) == 3
+
+
+async def test_a_slow_worker_that_still_reports_is_waited_for_up_to_the_ceiling() -> None:
+    # past its 0.05 s bound, but its load reports keep coming (busy, not frozen): no stall before the ceiling
+    slow = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])
+    pool = FakePool([slow])
+    for h in pool.by_id.values():
+        h.last_report_rx = float("inf")
+    cfg = StallConfig(itl_floor_s=0.05, itl_ceiling_s=5.0, ttft_floor_s=0.05, ttft_ceiling_s=5.0)
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8] and pool.failed == [] and len(pool.sent) == 1
+
+
+async def test_a_reporting_worker_past_the_ceiling_is_a_stall_all_the_same() -> None:
+    hung = FrozenCall([])
+    finish = ScriptedCall([step([7], finish=common_pb2.FINISH_REASON_STOP)], None)
+    pool = FakePool([hung, finish])
+    for h in pool.by_id.values():
+        h.last_report_rx = float("inf")
+    cfg = StallConfig(itl_floor_s=0.05, itl_ceiling_s=0.1, ttft_floor_s=0.05, ttft_ceiling_s=0.1)
+    chunks = await collect(core_for(pool, cfg), request())
+    assert [t for c in chunks for t in c.token_ids] == [7] and hung.was_cancelled and len(pool.failed) == 1
+
+
+async def test_a_client_cancel_is_not_mistaken_for_a_stall() -> None:
+    frozen = FrozenCall([step([7])])
+    pool = FakePool([frozen])
+    stalls = counter("kvmesh_router_stalls_total")
+    task = asyncio.ensure_future(_collect(core_for(pool, StallConfig()), request()))
+    for _ in range(100):  # bounded: until the first token is in
+        if pool.sent:
+            break
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert frozen.was_cancelled and pool.failed == [] and counter("kvmesh_router_stalls_total") == stalls

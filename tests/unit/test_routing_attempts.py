@@ -23,6 +23,7 @@ from kvmesh.routing.attempts import (
     Limits,
     NextAttempt,
     Outcome,
+    Stalled,
     decide,
     next_attempt,
 )
@@ -78,6 +79,16 @@ def test_stream_end_without_finish_migrates_and_records_nothing() -> None:
     assert d.reason == "stream ended without finish"
 
 
+def test_a_stall_before_a_token_retries_and_after_tokens_migrates_tripping_the_breaker() -> None:
+    d = decide("r", Stalled("STALLED: no first token"), 0, 0, 0, LIM)
+    assert d.action is Action.RETRY and d.retry == 1
+    assert d.breaker == BreakerTrip("STALLED: no first token")
+    d = decide("r", Stalled("STALLED: no next token"), 3, 0, 1, LIM)
+    assert d.action is Action.MIGRATE and d.migration == 2 and isinstance(d.breaker, BreakerTrip)
+    d = decide("r", Stalled("STALLED"), 3, 0, 2, LIM)
+    assert d.action is Action.FAIL and isinstance(d.error, Unavailable) and isinstance(d.breaker, BreakerTrip)
+
+
 def test_retry_over_budget_fails_unavailable_and_still_counts() -> None:
     d = decide("r7", Ended(), 0, retries=2, migrations=0, limits=LIM)
     assert d.action is Action.FAIL and d.retry == 3
@@ -124,7 +135,7 @@ def test_attempts_counts_resume_ids_as_tokens_so_far_but_not_as_this_attempts() 
 @dataclass(frozen=True)
 class SimAttempt:
     """What one simulated worker does: streams `steps` messages of `per_step` tokens, then ends as `end`
-    ("finish", "ended", "worker", "full")."""
+    ("finish", "ended", "worker", "full", "stalled")."""
 
     steps: int
     per_step: int
@@ -157,6 +168,8 @@ def drive(limits: Limits, resume: list[int], script: list[SimAttempt]) -> tuple[
             outcome = Finished(STOP, 1.0)
         elif sim.end == "ended":
             outcome = Ended()
+        elif sim.end == "stalled":
+            outcome = Stalled("STALLED")
         else:
             failure = Failure.WORKER if sim.end == "worker" else Failure.RESOURCE_EXHAUSTED
             outcome = Failed(failure, "x")
@@ -172,7 +185,7 @@ sim_attempts = st.builds(
     SimAttempt,
     steps=st.integers(0, 4),
     per_step=st.integers(1, 3),
-    end=st.sampled_from(["finish", "ended", "worker", "full"]),
+    end=st.sampled_from(["finish", "ended", "worker", "full", "stalled"]),
 )
 
 

@@ -14,6 +14,8 @@ ends, `decide` says what comes next and what the worker's circuit breaker record
 - `Failed(WORKER)` (transport or worker failure, including a CANCELLED the caller did not ask for):
   RETRY / MIGRATE; breaker: a trip, the worker leaves rotation at once.
 - `Ended` (the stream ended without a finish reason): RETRY / MIGRATE; breaker: nothing.
+- `Stalled` (no token within the worker's stall bound, `kvmesh.routing.stall`: a frozen worker keeps its
+  connection and sends nothing): RETRY / MIGRATE; breaker: a trip, the worker leaves rotation at once.
 
 RETRY / MIGRATE: an attempt that produced no token is a retry (the request is re-sent elsewhere unchanged),
 one that produced tokens is a migration (it resumes elsewhere with prompt + every token so far). The
@@ -79,7 +81,14 @@ class Failed:
     detail: str
 
 
-Outcome: TypeAlias = Finished | Ended | Failed
+@dataclass(frozen=True, slots=True)
+class Stalled:
+    """No token arrived within the stall bound; the caller cancelled the attempt."""
+
+    detail: str
+
+
+Outcome: TypeAlias = Finished | Ended | Failed | Stalled
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +173,8 @@ def decide(
             return AttemptDecision(Action.FAIL, reason=outcome.detail)
         full = outcome.failure is Failure.RESOURCE_EXHAUSTED
         breaker = BreakerSample(0.0) if full else BreakerTrip(outcome.detail)
+    elif isinstance(outcome, Stalled):
+        breaker = BreakerTrip(outcome.detail)
     reason = outcome.detail
     if n_attempt == 0:
         retry = retries + 1
