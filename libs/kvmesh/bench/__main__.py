@@ -1,4 +1,4 @@
-"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover> [args...]``.
+"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover|balance> [args...]``.
 
 Each prints one JSON line.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover")
+BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "balance")
 
 
 def main(argv: list[str] | None = None) -> int:
