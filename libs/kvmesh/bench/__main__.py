@@ -1,4 +1,4 @@
-"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover|oversize> [args...]``.
+"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover|oversize|balance> [args...]``.
 
 Each prints one JSON line.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "oversize")
+BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "oversize", "balance")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -258,6 +258,19 @@ class _InFlight:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int, int]:
+    """(running, waiting) of the requests in flight here now.
+
+    vLLM's scheduler stats arrive once per engine step, so they lag: a request just handed to vLLM, or a whole
+    batch during a long prefill step, is in none of them, and after the last step of a burst they stay at
+    whatever it saw. Every request in flight counts, as waiting up to vLLM's last waiting count (never more
+    than those still before their first token), as running otherwise.
+    """
+    prefilling = sum(1 for f in inflight if not f.first_token)
+    waiting = min(max(stats_waiting, 0), prefilling)
+    return len(inflight) - waiting, waiting
+
+
 class VllmEngine:
     """Implements `kvmesh.engine.base.Engine` over vLLM's AsyncLLM (see the module docstring)."""
 
@@ -485,14 +498,17 @@ class VllmEngine:
 
     # -- load ----------------------------------------------------------------------------------------
     def load_report(self) -> LoadReport:
+        """The load now: request counts and prefill/decode tokens from the requests in flight here (fresh at
+        every call), KV usage and latencies from vLLM's last scheduler/iteration stats."""
         s = self._stats
         itl = sorted(s.itl_ms)
         total = self.num_gpu_blocks
         inflight = list(self._inflight.values())
+        running, waiting = live_counts(inflight, s.waiting)
         return LoadReport(
             worker_id=self.config.worker_id,
-            running=s.running,
-            waiting=s.waiting,
+            running=running,
+            waiting=waiting,
             max_queue=0,
             kv_usage=s.kv_usage,
             kv_blocks_total=total,
