@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
 
 
 def kvmesh_home() -> Path:
@@ -131,6 +131,7 @@ def up(args: argparse.Namespace) -> int:
         started.append(cache)
         timeout = 300 if args.engine == "vllm" else 60
         workers = []
+        worker_env = vllm_core_env(args.workers) if args.engine == "vllm" else [{}] * args.workers
         for i in range(args.workers):
             flags = [
                 *common,
@@ -145,7 +146,7 @@ def up(args: argparse.Namespace) -> int:
             ]
             if args.model:
                 flags += ["--model", args.model]
-            workers.append(start_service("worker", logs, *flags, timeout=timeout))
+            workers.append(start_service("worker", logs, *flags, env=worker_env[i], timeout=timeout))
         started.extend(workers)
         r_flags = [
             *common,

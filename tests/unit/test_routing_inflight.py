@@ -8,8 +8,9 @@ from kvmesh.routing.types import WorkerView
 pytestmark = pytest.mark.unit
 
 
-def view(t: InflightTracker, w: str) -> WorkerView:
-    v = WorkerView(w)
+def view(t: InflightTracker, w: str, prefill_tokens_queued: int = 0, decode_tokens_active: int = 0) -> WorkerView:
+    """w's view after its last report (the report's fields given here) and this router's accounting."""
+    v = WorkerView(w, prefill_tokens_queued=prefill_tokens_queued, decode_tokens_active=decode_tokens_active)
     t.apply([v])
     return v
 
@@ -28,7 +29,7 @@ def test_lifecycle() -> None:
     t.first_token("r1")
     assert view(t, "a").inflight_prefill_tokens == 20
     t.on_report("a", 1.5)  # the report includes r1 but not r2
-    v = view(t, "a")
+    v = view(t, "a", decode_tokens_active=300)
     assert (v.inflight_prefill_tokens, v.inflight_decode_tokens, v.inflight_requests) == (20, 300, 2)
     t.finish("r1")
     t.finish("r2")
@@ -58,10 +59,27 @@ def test_old_report_is_ignored_and_assign_before_report_is_reported() -> None:
     t = InflightTracker()
     t.on_report("a", 10.0)
     t.assign("r", "a", 50, 50, 16, now=9.0)  # assigned before the newest report: already in it
-    assert view(t, "a").inflight_decode_tokens == 0
+    assert view(t, "a", decode_tokens_active=50).inflight_decode_tokens == 0
     t.on_report("a", 5.0)
     t.assign("s", "a", 50, 50, 16, now=11.0)
-    assert view(t, "a").inflight_decode_tokens == 50
+    assert view(t, "a", decode_tokens_active=50).inflight_decode_tokens == 50
+
+
+def test_a_report_taken_before_the_request_arrived_does_not_erase_it() -> None:
+    """A report that arrives after an assignment but was taken before the worker saw the request (it says
+    nothing is queued) still leaves this router's own outstanding work on the worker: the worker never looks
+    idle while requests sent to it are on the wire (the lock-step herding seen over real vLLM workers)."""
+    t = InflightTracker()
+    t.assign("r", "a", prefill_tokens=512, kv_tokens=512, block_size=16, now=1.0)
+    t.on_report("a", 1.2)  # arrives after the assignment, so it would count as including r
+    v = view(t, "a")  # ... but it reports nothing queued
+    assert (v.inflight_prefill_tokens, v.inflight_decode_tokens, v.inflight_kv_blocks) == (512, 512, 32)
+    v = view(t, "a", prefill_tokens_queued=512, decode_tokens_active=512)  # it does include r: not twice
+    assert (v.inflight_prefill_tokens, v.inflight_decode_tokens) == (0, 0)
+    t.first_token("r")
+    assert view(t, "a").inflight_prefill_tokens == 0
+    t.finish("r")
+    assert view(t, "a").inflight_decode_tokens == 0
 
 
 def test_replica_scaling_multiplies_only_unreported_sums() -> None:

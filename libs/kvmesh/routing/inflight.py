@@ -14,6 +14,17 @@ estimate of what all replicas together added (the report then corrects it). `inf
 T_w is the timestamp of w's last load report (`on_report`): work assigned before it is already inside the
 report's `prefill_tokens_queued` / `decode_tokens_active`, so it is not counted twice. A request counts in
 decode load from its assignment on, because it will hold that KV while it decodes. Pure: times are passed in.
+
+A report can arrive after an assignment yet have been taken before the request reached the worker (the
+request is still on the wire, or in the worker's queue to its engine); it would then erase that request from
+both sums until the next report, and the next decisions herd onto the worker that looks idle. So `apply`
+never lets the report plus the in-flight sum fall below this router's own outstanding work on w:
+
+    inflight_prefill_tokens(w) = max(the unreported sum above × R, own_prefill(w) - prefill_tokens_queued(w))
+    inflight_decode_tokens(w)  = max(the unreported sum above × R, own_decode(w) - decode_tokens_active(w))
+    inflight_kv_blocks(w)      = max(the unreported sum above × R, own_blocks(w) - kv_usage(w) × kv_blocks_total(w))
+
+where own_* are the same sums over every request of this router on w, reported or not.
 """
 
 from __future__ import annotations
@@ -37,10 +48,13 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Sums:
-    prefill: int = 0
+    prefill: int = 0  # unreported requests only
     decode: int = 0
     blocks: int = 0
     requests: int = 0
+    own_prefill: int = 0  # every outstanding request of this router, reported or not
+    own_decode: int = 0
+    own_blocks: int = 0
 
 
 class InflightTracker:
@@ -75,6 +89,9 @@ class InflightTracker:
         self._by_worker.setdefault(worker, set()).add(request_id)
         s = self._sums.setdefault(worker, _Sums())
         s.requests += 1
+        s.own_prefill += e.prefill_tokens
+        s.own_decode += e.kv_tokens
+        s.own_blocks += e.kv_blocks
         if not e.reported:
             s.prefill += e.prefill_tokens
             s.decode += e.kv_tokens
@@ -86,8 +103,10 @@ class InflightTracker:
         if e is None or not e.prefilling:
             return
         e.prefilling = False
+        s = self._sums[e.worker]
+        s.own_prefill -= e.prefill_tokens
         if not e.reported:
-            self._sums[e.worker].prefill -= e.prefill_tokens
+            s.prefill -= e.prefill_tokens
 
     def finish(self, request_id: str) -> None:
         """The request ended (done, failed, cancelled): remove it everywhere. Unknown ids are ignored."""
@@ -97,6 +116,10 @@ class InflightTracker:
         self._by_worker[e.worker].discard(request_id)
         s = self._sums[e.worker]
         s.requests -= 1
+        if e.prefilling:
+            s.own_prefill -= e.prefill_tokens
+        s.own_decode -= e.kv_tokens
+        s.own_blocks -= e.kv_blocks
         if not e.reported:
             self._unreport(s, e)
 
@@ -134,7 +157,7 @@ class InflightTracker:
         k = self.replicas
         for v in views:
             s = self._sums.get(v.id, zero)
-            v.inflight_prefill_tokens = s.prefill * k
-            v.inflight_decode_tokens = s.decode * k
-            v.inflight_kv_blocks = s.blocks * k
+            v.inflight_prefill_tokens = max(s.prefill * k, s.own_prefill - v.prefill_tokens_queued)
+            v.inflight_decode_tokens = max(s.decode * k, s.own_decode - v.decode_tokens_active)
+            v.inflight_kv_blocks = max(s.blocks * k, s.own_blocks - round(v.kv_usage * v.kv_blocks_total))
             v.inflight_requests = s.requests
