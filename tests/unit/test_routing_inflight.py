@@ -94,3 +94,30 @@ def test_replica_scaling_multiplies_only_unreported_sums() -> None:
     )
     with pytest.raises(ValueError):
         InflightTracker(replicas=0)
+
+
+def test_work_that_ended_after_the_report_comes_off_it_until_the_next() -> None:
+    """A report taken before this router's requests on w passed prefill or finished still holds them: their
+    part is taken off it (never more than it holds), and a newer report, which no longer holds them, resets."""
+    t = InflightTracker()
+    t.assign("r", "a", prefill_tokens=512, kv_tokens=512, block_size=16, now=1.0)
+    t.assign("s", "a", prefill_tokens=512, kv_tokens=512, block_size=16, now=1.0)
+    t.on_report("a", 2.0)  # holds both
+    both = {"prefill_tokens_queued": 1024, "decode_tokens_active": 1024}
+    v = view(t, "a", **both)
+    assert (v.inflight_prefill_tokens, v.inflight_decode_tokens) == (0, 0)
+    t.first_token("r")
+    t.finish("s")
+    v = view(t, "a", **both)  # the report still says 1024 / 1024: r's prefill and all of s are gone
+    assert (v.prefill_tokens_queued + v.inflight_prefill_tokens, v.decode_tokens_active + v.inflight_decode_tokens) == (
+        0,
+        512,
+    )
+    v = view(t, "a", prefill_tokens_queued=100, decode_tokens_active=100)  # never below zero load
+    assert (v.prefill_tokens_queued + v.inflight_prefill_tokens, v.decode_tokens_active + v.inflight_decode_tokens) == (
+        0,
+        512,  # r is still outstanding: the own-work floor
+    )
+    t.on_report("a", 3.0)  # taken after: holds r's decode only
+    v = view(t, "a", decode_tokens_active=512)
+    assert (v.inflight_prefill_tokens, v.inflight_decode_tokens) == (0, 0)

@@ -41,6 +41,9 @@ class BalanceSetup:
     concurrency: int = 8
     max_tokens: int = 16
     seed: int = 0
+    # vLLM engines' cores: "own" (disjoint cores each, as `kvmesh up`: the fastest) or "shared" (every engine
+    # over all the cores: equal capacity however the OS places the router, the client and the frontends)
+    cores: str = "own"
 
 
 def distinct_prompts(n: int, tokens: int, seed: int) -> list[list[int]]:
@@ -69,7 +72,12 @@ def start_suite(setup: BalanceSetup, tmp: Path) -> list[ServiceProcess]:
     """The workers (started in parallel: vLLM takes a while; each vLLM engine on its own cores) then the
     router; the router is last."""
     args, env, timeout = _worker_args(setup)
-    envs = [{**env, **e} for e in vllm_core_env(setup.workers)] if setup.engine == "vllm" else [env] * setup.workers
+    if setup.engine == "vllm" and setup.cores == "own":
+        envs = [{**env, **e} for e in vllm_core_env(setup.workers)]
+    elif setup.engine == "vllm":
+        envs = [{**env, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}] * setup.workers
+    else:
+        envs = [env] * setup.workers
     procs: list[ServiceProcess] = []
     with ThreadPoolExecutor(setup.workers) as ex:
         futs = [
@@ -95,6 +103,7 @@ async def send_all(router_address: str, setup: BalanceSetup) -> dict[str, Any]:
     sampling = common_pb2.SamplingParams(max_tokens=setup.max_tokens, ignore_eos=True)
     split: Counter[str] = Counter()
     ttft: list[float] = []
+    took: dict[str, list[float]] = {}  # per worker: whole request times, ms (a slower worker should get fewer)
     queue: asyncio.Queue[list[int]] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
@@ -111,6 +120,7 @@ async def send_all(router_address: str, setup: BalanceSetup) -> dict[str, Any]:
                 if first is None and m.token_ids:
                     first = time.perf_counter() - t0
             split[worker] += 1
+            took.setdefault(worker, []).append(1000.0 * (time.perf_counter() - t0))
             ttft.append(1000.0 * (first if first is not None else time.perf_counter() - t0))
 
         async def lane() -> None:
@@ -128,6 +138,7 @@ async def send_all(router_address: str, setup: BalanceSetup) -> dict[str, Any]:
         "ttft_p50_ms": round(percentile(ttft, 0.50), 1),
         "ttft_p99_ms": round(percentile(ttft, 0.99), 1),
         "ttft_max_ms": round(max(ttft), 1),
+        "request_p50_ms": {w: round(percentile(v, 0.50), 1) for w, v in sorted(took.items())},
     }
 
 
@@ -154,7 +165,10 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cores", choices=("own", "shared"), default="own", help="vLLM engines' cores (BalanceSetup)")
     a = ap.parse_args(list(argv))
-    setup = BalanceSetup(a.engine, a.workers, a.prompts, a.prompt_tokens, a.concurrency, a.max_tokens, a.seed)
+    setup = BalanceSetup(
+        a.engine, a.workers, a.prompts, a.prompt_tokens, a.concurrency, a.max_tokens, a.seed, cores=a.cores
+    )
     print(json.dumps(run_balance(setup)))
     return 0

@@ -25,6 +25,14 @@ never lets the report plus the in-flight sum fall below this router's own outsta
     inflight_kv_blocks(w)      = max(the unreported sum above × R, own_blocks(w) - kv_usage(w) × kv_blocks_total(w))
 
 where own_* are the same sums over every request of this router on w, reported or not.
+
+The other way round, a report also lags the work that ended: requests of this router already in w's last
+report that have since passed their first token or finished still weigh in it until the next report, so w
+looks busier than it is and the next decisions herd onto the others. Their part (done_*(w), reset by each
+newer report) is taken off the report, never more than the report holds:
+
+    unreported_prefill(w) = Σ n_r over unreported r × R - min(done_prefill(w), prefill_tokens_queued(w))
+    (likewise decode and KV blocks), and the max(…, own_* - report) above on top.
 """
 
 from __future__ import annotations
@@ -55,6 +63,9 @@ class _Sums:
     own_prefill: int = 0  # every outstanding request of this router, reported or not
     own_decode: int = 0
     own_blocks: int = 0
+    done_prefill: int = 0  # reported requests' work that ended after the last report (prefill / whole)
+    done_decode: int = 0
+    done_blocks: int = 0
 
 
 class InflightTracker:
@@ -105,7 +116,9 @@ class InflightTracker:
         e.prefilling = False
         s = self._sums[e.worker]
         s.own_prefill -= e.prefill_tokens
-        if not e.reported:
+        if e.reported:
+            s.done_prefill += e.prefill_tokens
+        else:
             s.prefill -= e.prefill_tokens
 
     def finish(self, request_id: str) -> None:
@@ -120,7 +133,12 @@ class InflightTracker:
             s.own_prefill -= e.prefill_tokens
         s.own_decode -= e.kv_tokens
         s.own_blocks -= e.kv_blocks
-        if not e.reported:
+        if e.reported:
+            if e.prefilling:
+                s.done_prefill += e.prefill_tokens
+            s.done_decode += e.kv_tokens
+            s.done_blocks += e.kv_blocks
+        else:
             self._unreport(s, e)
 
     @staticmethod
@@ -136,6 +154,7 @@ class InflightTracker:
             return
         self._report_ts[worker] = report_ts
         s = self._sums.setdefault(worker, _Sums())
+        s.done_prefill = s.done_decode = s.done_blocks = 0  # the new report no longer holds them
         for rid in self._by_worker.get(worker, ()):
             e = self._entries[rid]
             if not e.reported and e.assigned_at <= report_ts:
@@ -157,7 +176,8 @@ class InflightTracker:
         k = self.replicas
         for v in views:
             s = self._sums.get(v.id, zero)
-            v.inflight_prefill_tokens = max(s.prefill * k, s.own_prefill - v.prefill_tokens_queued)
-            v.inflight_decode_tokens = max(s.decode * k, s.own_decode - v.decode_tokens_active)
-            v.inflight_kv_blocks = max(s.blocks * k, s.own_blocks - round(v.kv_usage * v.kv_blocks_total))
+            q, d, b = v.prefill_tokens_queued, v.decode_tokens_active, round(v.kv_usage * v.kv_blocks_total)
+            v.inflight_prefill_tokens = max(s.prefill * k - min(s.done_prefill, q), s.own_prefill - q)
+            v.inflight_decode_tokens = max(s.decode * k - min(s.done_decode, d), s.own_decode - d)
+            v.inflight_kv_blocks = max(s.blocks * k - min(s.done_blocks, b), s.own_blocks - b)
             v.inflight_requests = s.requests
