@@ -87,3 +87,4 @@ _.enabled
 _.fallbacks
 bad_request_fields
 ServiceInterceptor
+_.exc_text  # logging.LogRecord's cached traceback text, cleared by rpc.server.QuietClientErrors
