@@ -70,7 +70,9 @@ class RouterSettings(ServerSettings):
         "a worker whose load reports stop is out of rotation after this many report intervals, within "
         "[report_age_floor_s, worker_stale_s], whatever its health endpoint says",
     )
-    report_age_floor_s: float = setting(2.0, "shortest report age that takes a worker out of rotation")
+    report_age_floor_s: float = setting(
+        5.0, "shortest report age that takes a worker out of rotation (a busy worker's reports can lag seconds)"
+    )
     stall_detection: bool = setting(
         True, "cancel and migrate a worker stream that sends no token within its stall bound (kvmesh.routing.stall)"
     )

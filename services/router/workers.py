@@ -7,8 +7,9 @@ its breaker at once (a killed worker leaves rotation as soon as its connection b
 on loopback); a worker that stays connected but sends no report for `stale_after_s` is unhealthy too (a
 frozen worker keeps its connection open: only the silence tells), whatever its health endpoint says. That
 bound is `kvmesh.routing.stall.report_age_bound`: `report_age_intervals` (5) report intervals, at least
-`report_age_floor_s` (2 s: a busy worker's reports can lag by a second) and at most `max_report_age_s` (10 s),
-so 2 s at the default 200 ms interval.
+`report_age_floor_s` (5 s: a vLLM worker streaming a long output on a loaded 2-core host lagged its reports by
+over 2 s, and every request then got 503) and at most `max_report_age_s` (10 s), so 5 s at the default 200 ms
+interval. A frozen worker leaves rotation sooner through its breaker (a stalled stream trips it).
 The task reconnects with bounded exponential back-off until the pool stops. A worker whose `GetInfo` block
 size differs from the router's (`block_size`) is logged as an error naming both values and never routed to
 (no id, no load stream) until it reports the same block size.
@@ -101,7 +102,7 @@ class WorkerPool:
         transport: str = "stream",
         block_size: int = 0,
         report_age_intervals: float = 5.0,
-        report_age_floor_s: float = 2.0,
+        report_age_floor_s: float = 5.0,
     ) -> None:
         if transport not in ("stream", "call"):
             raise ValueError(f"worker transport must be stream or call, got {transport!r}")
