@@ -87,9 +87,15 @@ def core_shares(cpus: Sequence[int], n: int) -> list[str]:
     return [",".join(str(c) for c in cpus[i * k : (i + 1) * k]) for i in range(n)]
 
 
-def vllm_core_env(n: int) -> list[dict[str, str]]:
-    """The environment of each of `n` vLLM workers started on this host: each engine on its own cores."""
-    return [{"VLLM_CPU_OMP_THREADS_BIND": c} for c in core_shares(sorted(os.sched_getaffinity(0)), n)]
+def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:
+    """The environment of each of `n` vLLM workers started on this host: each engine pinned to its own cores,
+    or (`pinned=False`) unpinned with an equal share of the cores as its thread count, so that the OS
+    scheduler shares every core fairly between the engines and whatever else runs on the host."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if pinned:
+        return [{"VLLM_CPU_OMP_THREADS_BIND": c} for c in core_shares(cpus, n)]
+    threads = str(max(1, len(cpus) // max(n, 1)))
+    return [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": threads}] * n
 
 
 def start_service(

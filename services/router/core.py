@@ -391,8 +391,18 @@ class RouterCore:
         self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
         head = worker_pb2.GenerateRequest(request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True)
         request = attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far)
-        watch = StallWatch(self.stall, self._latency(wid), n_new, lambda: h.last_report_rx)
+        watch = StallWatch(
+            self.stall,
+            self._latency(wid),
+            n_new,
+            lambda: h.last_report_rx,
+            lambda: self._routable_besides(exclude | {wid}),  # `exclude` as it is then
+        )
         return _Attempt(rid, wid, h, request, n_new, len(prompt), watch)
+
+    def _routable_besides(self, worker_ids: set[str]) -> bool:
+        """Whether a worker outside `worker_ids` could take a request now."""
+        return any(v.routable and v.id not in worker_ids for v in self.pool.views(time.monotonic()))
 
     def _record(self, wid: str, h: WorkerHandle, d: at.AttemptDecision, now: float) -> None:
         """Applies what the decision says the worker's breaker records."""

@@ -79,12 +79,15 @@ class StallWatch:
     """One attempt's stall deadline (`kvmesh.routing.stall`): armed while the attempt waits for a message (the
     time-to-first-token bound, then the inter-token one), it cancels the request's task once
     `stall_check` says the stream is stalled; `stalled()` then tells that cancellation from any other. Feeds the
-    worker's latency EWMAs. `last_report`: when the worker's last load report arrived."""
+    worker's latency EWMAs. `last_report`: when the worker's last load report arrived; `elsewhere`: whether
+    another worker could take the request now (without one, a stall only delays the stream: cancelling it would
+    turn a slow answer into an error, so the watch keeps waiting)."""
 
     __slots__ = (
         "_cancelling",
         "_ceiling",
         "_cfg",
+        "_elsewhere",
         "_first",
         "_handle",
         "_last_report",
@@ -96,8 +99,16 @@ class StallWatch:
         "fired",
     )  # fmt: skip
 
-    def __init__(self, cfg: StallConfig, lat: WorkerLatency, n_new: int, last_report: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        cfg: StallConfig,
+        lat: WorkerLatency,
+        n_new: int,
+        last_report: Callable[[], float],
+        elsewhere: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._cfg, self._lat, self._n_new, self._last_report = cfg, lat, n_new, last_report
+        self._elsewhere = elsewhere
         self._first = True
         self._since = 0.0
         self._paused = False
@@ -164,6 +175,8 @@ class StallWatch:
         now = time.monotonic()
         last = max(self._lat.last_seen, self._last_report())
         nxt = now + self.bound if self._paused else stall_check(now, self._since, last, self.bound, self._ceiling)
+        if nxt is None and not self._elsewhere():
+            nxt = now + self.bound  # stalled, but no other worker could take it: keep waiting
         if nxt is not None:  # paused, or the stream moved on, or the worker still shows life: look again later
             self._handle = asyncio.get_running_loop().call_later(nxt - now, self._check)
             return

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvmesh.config import ServerSettings
-from kvmesh.routing import BreakerConfig, CircuitBreaker, CircuitState, InflightTracker, WorkerView
+from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
 from kvmesh.routing.stall import report_age_bound
 from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
@@ -214,7 +214,7 @@ class WorkerPool:
 
     def routable_count(self, now: float) -> int:
         """Workers the profile may pick from: healthy, not draining, circuit not open."""
-        return sum(1 for v in self.views(now) if v.healthy and not v.draining and v.circuit is not CircuitState.OPEN)
+        return sum(1 for v in self.views(now) if v.routable)
 
     def mark_failed(self, worker_id: str, now: float, reason: str) -> None:
         """A call to the worker failed at the transport level: out of rotation until it reports again."""

@@ -121,3 +121,28 @@ def test_work_that_ended_after_the_report_comes_off_it_until_the_next() -> None:
     t.on_report("a", 3.0)  # taken after: holds r's decode only
     v = view(t, "a", decode_tokens_active=512)
     assert (v.inflight_prefill_tokens, v.inflight_decode_tokens) == (0, 0)
+
+
+def test_requests_that_ended_after_the_report_are_counted_until_the_next() -> None:
+    """A report of 3 running taken before 2 of this router's 3 requests finished: 2 ended (never more than
+    the report's running + waiting); a newer report resets the count."""
+    t = InflightTracker()
+    for rid in ("r", "s", "u"):
+        t.assign(rid, "a", prefill_tokens=512, kv_tokens=512, block_size=16, now=1.0)
+    t.on_report("a", 2.0)
+    t.finish("r")
+    t.finish("s")
+    v = WorkerView("a", running=3)
+    t.apply([v])
+    assert (v.ended_requests, v.inflight_requests) == (2, 1)
+    v = WorkerView("a", running=1)  # a report that held fewer than ended
+    t.apply([v])
+    assert v.ended_requests == 1
+    t.on_report("a", 3.0)
+    v = WorkerView("a", running=1)
+    t.apply([v])
+    assert v.ended_requests == 0
+    t.assign("w", "a", prefill_tokens=512, kv_tokens=512, block_size=16, now=4.0)
+    t.finish("w")  # not in any report: nothing to take off
+    t.apply([v])
+    assert v.ended_requests == 0

@@ -95,3 +95,18 @@ def test_interference_term_keeps_cold_prompts_off_busy_workers() -> None:
     assert c[0] < c[1]
     with pytest.raises(ValueError):
         CostScorer(interference_weight=-0.1)
+
+
+def test_interference_term_takes_off_the_requests_that_ended_since_the_report() -> None:
+    # "stale" reported 4 running, but 3 of this router's requests there have ended since: R = max(4 - 3, 1)
+    req = RoutingQuery("r", prompt_tokens=512, block_size=32, max_tokens=16)
+    stale = WorkerView("stale", running=4, ended_requests=3, inflight_requests=1)
+    busy = WorkerView("busy", running=4, inflight_requests=4)
+    s = CostScorer(0.9, 0.1, interference_weight=0.25)
+    # S = max(T = 512, X = 0.25·512·4 = 512, D = 0) = 512
+    assert s.score(req, [stale, busy], [stale, busy]) == pytest.approx(
+        [(0.9 * 512 + 0.25 * 512 * 1) / 512, (0.9 * 512 + 0.25 * 512 * 4) / 512]
+    )
+    # never below this router's own requests there
+    own = WorkerView("own", running=4, ended_requests=4, inflight_requests=2)
+    assert s.score(req, [own], [own]) == pytest.approx([(0.9 * 512 + 0.25 * 512 * 2) / 512])

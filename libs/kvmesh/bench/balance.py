@@ -3,6 +3,12 @@
 Starts W workers (simulated or real vLLM with the tiny model) and a router on loopback, sends `--prompts`
 distinct random prompts of `--prompt-tokens` tokens (no shared blocks) over gRPC at `--concurrency`, and
 prints one JSON line: requests per worker, the largest worker's share, and client-side TTFT p50/p99/max.
+
+Before the measured prompts, each worker gets `--warmup` rounds of `--concurrency` distinct prompts of the
+same length straight to its own gRPC port (their first token is outside the measured prompts' range, so no
+block is shared): a fresh vLLM engine's first batches of each shape run its kernels' one-time set-up, which
+made one worker of a pair 2× slower for the first dozens of requests, and a load-aware router rightly sends
+a slower worker fewer. The measurement is of the router over equal, warm workers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import grpc
 
 from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
 from kvmesh.modelfiles import resolve_model_dir
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 BLOCK_SIZE = 32
 VOCAB_LOW, VOCAB_HIGH = 3, 1000  # ids valid for the tiny model (vocabulary 1024) and the sim engine
@@ -41,8 +47,9 @@ class BalanceSetup:
     concurrency: int = 8
     max_tokens: int = 16
     seed: int = 0
-    # vLLM engines' cores: "own" (disjoint cores each, as `kvmesh up`: the fastest) or "shared" (every engine
-    # over all the cores: equal capacity however the OS places the router, the client and the frontends)
+    warmup: int = 2  # rounds of `concurrency` prompts sent to each worker directly before measuring
+    # vLLM engines' cores: "own" (pinned to disjoint cores each) or "shared" (unpinned, cores / workers
+    # threads each: the OS shares every core between the engines, the router, the client and the frontends)
     cores: str = "own"
 
 
@@ -50,6 +57,28 @@ def distinct_prompts(n: int, tokens: int, seed: int) -> list[list[int]]:
     """`n` random prompts; each starts with its own index so no two share even their first block."""
     rng = random.Random(seed)
     return [[VOCAB_LOW + i] + [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(tokens - 1)] for i in range(n)]
+
+
+def warmup_prompts(n: int, tokens: int, seed: int) -> list[list[int]]:
+    """`n` random prompts whose first token (VOCAB_HIGH + i) no measured prompt starts with."""
+    return [[VOCAB_HIGH + i, *p[1:]] for i, p in enumerate(distinct_prompts(n, tokens, seed + 1))]
+
+
+async def warm_up(workers: Sequence[ServiceProcess], setup: BalanceSetup) -> None:
+    """`setup.warmup` rounds of `setup.concurrency` concurrent prompts on each worker, straight to it."""
+    sampling = common_pb2.SamplingParams(max_tokens=setup.max_tokens, ignore_eos=True)
+    prompts = warmup_prompts(setup.concurrency, setup.prompt_tokens, setup.seed)
+
+    async def one(stub: worker_pb2_grpc.WorkerServiceStub, rid: str, ids: list[int]) -> None:
+        req = worker_pb2.GenerateRequest(request_id=rid, token_ids=common_pb2.TokenIds(ids=ids), sampling=sampling)
+        async for _ in stub.Generate(req, timeout=300):
+            pass
+
+    for r in range(setup.warmup):
+        for w in workers:
+            async with grpc.aio.insecure_channel(w.address) as ch:
+                stub = worker_pb2_grpc.WorkerServiceStub(ch)
+                await asyncio.gather(*(one(stub, f"warmup-{r}-{i}", p) for i, p in enumerate(prompts)))
 
 
 def percentile(xs: Sequence[float], q: float) -> float:
@@ -72,10 +101,8 @@ def start_suite(setup: BalanceSetup, tmp: Path) -> list[ServiceProcess]:
     """The workers (started in parallel: vLLM takes a while; each vLLM engine on its own cores) then the
     router; the router is last."""
     args, env, timeout = _worker_args(setup)
-    if setup.engine == "vllm" and setup.cores == "own":
-        envs = [{**env, **e} for e in vllm_core_env(setup.workers)]
-    elif setup.engine == "vllm":
-        envs = [{**env, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}] * setup.workers
+    if setup.engine == "vllm":
+        envs = [{**env, **e} for e in vllm_core_env(setup.workers, pinned=setup.cores == "own")]
     else:
         envs = [env] * setup.workers
     procs: list[ServiceProcess] = []
@@ -147,6 +174,7 @@ def run_balance(setup: BalanceSetup) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvmesh-bench-balance-") as tmp:
         procs = start_suite(setup, Path(tmp))
         try:
+            asyncio.run(warm_up(procs[:-1], setup))
             return asyncio.run(send_all(procs[-1].address, setup))
         finally:
             for p in reversed(procs):
@@ -165,10 +193,11 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2, help="rounds of --concurrency prompts per worker, unmeasured")
     ap.add_argument("--cores", choices=("own", "shared"), default="own", help="vLLM engines' cores (BalanceSetup)")
     a = ap.parse_args(list(argv))
     setup = BalanceSetup(
-        a.engine, a.workers, a.prompts, a.prompt_tokens, a.concurrency, a.max_tokens, a.seed, cores=a.cores
+        a.engine, a.workers, a.prompts, a.prompt_tokens, a.concurrency, a.max_tokens, a.seed, a.warmup, a.cores
     )
     print(json.dumps(run_balance(setup)))
     return 0

@@ -32,7 +32,10 @@ looks busier than it is and the next decisions herd onto the others. Their part 
 newer report) is taken off the report, never more than the report holds:
 
     unreported_prefill(w) = Σ n_r over unreported r × R - min(done_prefill(w), prefill_tokens_queued(w))
-    (likewise decode and KV blocks), and the max(…, own_* - report) above on top.
+    (likewise decode and KV blocks), and the max(…, own_* - report) above on top. The count of those that
+    finished is `ended_requests(w)` (= done_requests(w), at most the report's running + waiting): a report
+    of 4 running taken before 3 of them finished still says 4 until the next one, and the cost's
+    interference term (`kvmesh.routing.scorers.cost`) takes them off.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class _Sums:
     done_prefill: int = 0  # reported requests' work that ended after the last report (prefill / whole)
     done_decode: int = 0
     done_blocks: int = 0
+    done_requests: int = 0
 
 
 class InflightTracker:
@@ -138,6 +142,7 @@ class InflightTracker:
                 s.done_prefill += e.prefill_tokens
             s.done_decode += e.kv_tokens
             s.done_blocks += e.kv_blocks
+            s.done_requests += 1
         else:
             self._unreport(s, e)
 
@@ -154,7 +159,7 @@ class InflightTracker:
             return
         self._report_ts[worker] = report_ts
         s = self._sums.setdefault(worker, _Sums())
-        s.done_prefill = s.done_decode = s.done_blocks = 0  # the new report no longer holds them
+        s.done_prefill = s.done_decode = s.done_blocks = s.done_requests = 0  # the new report no longer holds them
         for rid in self._by_worker.get(worker, ()):
             e = self._entries[rid]
             if not e.reported and e.assigned_at <= report_ts:
@@ -181,3 +186,4 @@ class InflightTracker:
             v.inflight_decode_tokens = max(s.decode * k - min(s.done_decode, d), s.own_decode - d)
             v.inflight_kv_blocks = max(s.blocks * k - min(s.done_blocks, b), s.own_blocks - b)
             v.inflight_requests = s.requests
+            v.ended_requests = min(s.done_requests, v.running + v.waiting)

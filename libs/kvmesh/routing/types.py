@@ -32,7 +32,8 @@ class WorkerView:
 
     `inflight_*` are the router's own assignments not yet visible in the worker's last load report
     (maintained by `kvmesh.routing.inflight.InflightTracker`); `inflight_requests` counts all of this
-    router's outstanding requests on the worker (used by the anti-herding tie-break).
+    router's outstanding requests on the worker (used by the anti-herding tie-break); `ended_requests` those of
+    this router's requests in the last report that have ended since (the report's counts still hold them).
     `pool` is "" (any prompt), "long" or "short" (see `filters.pool`).
     """
 
@@ -61,6 +62,12 @@ class WorkerView:
     inflight_decode_tokens: int = 0
     inflight_kv_blocks: int = 0
     inflight_requests: int = 0
+    ended_requests: int = 0
+
+    @property
+    def routable(self) -> bool:
+        """Whether a profile may pick this worker at all: healthy, not draining, circuit not open."""
+        return self.healthy and not self.draining and self.circuit is not CircuitState.OPEN
 
     def apply_report(self, report: LoadReport) -> None:
         """Copy the load-report fields of `report` into this view (in place)."""

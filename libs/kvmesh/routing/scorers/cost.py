@@ -6,7 +6,7 @@ For request r (prompt tokens, max_tokens = out) and candidate worker w:
     Q(w)    = prefill_tokens_queued(w) + inflight_prefill_tokens(w) prefill work already on w
     T(w)    = n(w) + min(Q(w), k·n(w))     (k = prefill_slots; k = 0 → n(w) + Q(w))
     I(w)    = max(Q(w) - n(w), 0) / max(out - 1, 1)
-    E(w)    = n(w) · R(w),   R(w) = max(running(w), inflight_requests(w))
+    E(w)    = n(w) · R(w),   R(w) = max(running(w) - ended_requests(w), inflight_requests(w))
     D(w)    = decode_tokens_active(w) + inflight_decode_tokens(w)
     alpha   = prefill_weight / (prefill_weight + decode_weight),  g = itl_weight,  e = interference_weight
     X(w)    = g·I(w) + e·E(w)
@@ -29,9 +29,11 @@ Why each term (chunked prefill, vLLM v1 scheduling: every prefilling sequence ge
   n(w) prefill tokens, i.e. waits n(w) more prefill tokens; for a decoding sequence with a short output that
   is what breaks its mean ITL. The router does not know the others' output lengths, so every running
   sequence counts (e = 0.25 picked on the held-out window). It sends cold long prompts to idle workers
-  rather than onto a worker that is finishing a short request. R(w) is the report's count, but never below
-  this router's own requests on w: a report lags (taken before requests sent to w reached it), and a count
-  that misses them lets a burst of prompts all see w as idle.
+  rather than onto a worker that is finishing a short request. R(w) is the report's count less this
+  router's requests in it that have ended since, but never below this router's own requests on w: a
+  report lags both ways (taken before requests sent to w reached it, or before some of its requests
+  finished), and a count that misses the first lets a burst of prompts all see w as idle, one that keeps
+  the second sends them all elsewhere.
 * D — the KV resident on w (decode batch size and memory); with the shared scale it also bounds herding.
 
 All terms are in tokens and divided by the *same* S, so the ranking is that of alpha·T + X + (1-alpha)·D.
@@ -107,7 +109,9 @@ class CostScorer:
             t = n + (q if k == 0 or q < k * n else k * n)
             x = g * (q - n) if q > n else 0.0
             if e:
-                r = w.running if w.running > w.inflight_requests else w.inflight_requests
+                r = w.running - w.ended_requests
+                if r < w.inflight_requests:
+                    r = w.inflight_requests
                 x += e * r * n
             d = w.decode_tokens_active + w.inflight_decode_tokens
             ts.append(t)
