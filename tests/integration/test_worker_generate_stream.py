@@ -6,7 +6,6 @@ finishes the requests in flight and refuses new ones."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -158,12 +157,16 @@ async def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(tmp_path
         await stream.write(worker_pb2.GenerateStreamRequest(start=gen_req("inflight", list(range(1, 60)), 40)))
         first = await stream.read()
         assert first.request_id == "inflight" and not first.error_code
-        sp.proc.send_signal(signal.SIGTERM)
+        # a load stream opened (and answered) before the signal ends when the worker starts stopping: the
+        # synchronisation point. One opened after it could reach the server once it no longer takes calls and
+        # wait for the whole shutdown (seen under a loaded CI run: no answer within 10 s).
         loads = stub.StreamLoad(worker_pb2.StreamLoadRequest(interval_ms=20), timeout=30)
-        with contextlib.suppress(grpc.aio.AioRpcError):  # a load stream ends (or is refused) once it stops
-            async with asyncio.timeout(10):
-                async for _ in loads:
-                    pass
+        assert (await loads.read()).report.worker_id
+        sp.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            while await loads.read() is not grpc.aio.EOF:
+                pass
+        assert await loads.code() == grpc.StatusCode.OK
         await stream.write(worker_pb2.GenerateStreamRequest(start=gen_req("late", [1, 2, 3], 2)))
         tokens = len(first.response.token_ids)
         late = None
