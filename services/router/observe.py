@@ -105,7 +105,7 @@ class StallWatch:
         lat: WorkerLatency,
         n_new: int,
         last_report: Callable[[], float],
-        elsewhere: Callable[[], bool] = lambda: True,
+        elsewhere: Callable[[], bool],
     ) -> None:
         self._cfg, self._lat, self._n_new, self._last_report = cfg, lat, n_new, last_report
         self._elsewhere = elsewhere
