@@ -11,6 +11,7 @@ from pathlib import Path
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.rpc.interceptors import MessageBounds
 from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
 from kvmesh.services.router.auth import ApiKeys, RateLimiter
 from kvmesh.services.router.core import RouterCore
@@ -84,12 +85,13 @@ def build_frontend(settings: RouterSettings) -> Frontend:
 
 
 def server_limits(s: RouterSettings) -> ServerLimits:
-    """gRPC: the largest Generate request the prompt limits allow (UTF-8 text of `max_prompt_chars`, or
-    token ids and resumed ids at <= 5 bytes each, plus 1 MiB for the rest), refused by the transport before
-    it is decoded; HTTP: `max_request_bytes`."""
+    """gRPC: a Generate request up to what the prompt limits allow (UTF-8 text of `max_prompt_chars`, or
+    token ids and resumed ids at <= 5 bytes each, plus 1 MiB for the rest), the other methods 1 MiB, each
+    refused on its size before it is decoded; HTTP: `max_request_bytes`."""
     chars = s.max_prompt_chars or s.max_prompt_tokens * CHARS_PER_TOKEN_CAP
     ids = 5 * (s.max_prompt_tokens + s.max_tokens_limit)
-    return ServerLimits(grpc_max_receive_bytes=max(4 * chars, ids) + 2**20, http_max_body_bytes=s.max_request_bytes)
+    generate = {"/kvmesh.v1.RouterService/Generate": max(4 * chars, ids) + 2**20}
+    return ServerLimits(MessageBounds(2**20, generate), http_max_body_bytes=s.max_request_bytes)
 
 
 async def build(runner: ServiceRunner, settings: RouterSettings) -> None:

@@ -247,14 +247,14 @@ class RouterCore:
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         """`cur`'s steps, its first one raced: when it is later than `cur`'s stall bound, the same attempt goes
         to a second worker too, and the first of the two to send a step wins; the other is cancelled (a late
-        primary counts as stalled). `cur` is updated in place to the winner. Raises TimeoutError when neither
-        answers within its bound (a stall of `cur`)."""
+        primary counts as stalled). `cur` is updated in place to the winner. With no worker to hedge to, `cur`
+        is waited for. Raises TimeoutError when neither racer answers within its bound (a stall of `cur`)."""
         racers: dict[asyncio.Future[worker_pb2.GenerateResponse], _Attempt] = {_next(cur): cur}
-        deadline = time.monotonic() + cur.watch.bound
+        deadline: float | None = time.monotonic() + cur.watch.bound
         sent_hedge = False
         try:
             for _ in range(4):  # each pass ends the race, drops a racer or adds the one hedge
-                left = max(deadline - time.monotonic(), 0.0)
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 done, _ = await asyncio.wait(racers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 won = next((t for t in done if t.exception() is None), None)
                 if won is not None:
@@ -275,7 +275,9 @@ class RouterCore:
                     if second is not None:
                         racers[_next(second)] = second
                         deadline = time.monotonic() + self.stall.ttft_ceiling_s  # a busy pair is waited for
-                        continue
+                    else:  # nowhere to hedge to: a late answer beats none (its call keeps its own deadline)
+                        deadline = None
+                    continue
                 break
             else:
                 raise AssertionError("unreachable: the race has at most 4 passes")

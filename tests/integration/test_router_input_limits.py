@@ -1,8 +1,9 @@
 """Issue 13, "every input a clear answer" and "limits before work", on real processes (a sim worker, routers
 in front of it): every rejection is HTTP 4xx / gRPC INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for a message
-over the transport's limit) naming the field, decided by the router before it tokenises, decodes or forwards;
-`resume_token_ids` are validated and never counted as generated; client mistakes are logged without a
-traceback. (Timings and memory are `python -m kvmesh.bench oversize`'s, not asserted here.)"""
+over the transport's backstop, twice the method's bound) naming the field, decided by the router before it
+tokenises, decodes or forwards; `resume_token_ids` are validated and never counted as generated; client
+mistakes are logged without a traceback. (Timings and memory are `python -m kvmesh.bench oversize`'s, not
+asserted here.)"""
 
 from __future__ import annotations
 
@@ -144,11 +145,15 @@ def test_grpc_garbage_bytes_are_invalid_argument(router: ServiceProcess, sim_wor
 
 
 def test_grpc_prompt_limits_before_work(small: ServiceProcess) -> None:
-    """Over-long text is refused before tokenising; a message over the Generate bound before decoding (20 MB
-    was accepted and cost 23.5 s and 2.5 GB); too many chat messages before rendering."""
+    """Over-long text is refused before tokenising; a message over the Generate bound (~1.1 MB here) before
+    decoding, by its size, and one over the transport's backstop by grpc itself (20 MB was accepted and cost
+    23.5 s and 2.5 GB); too many chat messages before rendering."""
     text = router_pb2.RouterServiceGenerateRequest(text="ab " * 20_000)  # > 256 tokens x the longest token
     err = grpc_error(small, text)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in (err.details() or "")
+    over = grpc_error(small, router_pb2.RouterServiceGenerateRequest(text="a" * 1_500_000))
+    assert over.code() == grpc.StatusCode.INVALID_ARGUMENT, over.details()
+    assert "request" in (over.details() or "") and "1500004 bytes" in (over.details() or ""), over.details()
     huge = router_pb2.RouterServiceGenerateRequest(text="a" * 20_000_000)
     assert grpc_error(small, huge).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     chat = router_pb2.RouterServiceGenerateRequest(

@@ -306,6 +306,15 @@ async def test_when_neither_racer_answers_the_attempt_stalls_and_retries_elsewhe
     assert len(set(pool.failed)) == 2 and chunks[-1].worker_id not in pool.failed and len(pool.sent) == 3
 
 
+async def test_a_late_first_token_with_nowhere_to_hedge_to_is_waited_for() -> None:
+    late = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])  # 0.2 s > 0.05 s
+    pool = FakePool([late])
+    del pool.by_id["w1"]  # the only worker: a hedge has nowhere to go, and a stall would fail the request
+    chunks = await collect(core_for(pool, HEDGE), request())
+    assert [t for c in chunks for t in c.token_ids] == [7, 8]
+    assert len(pool.sent) == 1 and not late.was_cancelled and pool.failed == []
+
+
 async def test_a_slow_worker_that_still_reports_is_waited_for_up_to_the_ceiling() -> None:
     # past its 0.05 s bound, but its load reports keep coming (busy, not frozen): no stall before the ceiling
     slow = FrozenCall([], later=[step([7]), step([8], finish=common_pb2.FINISH_REASON_STOP)])

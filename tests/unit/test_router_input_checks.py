@@ -10,7 +10,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from kvmesh.errors import InvalidArgument
 from kvmesh.routing import attempts as at
-from kvmesh.rpc.interceptors import Undecodable, safe_deserializer
+from kvmesh.rpc.interceptors import MessageBounds, RefusedRequest, safe_deserializer
 from kvmesh.rpc.server import QuietClientErrors
 from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
 from kvmesh.v1 import router_pb2
@@ -55,12 +55,34 @@ def test_undecodable_request_bytes() -> None:
     decode = safe_deserializer(router_pb2.RouterServiceGenerateRequest.FromString)
     assert decode is not None and safe_deserializer(None) is None
     bad = decode(b"\xff\xff\xff")
-    assert isinstance(bad, Undecodable) and "DecodeError" in bad.error
+    assert isinstance(bad, RefusedRequest) and "DecodeError" in bad.error
     with pytest.raises(InvalidArgument) as ei:
         bad.raise_invalid()
     assert ei.value.field == "request"
     ok = router_pb2.RouterServiceGenerateRequest(text="hi")
     assert decode(ok.SerializeToString()) == ok
+
+
+def test_request_over_the_method_bound_is_refused_undecoded() -> None:
+    calls: list[bytes] = []
+
+    def parse(raw: bytes) -> router_pb2.RouterServiceGenerateRequest:
+        calls.append(raw)
+        return router_pb2.RouterServiceGenerateRequest.FromString(raw)
+
+    decode = safe_deserializer(parse, max_bytes=10)
+    assert decode is not None
+    at_bound = router_pb2.RouterServiceGenerateRequest(text="a" * 8).SerializeToString()
+    assert len(at_bound) == 10 and decode(at_bound).text == "a" * 8
+    over = decode(router_pb2.RouterServiceGenerateRequest(text="a" * 9).SerializeToString())
+    assert isinstance(over, RefusedRequest) and "11 bytes" in over.error and "at most 10" in over.error
+    assert calls == [at_bound]  # the oversize bytes never reached the parser
+
+
+def test_message_bounds_per_method() -> None:
+    b = MessageBounds(100, {"/kvmesh.v1.RouterService/Generate": 5000})
+    assert b.of("/kvmesh.v1.RouterService/Generate") == 5000 and b.of("/kvmesh.v1.RouterAdminService/Rebalance") == 100
+    assert b.largest == 5000 and MessageBounds().largest is None and MessageBounds().of("/x/y") is None
 
 
 def test_aiohttp_client_errors_logged_as_info_without_traceback() -> None:

@@ -2,19 +2,24 @@
 
 Starts a real sim worker and router (default limits: 131072 prompt tokens, 8 MiB HTTP bodies) and sends
 - HTTP: a 7.8 MB text prompt (under the body cap, far over what 131072 tokens can cover);
-- gRPC: 20 MB of text (over the Generate message bound: refused by the transport before decoding), and
-  16 MB (under that bound, refused by the character check before tokenising);
+- gRPC: 20 MB of text (over the Generate message bound: refused on its size before decoding), 40 MB (over
+  the transport's backstop, twice that bound: refused by grpc-core), and 16 MB (under the bound, refused by
+  the character check before tokenising);
 then a normal request, to show the router still serves. For scale, `http_7.8MB_transfer_only` is the same
 body with an unknown field first, refused right after JSON parsing: what receiving and parsing 7.8 MB costs
-whatever the checks. For each: the answer (status / code), its latency (client side, sending included),
-and the router's memory growth (its high-water RSS, `VmHWM` of /proc/<pid>/status, after the request minus
-its RSS before). Prints one JSON line.
+whatever the checks; `bare_grpc_20MB` is 20 MB sent to a bare grpc.aio server (another process, no kvmesh
+code) with a receive limit under it (grpc-core refuses it) and over it (accepted, answered at once), best
+of 3. For each router row: the answer (status / code), its latency (client side, sending included), and
+the router's memory growth (its high-water RSS, `VmHWM` of /proc/<pid>/status, after the request minus its
+RSS before). Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +45,7 @@ def proc_kib(pid: int, key: str) -> int:
 
 def measured(pid: int, send: Callable[[], str]) -> dict[str, Any]:
     """Runs `send` (returns the answer) and reports its latency and the router's memory growth."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS: each row its own peak
     rss0 = proc_kib(pid, "VmRSS")
     t0 = time.perf_counter()
     answer = send()
@@ -73,6 +79,49 @@ def grpc_text(stub: router_pb2_grpc.RouterServiceStub, n_bytes: int) -> Callable
     return send
 
 
+def _bare_server(limit: int, ports: Any) -> None:
+    """A grpc.aio server whose one method `/bare.S/G` answers one empty message (child process)."""
+
+    async def serve() -> None:
+        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+            yield b""
+
+        handler = grpc.unary_stream_rpc_method_handler(answer)
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.S", {"G": handler}),))
+        ports.put(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def bare_grpc(n_bytes: int, limit: int) -> dict[str, Any]:
+    """Best of 3: `n_bytes` sent to a bare grpc.aio server with receive limit `limit`."""
+    ctx = multiprocessing.get_context("spawn")
+    ports = ctx.Queue()
+    child = ctx.Process(target=_bare_server, args=(limit, ports), daemon=True)
+    child.start()
+    try:
+        opts = [("grpc.max_send_message_length", 64 << 20)]
+        with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=60)}", options=opts) as ch:
+            call = ch.unary_stream("/bare.S/G")
+            list(call(b"warm", timeout=30))
+            body, answer, best = b"a" * n_bytes, "", float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                try:
+                    list(call(body, timeout=60))
+                    answer = "OK"
+                except grpc.RpcError as e:
+                    answer = str(e.code().name)
+                best = min(best, (time.perf_counter() - t0) * 1000)
+        return {"limit_mb": round(limit / MB, 1), "answer": answer, "best_latency_ms": round(best, 1)}
+    finally:
+        child.kill()
+        child.join(10)
+
+
 def run(tmp: Path) -> dict[str, Any]:
     worker = start_service("worker", tmp / "w", "--engine", "sim", "--sim-speed", "0", timeout=60)
     router = start_service("router", tmp / "r", "--workers", worker.address, timeout=60)
@@ -90,12 +139,14 @@ def run(tmp: Path) -> dict[str, Any]:
             out["http_7.8MB_transfer_only"] = measured(pid, http_prompt(router, int(7.8 * MB), {"unknown": 1}))
             out["http_7.8MB_prompt"] = measured(pid, http_prompt(router, int(7.8 * MB)))
             out["grpc_20MB_text"] = measured(pid, grpc_text(stub, 20 * MB))
+            out["grpc_40MB_text"] = measured(pid, grpc_text(stub, 40 * MB))
             out["grpc_16MB_text"] = measured(pid, grpc_text(stub, 16 * MB))
             out["after_normal_request"] = measured(pid, lambda: str(len(list(stub.Generate(ok, timeout=30)))))
-        return out
     finally:
         router.terminate(timeout=30)
         worker.terminate(timeout=30)
+    out["bare_grpc_20MB"] = [bare_grpc(20 * MB, limit) for limit in (17 << 20, 64 << 20)]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -281,6 +281,7 @@ class VllmEngine:
         self._stats = _Stats(config.latency_window)
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._vocab_size = 0  # len(tokenizer), read once at start: ids at or above it are refused
         self._inflight: dict[str, _InFlight] = {}
         self._scratch: Path | None = None
         self._own_scratch = False
@@ -330,6 +331,7 @@ class VllmEngine:
         except Exception as e:  # vLLM raises plain exceptions for bad configs
             raise FailedPrecondition(f"vLLM failed to start: {e}") from e
         self._tokenizer = self._llm.get_tokenizer()
+        self._vocab_size = len(self._tokenizer)
         self.num_gpu_blocks = int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
         self.follow_kv_events(events_endpoint, replay_endpoint)
 
@@ -424,7 +426,7 @@ class VllmEngine:
             ids = await self.tokenize(req.prompt)
         else:
             raise InvalidArgument("prompt", "give prompt_token_ids or prompt")
-        vocab = len(self._tokenizer)
+        vocab = self._vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidArgument("prompt_token_ids", f"token ids must be in [0, {vocab})")
         max_tokens = (

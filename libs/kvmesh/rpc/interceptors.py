@@ -11,7 +11,9 @@ For each call it
 - maps `KvmeshError`s to status codes through `kvmesh.rpc.errors` and turns any other exception into
   INTERNAL with a generic message (the stack trace is logged, never sent);
 - answers a request message that does not decode (garbage or truncated protobuf bytes) INVALID_ARGUMENT
-  naming `request`, instead of grpc's UNKNOWN "Unexpected <class DecodeError>".
+  naming `request`, instead of grpc's UNKNOWN "Unexpected <class DecodeError>";
+- refuses a request message over the method's byte bound before decoding it (INVALID_ARGUMENT naming
+  `request`, with both sizes): bounds per method (`MessageBounds`), checked on the received bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -143,9 +146,27 @@ class _CallScope:
         deadline_var.reset(self.tokens[1])
 
 
-class Undecodable:
-    """What `safe_deserializer` gives for bytes the method's deserializer refused (the handler wrapper
-    answers INVALID_ARGUMENT: grpc itself would answer UNKNOWN)."""
+@dataclass(frozen=True)
+class MessageBounds:
+    """The largest request message each method decodes, in bytes: `per_method[full method name]` (e.g.
+    `/kvmesh.v1.RouterService/Generate`), else `default`; None: only the transport's limit."""
+
+    default: int | None = None
+    per_method: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, full_method: str) -> int | None:
+        return self.per_method.get(full_method, self.default)
+
+    @property
+    def largest(self) -> int | None:
+        sizes = [b for b in (self.default, *self.per_method.values()) if b is not None]
+        return max(sizes) if sizes else None
+
+
+class RefusedRequest:
+    """What `safe_deserializer` gives instead of a message: bytes over the method's bound, or bytes the
+    method's deserializer refused (the handler wrapper answers INVALID_ARGUMENT naming `request`; grpc
+    itself would answer UNKNOWN for the second)."""
 
     __slots__ = ("error",)
 
@@ -153,19 +174,24 @@ class Undecodable:
         self.error = error
 
     def raise_invalid(self) -> None:
-        raise InvalidArgument("request", f"the request message does not decode: {self.error}")
+        raise InvalidArgument("request", self.error)
 
 
-def safe_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    """`deserializer`, returning an `Undecodable` instead of raising (a DecodeError, a ValueError ...)."""
+def safe_deserializer(
+    deserializer: Callable[[bytes], Any] | None, max_bytes: int | None = None
+) -> Callable[[bytes], Any] | None:
+    """`deserializer`, returning a `RefusedRequest` instead of decoding more than `max_bytes` or raising (a
+    DecodeError, a ValueError ...)."""
     if deserializer is None:
         return None
 
     def decode(raw: bytes) -> Any:
+        if max_bytes is not None and len(raw) > max_bytes:
+            return RefusedRequest(f"the request message is {len(raw)} bytes; this method takes at most {max_bytes}")
         try:
             return deserializer(raw)
         except Exception as e:  # whatever the method's parser raises: the bytes are the client's
-            return Undecodable(f"{type(e).__name__}: {e}")
+            return RefusedRequest(f"the request message does not decode: {type(e).__name__}: {e}")
 
     return decode
 
@@ -173,28 +199,31 @@ def safe_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callable[[
 async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """A request stream whose undecodable message raises InvalidArgument where the handler reads it."""
     async for item in requests:
-        if isinstance(item, Undecodable):
+        if isinstance(item, RefusedRequest):
             item.raise_invalid()
         yield item
 
 
 def _check_request(request: Any) -> Any:
-    """The handler's request: a message (InvalidArgument when it did not decode) or a checked stream."""
-    if isinstance(request, Undecodable):
+    """The handler's request: a message (InvalidArgument when it was refused) or a checked stream."""
+    if isinstance(request, RefusedRequest):
         request.raise_invalid()
     if hasattr(request, "__aiter__"):
         return _checked(request)
     return request
 
 
-def instrument_handler(service: str, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """`handler` wrapped with the per-call bookkeeping above (health and reflection are returned as they are)."""
+def instrument_handler(
+    service: str, full_method: str, handler: grpc.RpcMethodHandler, max_request_bytes: int | None = None
+) -> grpc.RpcMethodHandler:
+    """`handler` wrapped with the per-call bookkeeping above, its request messages refused over
+    `max_request_bytes` (health and reflection are returned as they are)."""
     if full_method.startswith("/grpc.") or full_method.startswith("grpc."):
         return handler  # health and reflection: not ours to instrument
     method = full_method.rsplit("/", 1)[-1]
     wrap_unary = _unary_wrapper(service, method)
     wrap_stream = _stream_wrapper(service, method)
-    decode = safe_deserializer(handler.request_deserializer)
+    decode = safe_deserializer(handler.request_deserializer, max_request_bytes)
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(wrap_unary(handler.unary_unary), decode, handler.response_serializer)
     if handler.unary_stream:
@@ -213,9 +242,10 @@ def instrument_handler(service: str, full_method: str, handler: grpc.RpcMethodHa
 class _InstrumentedGenericHandler(grpc.GenericRpcHandler):
     """A generic handler whose method handlers are instrumented once, on first lookup."""
 
-    def __init__(self, service: str, inner: grpc.GenericRpcHandler) -> None:
+    def __init__(self, service: str, inner: grpc.GenericRpcHandler, bounds: MessageBounds) -> None:
         self._service = service
         self._inner = inner
+        self._bounds = bounds
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -223,7 +253,7 @@ class _InstrumentedGenericHandler(grpc.GenericRpcHandler):
         if full in self._cache:
             return self._cache[full]
         handler = self._inner.service(handler_call_details)
-        wrapped = None if handler is None else instrument_handler(self._service, full, handler)
+        wrapped = None if handler is None else instrument_handler(self._service, full, handler, self._bounds.of(full))
         if len(self._cache) < 4096:
             self._cache[full] = wrapped
         return wrapped
@@ -234,19 +264,22 @@ class InstrumentedServer:
     registers the servicer's handlers already wrapped with `instrument_handler`. Same behaviour as
     `ServiceInterceptor`, but the wrapping happens once at registration, so a call does not go through
     grpc.aio's per-call interceptor chain (an extra coroutine and lookup per RPC, ~0.3 ms on the router's
-    hot path on 2 shared cores)."""
+    hot path on 2 shared cores). Request messages over `bounds` are refused before decoding."""
 
-    def __init__(self, server: grpc.aio.Server, service: str) -> None:
+    def __init__(self, server: grpc.aio.Server, service: str, bounds: MessageBounds | None = None) -> None:
         self._server = server
         self._service = service
+        self._bounds = bounds or MessageBounds()
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(tuple(_InstrumentedGenericHandler(self._service, h) for h in handlers))
+        generic = tuple(_InstrumentedGenericHandler(self._service, h, self._bounds) for h in handlers)
+        self._server.add_generic_rpc_handlers(generic)
 
     def add_registered_method_handlers(self, service_name: str, method_handlers: dict[str, Any]) -> None:
-        wrapped = {
-            name: instrument_handler(self._service, f"/{service_name}/{name}", h) for name, h in method_handlers.items()
-        }
+        wrapped = {}
+        for name, h in method_handlers.items():
+            full = f"/{service_name}/{name}"
+            wrapped[name] = instrument_handler(self._service, full, h, self._bounds.of(full))
         self._server.add_registered_method_handlers(service_name, wrapped)  # type: ignore[attr-defined]
 
 
