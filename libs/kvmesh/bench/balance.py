@@ -2,7 +2,8 @@
 
 Starts W workers (simulated or real vLLM with the tiny model) and a router on loopback, sends `--prompts`
 distinct random prompts of `--prompt-tokens` tokens (no shared blocks) over gRPC at `--concurrency`, and
-prints one JSON line: requests per worker, the largest worker's share, and client-side TTFT p50/p99/max.
+prints one JSON line: requests per worker, the largest worker's share, client-side TTFT p50/p99/max, and
+per worker its requests' p50 time and the mean number of requests it held at once.
 
 Before the measured prompts, each worker gets `--warmup` rounds of `--concurrency` distinct prompts of the
 same length straight to its own gRPC port (their first token is outside the measured prompts' range, so no
@@ -53,7 +54,8 @@ class BalanceSetup:
     max_tokens: int = 16
     seed: int = 0
     warmup: int = 2  # rounds of `concurrency` prompts sent to each worker directly before measuring
-    # vLLM engines' cores: "own" (pinned to disjoint cores each) or "shared" (unpinned, cores / workers
+    # vLLM engines' cores: "own" (each worker's whole process, its engine's OpenMP threads included, pinned
+    # to disjoint cores: `kvmesh.cpus`) or "shared" (unpinned, cores / workers
     # threads each: the OS shares every core between the engines, the router, the client and the frontends)
     cores: str = "own"
     harness_nice: int = 0  # niceness of the router and the client (the workers stay at 0)
@@ -160,7 +162,9 @@ async def send_all(router_address: str, setup: BalanceSetup) -> dict[str, Any]:
             while not queue.empty():
                 await one(queue.get_nowait())
 
+        wall0 = time.perf_counter()
         await asyncio.gather(*(lane() for _ in range(setup.concurrency)))
+        wall_ms = 1000.0 * (time.perf_counter() - wall0)
     return {
         "engine": setup.engine,
         "requests": setup.prompts,
@@ -172,6 +176,9 @@ async def send_all(router_address: str, setup: BalanceSetup) -> dict[str, Any]:
         "ttft_p99_ms": round(percentile(ttft, 0.99), 1),
         "ttft_max_ms": round(max(ttft), 1),
         "request_p50_ms": {w: round(percentile(v, 0.50), 1) for w, v in sorted(took.items())},
+        # Little's law: a worker's requests' summed durations over the run's wall time is the mean number
+        # of requests it held at once; a router that balances load equalises these, whatever each is worth
+        "mean_outstanding": {w: round(sum(v) / wall_ms, 2) for w, v in sorted(took.items())},
     }
 
 

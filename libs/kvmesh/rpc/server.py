@@ -69,8 +69,8 @@ class ServerLimits:
     The transport's own limit (grpc-core answers RESOURCE_EXHAUSTED) is twice the largest method bound: a
     backstop on memory only. grpc-core refuses an over-limit message after receiving all of it, and more
     slowly than it receives one: on a bare grpc.aio server here, 20 MB over a 17 MiB limit was refused in
-    110-140 ms, accepted under a 64 MiB limit in 28-35 ms. So a message up to the backstop is received and
-    refused by its size, sooner (`kvmesh.rpc.interceptors.safe_deserializer`)."""
+    109-161 ms, accepted under a 64 MiB limit in 37-38 ms (`python -m kvmesh.bench oversize`). So a message up
+    to the backstop is received and refused by its size, sooner (`kvmesh.rpc.interceptors.safe_deserializer`)."""
 
     grpc_requests: MessageBounds = field(default_factory=lambda: MessageBounds(DEFAULT_MAX_REQUEST_BYTES))
     http_max_body_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
