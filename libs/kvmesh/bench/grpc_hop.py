@@ -34,8 +34,9 @@ def _ident(b: bytes) -> bytes:
     return b
 
 
-async def _serve(handler: Any, port_file: Path) -> None:
-    server = grpc.aio.server(options=OPTS)
+async def _serve(handler: Any, port_file: Path, max_receive_bytes: int = 64 << 20) -> None:
+    opts = [("grpc.max_receive_message_length", max_receive_bytes), ("grpc.max_send_message_length", 64 << 20)]
+    server = grpc.aio.server(options=opts)
     h = grpc.method_handlers_generic_handler(
         "kvmesh.bench.Hop",
         {
@@ -79,6 +80,21 @@ async def _time_calls(port: int, payload: bytes, calls: int) -> float:
     return statistics.median(lat) * 1e3
 
 
+def start_echo_server(
+    port_file: Path, max_receive_bytes: int = 64 << 20, uvloop: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A bare grpc.aio echo server (`METHOD`, no kvmesh code) in its own process; returns it and its port."""
+    me = [sys.executable, "-m", "kvmesh.bench", "grpc-hop", *(["--uvloop"] if uvloop else [])]
+    cmd = [*me, "--role", "echo", "--port-file", str(port_file), "--max-receive-bytes", str(max_receive_bytes)]
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc, _wait_port(port_file, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
+
+
 def _wait_port(f: Path, proc: subprocess.Popen[bytes]) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -98,13 +114,14 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--role", choices=("client", "echo", "proxy"), default="client", help=argparse.SUPPRESS)
     ap.add_argument("--port-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--upstream", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--max-receive-bytes", type=int, default=64 << 20, help=argparse.SUPPRESS)
     a = ap.parse_args(list(argv))
     if a.uvloop:
         import uvloop
 
         uvloop.install()
     if a.role == "echo":
-        asyncio.run(_serve(_echo, Path(a.port_file)))
+        asyncio.run(_serve(_echo, Path(a.port_file), a.max_receive_bytes))
         return 0
     if a.role == "proxy":
         asyncio.run(_proxy(a.upstream, Path(a.port_file)))
@@ -114,8 +131,8 @@ def main(argv: Sequence[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="kvmesh-hop-") as tmp:
         try:
             f1, f2 = Path(tmp) / "echo", Path(tmp) / "proxy"
-            procs.append(subprocess.Popen([*me, "--role", "echo", "--port-file", str(f1)]))
-            echo_port = _wait_port(f1, procs[-1])
+            echo, echo_port = start_echo_server(f1, uvloop=a.uvloop)
+            procs.append(echo)
             proxy_cmd = [*me, "--role", "proxy", "--port-file", str(f2), "--upstream", str(echo_port)]
             procs.append(subprocess.Popen(proxy_cmd))
             proxy_port = _wait_port(f2, procs[-1])

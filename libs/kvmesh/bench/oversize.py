@@ -7,19 +7,17 @@ Starts a real sim worker and router (default limits: 131072 prompt tokens, 8 MiB
   the character check before tokenising);
 then a normal request, to show the router still serves. For scale, `http_7.8MB_transfer_only` is the same
 body with an unknown field first, refused right after JSON parsing: what receiving and parsing 7.8 MB costs
-whatever the checks; `bare_grpc_20MB` is 20 MB sent to a bare grpc.aio server (another process, no kvmesh
-code) with a receive limit under it (grpc-core refuses it) and over it (accepted, answered at once), best
-of 3. For each router row: the answer (status / code), its latency (client side, sending included), and
-the router's memory growth (its high-water RSS, `VmHWM` of /proc/<pid>/status, after the request minus its
-RSS before). Prints one JSON line.
+whatever the checks; `bare_grpc_20MB` is 20 MB sent to a bare grpc.aio server (`bench grpc-hop`'s echo
+server: another process, no kvmesh code) with a receive limit under it (grpc-core refuses it) and over it
+(accepted, answered at once), best of 3. For each router row: the answer (status / code), its latency
+(client side, sending included), and the router's memory growth (its high-water RSS, `VmHWM` of
+/proc/<pid>/status, after the request minus its RSS before). Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +27,8 @@ from typing import Any
 import grpc
 import httpx
 
+from kvmesh.bench.grpc_hop import METHOD as HOP_METHOD
+from kvmesh.bench.grpc_hop import start_echo_server
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
@@ -79,33 +79,13 @@ def grpc_text(stub: router_pb2_grpc.RouterServiceStub, n_bytes: int) -> Callable
     return send
 
 
-def _bare_server(limit: int, ports: Any) -> None:
-    """A grpc.aio server whose one method `/bare.S/G` answers one empty message (child process)."""
-
-    async def serve() -> None:
-        async def answer(request: bytes, context: grpc.aio.ServicerContext) -> Any:
-            yield b""
-
-        handler = grpc.unary_stream_rpc_method_handler(answer)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bare.S", {"G": handler}),))
-        ports.put(server.add_insecure_port("127.0.0.1:0"))
-        await server.start()
-        await server.wait_for_termination()
-
-    asyncio.run(serve())
-
-
-def bare_grpc(n_bytes: int, limit: int) -> dict[str, Any]:
-    """Best of 3: `n_bytes` sent to a bare grpc.aio server with receive limit `limit`."""
-    ctx = multiprocessing.get_context("spawn")
-    ports = ctx.Queue()
-    child = ctx.Process(target=_bare_server, args=(limit, ports), daemon=True)
-    child.start()
+def bare_grpc(tmp: Path, n_bytes: int, limit: int) -> dict[str, Any]:
+    """Best of 3: `n_bytes` sent to a bare grpc.aio server (`bench grpc-hop`'s echo) with receive limit `limit`."""
+    server, port = start_echo_server(tmp / f"bare-{limit}.port", max_receive_bytes=limit)
     try:
         opts = [("grpc.max_send_message_length", 64 << 20)]
-        with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=60)}", options=opts) as ch:
-            call = ch.unary_stream("/bare.S/G")
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=opts) as ch:
+            call = ch.unary_stream(HOP_METHOD)
             list(call(b"warm", timeout=30))
             body, answer, best = b"a" * n_bytes, "", float("inf")
             for _ in range(3):
@@ -118,8 +98,8 @@ def bare_grpc(n_bytes: int, limit: int) -> dict[str, Any]:
                 best = min(best, (time.perf_counter() - t0) * 1000)
         return {"limit_mb": round(limit / MB, 1), "answer": answer, "best_latency_ms": round(best, 1)}
     finally:
-        child.kill()
-        child.join(10)
+        server.kill()
+        server.wait(timeout=10)
 
 
 def run(tmp: Path) -> dict[str, Any]:
@@ -145,7 +125,7 @@ def run(tmp: Path) -> dict[str, Any]:
     finally:
         router.terminate(timeout=30)
         worker.terminate(timeout=30)
-    out["bare_grpc_20MB"] = [bare_grpc(20 * MB, limit) for limit in (17 << 20, 64 << 20)]
+    out["bare_grpc_20MB"] = [bare_grpc(tmp, 20 * MB, limit) for limit in (17 << 20, 64 << 20)]
     return out
 
 
