@@ -10,10 +10,6 @@ same length straight to its own gRPC port (their first token is outside the meas
 block is shared): a fresh vLLM engine's first batches of each shape run its kernels' one-time set-up, which
 made one worker of a pair 2× slower for the first dozens of requests, and a load-aware router rightly sends
 a slower worker fewer. The measurement is of the router over equal, warm workers.
-
-`--harness-nice N` runs the router and this client at nice N (the workers at 0): on a host with fewer cores
-than engines + router + client, whichever engine shares its core with them is slowed by their CPU use, and
-the workers are no longer equal.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import tempfile
 import time
@@ -58,7 +53,6 @@ class BalanceSetup:
     # to disjoint cores: `kvmesh.cpus`) or "shared" (unpinned, cores / workers
     # threads each: the OS shares every core between the engines, the router, the client and the frontends)
     cores: str = "own"
-    harness_nice: int = 0  # niceness of the router and the client (the workers stay at 0)
 
 
 def distinct_prompts(n: int, tokens: int, seed: int) -> list[list[int]]:
@@ -187,9 +181,6 @@ def run_balance(setup: BalanceSetup) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvmesh-bench-balance-") as tmp:
         procs = start_suite(setup, Path(tmp))
         try:
-            if setup.harness_nice:
-                os.setpriority(os.PRIO_PROCESS, procs[-1].proc.pid, setup.harness_nice)
-                os.setpriority(os.PRIO_PROCESS, 0, setup.harness_nice)
             asyncio.run(warm_up(procs[:-1], setup))
             return asyncio.run(send_all(procs[-1].address, setup))
         finally:
@@ -211,19 +202,9 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=2, help="rounds of --concurrency prompts per worker, unmeasured")
     ap.add_argument("--cores", choices=("own", "shared"), default="own", help="vLLM engines' cores (BalanceSetup)")
-    ap.add_argument("--harness-nice", type=int, default=0, help="niceness of the router and the client")
     a = ap.parse_args(list(argv))
     setup = BalanceSetup(
-        a.engine,
-        a.workers,
-        a.prompts,
-        a.prompt_tokens,
-        a.concurrency,
-        a.max_tokens,
-        a.seed,
-        a.warmup,
-        a.cores,
-        a.harness_nice,
+        a.engine, a.workers, a.prompts, a.prompt_tokens, a.concurrency, a.max_tokens, a.seed, a.warmup, a.cores
     )
     print(json.dumps(run_balance(setup)))
     return 0
