@@ -116,17 +116,27 @@ def _link_zone() -> Iterator[tuple[netns.Zone | None, str]]:
 
 
 async def _time_pulls(
-    client: KvSyncClient, block_bytes: int, n: int, prefer_shm: bool, iters: int, budget_s: float
+    client: KvSyncClient,
+    block_bytes: int,
+    n: int,
+    prefer_shm: bool,
+    iters: int,
+    budget_s: float,
+    preleased: bool = False,
 ) -> tuple[list[float], float, float]:
-    """(pull seconds per iteration, integrity seconds, pull seconds in total) for `n`-block pulls."""
+    """(pull seconds per iteration, integrity seconds, pull seconds in total) for `n`-block pulls;
+    `preleased`: with a lease taken once beforehand, as a router's pull hint carries it (no lease call)."""
     digests = peer_digests(n)
     outs = [memoryview(bytearray(block_bytes)) for _ in range(n)]
+    lease = await client.acquire_lease(REGION, digests, ttl_ms=30_000) if preleased else None
     samples: list[float] = []
     integrity = 0.0
     stop = time.monotonic() + budget_s
     for i in range(iters + 2):  # bounded; the first two are warm-up (channel, shm attach, page faults)
         t = time.perf_counter()
-        stats: PullStats = await client.pull(REGION, digests, outs, LAYOUT, timeout_s=30.0, prefer_shm=prefer_shm)
+        stats: PullStats = await client.pull(
+            REGION, digests, outs, LAYOUT, timeout_s=30.0, prefer_shm=prefer_shm, lease=lease
+        )
         dt = time.perf_counter() - t
         if stats.blocks != n:
             raise RuntimeError(f"pulled {stats.blocks} of {n} blocks")
@@ -148,6 +158,24 @@ def _row(transport: str, n: int, block_bytes: int, samples: list[float]) -> dict
         "p99_ms": round(_pct(samples, 99) * 1e3, 4),
         "gbps": round(n * block_bytes / p50 / 1e9, 3),
         "samples": len(samples),
+    }
+
+
+def _must_show(results: list[dict[str, Any]], memcpy: list[dict[str, Any]], share: float, tiny: int) -> dict[str, Any]:
+    """The issue's kv-sync targets, from this run's rows."""
+    row = {(r["transport"], r["blocks"], r["block_bytes"]): r for r in results}
+    shm_p99 = row[("shm", 32, tiny)]["p99_ms"]
+    grpc_p99 = row[("grpc", 32, tiny)]["p99_ms"]
+    ref = next(m["gbps"] for m in memcpy if m["block_bytes"] == MIB)
+    ratio = round(row[("shm", 128, MIB)]["gbps"] / ref, 3) if ref else 0.0
+    return {
+        "shm_32_tiny_p99_ms": shm_p99,
+        "shm_32_tiny_p99_under_5ms": shm_p99 < 5.0,
+        "grpc_32_tiny_p99_ms": grpc_p99,
+        "grpc_32_tiny_p99_under_5ms": grpc_p99 < 5.0,
+        "shm_128x1mib_over_memcpy": ratio,
+        "shm_at_least_half_memcpy": ratio >= 0.5,
+        "integrity_share_at_most_5pct": share <= 0.05,
     }
 
 
@@ -207,6 +235,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tiny = tiny_block_bytes()
     sizes = (tiny, MIB)
     results: list[dict[str, Any]] = []
+    preleased: list[dict[str, Any]] = []
+    memcpy: list[dict[str, Any]] = []
+    sockets: list[dict[str, Any]] = []
+    ref_iters = 3 if args.quick else 10
     integrity = pull_time = 0.0
     by_transport: dict[str, list[float]] = {}
     procs: list[_Proc] = []
@@ -244,6 +276,13 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 ):
                     near, far = KvSyncClient(direct), KvSyncClient(linked)
                     await measure("shm", near, size, prefer_shm=True)
+                    # the references right after shm, under the same machine load
+                    memcpy.append({"block_bytes": size, "gbps": round(memcpy_gbps(size, 128, ref_iters), 3)})
+                    sockets.append({"block_bytes": size, "gbps": round(socket_gbps(size, 128, ref_iters), 3)})
+                    for n in BLOCKS:
+                        iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
+                        samples, _, _ = await _time_pulls(near, size, n, True, iters, args.budget_s, preleased=True)
+                        preleased.append({k: v for k, v in _row("shm", n, size, samples).items() if k != "transport"})
                     await measure("grpc", near, size, prefer_shm=False)
                     await measure("link", far, size, prefer_shm=False)
                     near.close()
@@ -254,19 +293,23 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for p in procs:
                 p.stop()
-    ref_iters = 3 if args.quick else 10
+    share = round(integrity / pull_time, 4) if pull_time else 0.0
     return {
         "bench": "kvsync",
         "results": results,
-        "memcpy": [{"block_bytes": s, "gbps": round(memcpy_gbps(s, 128, ref_iters), 3)} for s in sizes],
-        "socket": [{"block_bytes": s, "gbps": round(socket_gbps(s, 128, ref_iters), 3)} for s in sizes],
-        "integrity_share": round(integrity / pull_time, 4) if pull_time else 0.0,
+        "memcpy": memcpy,
+        "socket": sockets,
+        "integrity_share": share,
+        "shm_preleased": preleased,
+        "must_show": _must_show(results, memcpy, share, tiny),
         "integrity_share_by_transport": {t: round(a[0] / a[1], 4) for t, a in by_transport.items() if a[1]},
         "tiny_block_bytes": tiny,
         "tiny_block_formula": "2 (K,V) x 2 layers x 2 kv_heads x 32 head_dim x 32 tokens x 2 B (bfloat16)",
         "link_mode": link_mode,
         "link_added_rtt_ms": 2 * args.delay_ms,
         "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
     }
 
 

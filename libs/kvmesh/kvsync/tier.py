@@ -411,6 +411,8 @@ class RegionReader(_Mapped):
             self._slot_digest[slot] = None
             if gens[slot] % 2 == 0 and self._length[slot] > 0:
                 digest = self._digest(slot)
+                if int(self._gen[slot]) != int(gens[slot]):  # rewritten while read: the next scan sees it
+                    continue
                 self._slot_digest[slot] = digest
                 self._by_digest[digest] = slot
         self._cached_gen = gens
