@@ -65,6 +65,7 @@ class Lease:
     refs: list[SlotRef | None]
     lease_until_ns: int
     deadline: float
+    region_id: bytes = b""
 
     @property
     def prefix(self) -> int:
@@ -133,7 +134,7 @@ class KvSyncClient:
             timeout=timeout_s or self.timeout_s,
         )
         refs = [SlotRef(b.slot, b.generation) if b.found else None for b in r.blocks]
-        return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000)
+        return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000, r.region_id)
 
     async def read_blocks(
         self, lease: Lease, outs: Sequence[memoryview], count: int, timeout_s: float | None = None
@@ -276,6 +277,10 @@ class KvSyncClient:
             return await self.read_digests(region, digests, outs[: len(digests)], ttl_ms, left())
         if lease is None:
             lease = await self.acquire_lease(region, digests, ttl_ms, left())
+        if reader is not None and lease.region_id and lease.region_id != info.region_id:
+            reader = await self._redescribe(region, left())  # the peer's region was replaced (restart)
+            if reader is not None and reader.region_id != lease.region_id:
+                raise PullFailed("stale", "the peer's region changed while pulling")
         count = lease.prefix
         if count == 0:
             return PullStats("shm" if reader is not None else "grpc")
@@ -285,6 +290,14 @@ class KvSyncClient:
         if time.monotonic() > lease.deadline:  # the owner may have reused a slot after the server's checks
             raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
         return stats
+
+    async def _redescribe(self, region: str, timeout_s: float) -> RegionReader | None:
+        """Forgets the cached description and mapping of `region`, then describes and attaches it again."""
+        self._described.pop(region, None)
+        old = self._readers.pop(region, None)
+        if old is not None:
+            old.close()
+        return self._reader(await self.describe(region, timeout_s))
 
     def close(self) -> None:
         """Unmaps the peers' regions this client attached."""

@@ -104,14 +104,16 @@ class KvSyncServicer:
     async def AcquireLease(
         self, request: kvsync_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext
     ) -> kvsync_pb2.AcquireLeaseResponse:
-        _, refs, until_ns, ttl_ms = self._lease(request.region, request.digests, request.ttl_ms)
+        region, refs, until_ns, ttl_ms = self._lease(request.region, request.digests, request.ttl_ms)
         blocks = [
             kvsync_pb2.LeasedBlock(found=True, slot=r.slot, generation=r.generation)
             if r is not None
             else kvsync_pb2.LeasedBlock()
             for r in refs
         ]
-        return kvsync_pb2.AcquireLeaseResponse(blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms)
+        return kvsync_pb2.AcquireLeaseResponse(
+            blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms, region_id=region.region_id
+        )
 
     def _checked_views(
         self, region: TierRegion, blocks: Sequence[kvsync_pb2.BlockRef]

@@ -155,10 +155,15 @@ class AcquireLeaseResponse(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     LEASE_UNTIL_NS_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    REGION_ID_FIELD_NUMBER: _builtins.int
     lease_until_ns: _builtins.int
     """End of the lease on the server's CLOCK_MONOTONIC, in nanoseconds (comparable on the same host only)."""
     ttl_ms: _builtins.int
     """The lease length granted, in milliseconds."""
+    region_id: _builtins.bytes
+    """The leased region's identity (as in DescribeResponse): a client that attached an older region of the
+    same name (the worker restarted) sees the change here and attaches again.
+    """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeasedBlock]:
         """One per requested digest, in order."""
@@ -169,10 +174,11 @@ class AcquireLeaseResponse(_message.Message):
         blocks: _abc.Iterable[Global___LeasedBlock] | None = ...,
         lease_until_ns: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        region_id: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "lease_until_ns", b"lease_until_ns", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "lease_until_ns", b"lease_until_ns", "region_id", b"region_id", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
