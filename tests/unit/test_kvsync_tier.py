@@ -129,6 +129,8 @@ def test_partial_lease_evicts_only_unleased(region: TierRegion, reader: RegionRe
     assert region.lease_until(ref0.slot) == 1000
     region.put(_digest(8), _data(8), now_ns=10)
     assert region.drain_evicted() == [_digest(1)]  # 0 is the LFU+LRU victim but leased
+    region.put(_digest(9), _data(9), now_ns=2000)  # the lease ended: 0 is the victim again
+    assert region.drain_evicted() == [_digest(0)]
 
 
 def test_reader_detects_reuse(region: TierRegion, reader: RegionReader) -> None:
