@@ -169,3 +169,70 @@ async def test_stalled_peer_is_a_timeout_at_the_deadline(peers: list[PeerProcess
     finally:
         client.close()
         await channel.close()
+
+
+CONCURRENT_READER = textwrap.dedent(
+    """
+    import sys, hashlib
+    from kvmesh.kvsync.tier import CorruptBlock, RegionReader, StaleBlock
+    name, keys, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    reader = RegionReader.attach(name)
+    digests = [hashlib.sha256(f"key-{i}".encode()).digest() for i in range(keys)]
+    out = memoryview(bytearray(reader.block_bytes))
+    ok = stale = corrupt = wrong = 0
+    print("attached", flush=True)
+    for _ in range(rounds):
+        for d, ref in zip(digests, reader.locate(digests)):
+            if ref is None:
+                continue
+            try:
+                k = reader.read_into(ref, d, out)
+            except StaleBlock:
+                stale += 1
+                continue
+            except CorruptBlock:
+                corrupt += 1
+                continue
+            if bytes(out[:k]) != d * (k // 32):
+                wrong += 1
+            else:
+                ok += 1
+    print(ok, stale, corrupt, wrong, flush=True)
+    reader.close()
+    """
+)
+
+
+def test_reader_process_never_gets_a_torn_block_while_the_owner_rewrites() -> None:
+    """The owner keeps reusing slots (8 slots, 64 identities) while another process reads: every copy it
+    returns is the block it asked for (the data of block d is d repeated), or StaleBlock; never a torn or
+    mixed copy, which the seqlock would let through only as a CRC failure."""
+    size, slots, keys = 64 * 1024, 8, 64
+    region = TierRegion.create(f"kvmesh-itc-{os.getpid()}", size, slots, LAYOUT)
+    digests = [hashlib.sha256(f"key-{i}".encode()).digest() for i in range(keys)]
+    try:
+        for d in digests[:slots]:
+            region.put(d, d * (size // 32), now_ns=0)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_READER, region.shm_name, str(keys), "300"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        try:
+            assert proc.stdout.readline().strip() == "attached"
+            writes = 0
+            while proc.poll() is None and writes < 2_000_000:  # bounded; rewrite until the reader is done
+                d = digests[writes % keys]
+                region.evict(d)
+                region.put(d, d * (size // 32), now_ns=writes)
+                writes += 1
+            ok, _stale, corrupt, wrong = map(int, proc.stdout.readline().split())
+            assert proc.wait(timeout=60) == 0
+        finally:
+            proc.kill()
+            proc.wait(timeout=30)
+        assert wrong == 0 and corrupt == 0
+        assert ok > 0 and writes > 0
+    finally:
+        region.close()
