@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -271,3 +272,17 @@ async def test_shm_pull_follows_a_replaced_region_of_the_same_name() -> None:
         await server.stop(None)
         first.close()
         second.close()
+
+
+@pytest.mark.parametrize("prefer_shm", [False, True])
+async def test_pull_with_an_expired_lease_is_pull_failed_expired(peer: Peer, prefer_shm: bool) -> None:
+    blocks = _blocks(2)
+    for d, data in blocks:
+        peer.region.put(d, data, now_ns=0)
+    lease = await peer.client.acquire_lease("cpu", [d for d, _ in blocks], ttl_ms=100)
+    peer.clock_ns[0] += 200_000_000  # the lessor's clock passes the lease's end (gRPC path)
+    if prefer_shm:  # the shm path compares the lease's end with this host's clock
+        lease = dataclasses.replace(lease, lease_until_ns=time.monotonic_ns() - 1)
+    with pytest.raises(PullFailed) as err:
+        await peer.client.pull("cpu", [d for d, _ in blocks], _outs(2), LAYOUT, prefer_shm=prefer_shm, lease=lease)
+    assert err.value.reason == "expired"
