@@ -14,7 +14,7 @@ import pytest
 
 from kvmesh.kvsync.client import KvSyncClient, PullFailed
 from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
-from kvmesh.kvsync.tier import TierRegion, checksum
+from kvmesh.kvsync.tier import RegionReader, TierRegion, checksum
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.v1 import kvsync_pb2
@@ -286,3 +286,33 @@ async def test_pull_with_an_expired_lease_is_pull_failed_expired(peer: Peer, pre
     with pytest.raises(PullFailed) as err:
         await peer.client.pull("cpu", [d for d, _ in blocks], _outs(2), LAYOUT, prefer_shm=prefer_shm, lease=lease)
     assert err.value.reason == "expired"
+
+
+async def test_serving_a_region_another_process_owns() -> None:
+    """The worker serves a region it attached (the owner is e.g. the vLLM engine process): its leases land
+    in the owner's lease array, so the owner keeps the leased block; writes are refused."""
+    owner = TierRegion.create(f"kvmesh-it-own-{os.getpid()}", BLOCK, 1, LAYOUT)
+    attached = RegionReader.attach(owner.shm_name)
+    server = grpc.aio.server()
+    add_to_server(KvSyncServicer({"cpu": attached}), InstrumentedServer(server, "kvsync"))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        (d, data), (d2, data2) = _blocks(2)
+        owner.put(d, data, now_ns=time.monotonic_ns())
+        outs = _outs(1)
+        stats = await client.pull("cpu", [d], outs, LAYOUT, prefer_shm=False, ttl_ms=10_000)
+        assert stats.blocks == 1 and bytes(outs[0]) == data
+        assert not owner.put(d2, data2, now_ns=time.monotonic_ns())  # the one slot is leased: kept
+        assert owner.contains_prefix([d]) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await client.write_blocks("cpu", [(d2, data2)])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        client.close()
+        await channel.close()
+        await server.stop(None)
+        attached.close()
+        owner.close()

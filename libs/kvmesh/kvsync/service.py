@@ -1,4 +1,6 @@
-"""The KvSyncService servicer over a worker's tier regions (`kvmesh.kvsync.tier.TierRegion`).
+"""The KvSyncService servicer over a worker's tier regions: each a `TierRegion` when this process owns it,
+or a `RegionReader` attached to a region another process on the host owns (e.g. the vLLM engine process);
+WriteBlocks needs the owner.
 
 This process is the lessor: `AcquireLease` writes the regions' lease arrays, so the owner never reuses a
 leased slot, and `ReadBlocks` refuses a block whose lease expired (FAILED_PRECONDITION) or whose slot was
@@ -25,7 +27,7 @@ import grpc
 
 from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from kvmesh.kvsync.codec import Chunk, encode_chunks
-from kvmesh.kvsync.tier import DIGEST_BYTES, SlotRef, StaleBlock, TierRegion, checksum
+from kvmesh.kvsync.tier import DIGEST_BYTES, RegionReader, SlotRef, StaleBlock, TierRegion, checksum
 from kvmesh.v1 import kvsync_pb2
 
 SERVICE = "kvmesh.v1.KvSyncService"
@@ -53,7 +55,7 @@ class KvSyncServicer:
 
     def __init__(
         self,
-        regions: Mapping[str, TierRegion],
+        regions: Mapping[str, TierRegion | RegionReader],
         clock: Callable[[], int] = time.monotonic_ns,
         max_ttl_ms: int = MAX_TTL_MS,
         message_bytes: int = MESSAGE_DATA_BYTES,
@@ -63,7 +65,7 @@ class KvSyncServicer:
         self.max_ttl_ms = max_ttl_ms
         self.message_bytes = message_bytes
 
-    def _region(self, name: str) -> TierRegion:
+    def _region(self, name: str) -> TierRegion | RegionReader:
         if not name:
             raise InvalidArgument("region", "must not be empty")
         region = self.regions.get(name)
@@ -86,7 +88,7 @@ class KvSyncServicer:
 
     def _lease(
         self, region_name: str, digests: Sequence[bytes], ttl_ms: int
-    ) -> tuple[TierRegion, list[SlotRef | None], int, int]:
+    ) -> tuple[TierRegion | RegionReader, list[SlotRef | None], int, int]:
         """(region, refs, lease end, granted ttl) of a lease over `digests`, every input checked first."""
         if not 0 < len(digests) <= MAX_BLOCKS:
             raise InvalidArgument("digests", f"must hold 1..{MAX_BLOCKS} digests, got {len(digests)}")
@@ -116,7 +118,7 @@ class KvSyncServicer:
         )
 
     def _checked_views(
-        self, region: TierRegion, blocks: Sequence[kvsync_pb2.BlockRef]
+        self, region: TierRegion | RegionReader, blocks: Sequence[kvsync_pb2.BlockRef]
     ) -> list[tuple[SlotRef, memoryview, int]]:
         """Every requested block's (ref, view, crc), or the error: sizes, leases, generations."""
         if not 0 < len(blocks) <= MAX_BLOCKS:
@@ -178,7 +180,10 @@ class KvSyncServicer:
         current = bytearray()
         async for chunk in request_iterator:
             if region is None:
-                region = self._region(chunk.region)
+                served = self._region(chunk.region)
+                if not isinstance(served, TierRegion):
+                    raise FailedPrecondition(f"region {chunk.region!r} is owned by another process: read-only here")
+                region = served
             if len(staged) >= MAX_BLOCKS:
                 raise InvalidArgument("digest", f"at most {MAX_BLOCKS} blocks per call")
             if chunk.offset != len(current):
@@ -203,7 +208,7 @@ class KvSyncServicer:
         )
 
 
-def _flush(region: TierRegion, chunks: list[Chunk], refs: list[SlotRef]) -> bytes:
+def _flush(region: TierRegion | RegionReader, chunks: list[Chunk], refs: list[SlotRef]) -> bytes:
     """One serialised message, once the slots it copied from are known not to have changed meanwhile."""
     raw = encode_chunks(chunks)
     for ref in refs:  # the seqlock's closing check, after the copy
