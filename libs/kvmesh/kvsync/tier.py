@@ -17,6 +17,9 @@ again and bumps the region epoch; a reader checks the generation before and afte
 copies a stable block or raises `StaleBlock`. The CRC32C is computed once, when the block is written, and
 checked by the reader on its own copy (`CorruptBlock`). A slot whose lease is in the future is never reused;
 a lease taken in the instant the owner reuses the slot is caught by the generation check.
+
+Neither class is thread-safe: call an owner's methods from one thread (a lessor in the owner's process, e.g.
+KvSyncServicer on the worker's event loop, leases on that same thread).
 """
 
 from __future__ import annotations
