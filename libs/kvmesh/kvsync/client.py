@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from kvmesh.errors import FailedPrecondition, KvmeshError, NotFound
+from kvmesh.errors import FailedPrecondition, KvmeshError, NotFound, Unavailable
 from kvmesh.kvsync.codec import Chunk, decode_chunks
 from kvmesh.kvsync.service import SERVICE, WRITE_CHUNK_BYTES
 from kvmesh.kvsync.tier import CorruptBlock, RegionReader, SlotRef, StaleBlock, checksum
@@ -34,9 +34,10 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_TTL_MS = 5_000
 
 
-class PullFailed(KvmeshError):
+class PullFailed(Unavailable):
     """A pull did not complete; recompute the blocks. `reason`: unavailable, timeout, corrupt, stale,
-    expired, not_found, layout or protocol."""
+    expired, not_found, layout or protocol. (Unavailable: if it ever escapes to a caller, the cached copy is
+    what was unavailable.)"""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"kv pull failed ({reason}): {message}")
