@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "oversize", "balance")
+BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "oversize", "balance", "kvsync")
 
 
 def main(argv: list[str] | None = None) -> int:

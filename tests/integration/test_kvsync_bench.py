@@ -1,0 +1,93 @@
+"""`python -m kvmesh.bench kvsync --quick` prints the benchmark contract's JSON line, every row present."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kvmesh.bench.kvsync import tiny_block_bytes, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+
+def test_tiny_block_bytes_follows_the_tiny_model_spec() -> None:
+    spec = tiny_spec()
+    assert spec["num_hidden_layers"] == 2 and spec["num_key_value_heads"] == 2
+    assert tiny_block_bytes() == 2 * 2 * 2 * 32 * 32 * 2 == 16384
+    assert tiny_block_bytes({**spec, "num_hidden_layers": 4}) == 2 * 16384
+
+
+def test_kvsync_bench_quick_prints_one_json_line_per_the_contract() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvmesh.bench", "kvsync", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, out.stdout
+    res = json.loads(lines[0])
+    tiny = res["tiny_block_bytes"]
+    assert tiny == 16384
+    keys = {(r["transport"], r["blocks"], r["block_bytes"]) for r in res["results"]}
+    assert keys == {(t, n, b) for t in ("shm", "grpc", "link") for n in (1, 8, 32, 128) for b in (tiny, 1 << 20)}
+    for r in res["results"]:
+        assert {"p50_ms", "p99_ms", "gbps"} <= r.keys()
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["gbps"] > 0
+    for ref in ("memcpy", "socket"):
+        assert {r["block_bytes"] for r in res[ref]} == {tiny, 1 << 20}
+        assert all(r["gbps"] > 0 for r in res[ref])
+    assert 0 < res["integrity_share"] < 1
+    assert res["link_mode"].startswith(("netns+proxy", "loopback+proxy"))
+    # the link adds a 1 ms round trip: no pull over it (at least one call) can take less
+    assert min(r["p50_ms"] for r in res["results"] if r["transport"] == "link") > 1.0
+    assert res["link_added_rtt_ms"] == 1.0
+    assert {(r["blocks"], r["block_bytes"]) for r in res["shm_preleased"]} == {
+        (n, b) for n in (1, 8, 32, 128) for b in (tiny, 1 << 20)
+    }
+    assert set(res["must_show"]) >= {"shm_32_tiny_p99_ms", "grpc_32_tiny_p99_ms", "shm_128x1mib_over_memcpy"}
+
+
+def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=echo, daemon=True).start()
+    target = f"127.0.0.1:{server.getsockname()[1]}"
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target, "--delay-ms", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        port = int(proxy.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            payload = os.urandom(100_000)
+            start = time.monotonic()
+            sock.sendall(payload)
+            got = bytearray()
+            while len(got) < len(payload):  # bounded: each recv returns > 0 bytes or the test fails
+                chunk = sock.recv(65536)
+                assert chunk, "proxy closed early"
+                got += chunk
+            elapsed = time.monotonic() - start
+        assert bytes(got) == payload
+        assert elapsed >= 0.040  # 20 ms each way
+    finally:
+        proxy.kill()
+        proxy.wait(timeout=30)
+        server.close()

@@ -1,0 +1,209 @@
+"""kv-sync tier: slot format, leases, LFU+LRU eviction, reuse and corruption detection (one process)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvmesh.kvsync.tier import (
+    CorruptBlock,
+    RegionReader,
+    SlotRef,
+    StaleBlock,
+    TierRegion,
+    data_offset,
+    segment_bytes,
+)
+
+BLOCK = 4096
+LAYOUT = "tiny-llama|bfloat16|bs32|vllm-cpu"
+
+
+def _digest(i: int) -> bytes:
+    return hashlib.sha256(f"block-{i}".encode()).digest()
+
+
+def _data(i: int, n: int = BLOCK) -> bytes:
+    return bytes((i * 7 + k) % 251 for k in range(n))
+
+
+@pytest.fixture
+def region() -> Iterator[TierRegion]:
+    r = TierRegion.create(f"kvmesh-ut-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 4, LAYOUT)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def reader(region: TierRegion) -> Iterator[RegionReader]:
+    rd = RegionReader.attach(region.shm_name)
+    yield rd
+    rd.close()
+
+
+def test_layout_offsets_are_page_aligned() -> None:
+    assert data_offset(4) % 4096 == 0
+    assert data_offset(1000) >= 4096 + 1000 * 72
+    assert segment_bytes(BLOCK, 4) == data_offset(4) + 4 * BLOCK
+
+
+def test_put_get_locate_and_reader_copy(region: TierRegion, reader: RegionReader) -> None:
+    assert region.put(_digest(0), _data(0), now_ns=1)
+    assert bytes(region.get(_digest(0), now_ns=2) or b"") == _data(0)
+    assert region.contains_prefix([_digest(0), _digest(1), _digest(0)]) == 1
+    assert (reader.block_bytes, reader.num_slots, reader.layout) == (BLOCK, 4, LAYOUT)
+    (ref,) = reader.locate([_digest(0)])
+    assert ref is not None and ref == region.locate([_digest(0)])[0]
+    assert ref.generation % 2 == 0 and ref.generation > 0
+    out = bytearray(BLOCK)
+    assert reader.read_into(ref, _digest(0), memoryview(out)) == BLOCK
+    assert bytes(out) == _data(0)
+    assert reader.locate([_digest(1)]) == [None]
+
+
+def test_short_block_keeps_its_length(region: TierRegion, reader: RegionReader) -> None:
+    region.put(_digest(0), _data(0, 100), now_ns=1)
+    (ref,) = reader.locate([_digest(0)])
+    assert ref is not None
+    out = bytearray(BLOCK)
+    assert reader.read_into(ref, _digest(0), memoryview(out)) == 100
+    assert bytes(out[:100]) == _data(0, 100)
+
+
+def test_invalid_inputs_name_the_field(region: TierRegion) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        region.put(b"short", _data(0), now_ns=1)
+    assert e.value.field == "digest"
+    with pytest.raises(InvalidArgument) as e:
+        region.put(_digest(0), _data(0, BLOCK + 1), now_ns=1)
+    assert e.value.field == "data"
+    with pytest.raises(InvalidArgument) as e:
+        region.lease([SlotRef(99, 2)], until_ns=10)
+    assert e.value.field == "slot"
+    with pytest.raises(InvalidArgument) as e:
+        TierRegion.create("kvmesh-ut-bad", 0, 4, LAYOUT)
+    assert e.value.field == "block_bytes"
+
+
+def test_eviction_is_lfu_then_lru(region: TierRegion) -> None:
+    for i in range(4):
+        region.put(_digest(i), _data(i), now_ns=10 + i)
+    region.get(_digest(0), now_ns=20)  # 0 has 2 hits; 1, 2, 3 have 1: 1 is the oldest of those
+    region.get(_digest(2), now_ns=21)
+    assert region.put(_digest(4), _data(4), now_ns=30)
+    assert region.drain_evicted() == [_digest(1)]
+    assert region.put(_digest(5), _data(5), now_ns=31)  # 3 (1 hit, t=13) goes before 4 (1 hit, t=30)
+    assert region.drain_evicted() == [_digest(3)]
+    assert region.drain_evicted() == []
+    assert region.contains_prefix([_digest(0), _digest(2), _digest(4), _digest(5)]) == 4
+
+
+def test_leased_slot_is_never_reused(region: TierRegion, reader: RegionReader) -> None:
+    for i in range(4):
+        region.put(_digest(i), _data(i), now_ns=1)
+    refs = [r for r in reader.locate([_digest(i) for i in range(4)]) if r is not None]
+    reader.lease(refs, until_ns=100)
+    assert not region.put(_digest(9), _data(9), now_ns=50)  # every slot leased: refused
+    assert not region.evict(_digest(0), now_ns=50)
+    assert region.drain_evicted() == []
+    out = bytearray(BLOCK)
+    for i, ref in enumerate(refs):
+        reader.read_into(ref, _digest(i), memoryview(out))
+        assert bytes(out) == _data(i)
+    assert region.put(_digest(9), _data(9), now_ns=101)  # expired: reusable again
+    assert len(region.drain_evicted()) == 1
+
+
+def test_partial_lease_evicts_only_unleased(region: TierRegion, reader: RegionReader) -> None:
+    for i in range(4):
+        region.put(_digest(i), _data(i), now_ns=1 + i)
+    (ref0,) = reader.locate([_digest(0)])
+    assert ref0 is not None
+    reader.lease([ref0], until_ns=1000)
+    assert region.lease_until(ref0.slot) == 1000
+    reader.lease([ref0], until_ns=500)  # never shortened
+    assert region.lease_until(ref0.slot) == 1000
+    region.put(_digest(8), _data(8), now_ns=10)
+    assert region.drain_evicted() == [_digest(1)]  # 0 is the LFU+LRU victim but leased
+    region.put(_digest(9), _data(9), now_ns=2000)  # the lease ended: 0 is the victim again
+    assert region.drain_evicted() == [_digest(0)]
+
+
+def test_reader_detects_reuse(region: TierRegion, reader: RegionReader) -> None:
+    region.put(_digest(0), _data(0), now_ns=1)
+    (ref,) = reader.locate([_digest(0)])
+    assert ref is not None
+    region.evict(_digest(0))
+    region.put(_digest(1), _data(1), now_ns=2)
+    out = memoryview(bytearray(BLOCK))
+    with pytest.raises(StaleBlock):
+        reader.read_into(ref, _digest(0), out)
+    (ref1,) = reader.locate([_digest(1)])
+    assert ref1 is not None and reader.locate([_digest(0)]) == [None]
+    with pytest.raises(StaleBlock):  # right slot and generation, but the caller asks for another block
+        reader.read_into(ref1, _digest(0), out)
+
+
+def test_reader_detects_reuse_of_same_slot() -> None:
+    r = TierRegion.create(f"kvmesh-ut-one-{os.getpid()}", BLOCK, 1, LAYOUT)
+    rd = RegionReader.attach(r.shm_name)
+    try:
+        r.put(_digest(0), _data(0), now_ns=1)
+        (ref,) = rd.locate([_digest(0)])
+        assert ref is not None
+        assert r.put(_digest(1), _data(1), now_ns=2)  # the one slot is reused
+        (new,) = rd.locate([_digest(1)])
+        assert new is not None and new.slot == ref.slot and new.generation > ref.generation
+        with pytest.raises(StaleBlock):
+            rd.read_into(ref, _digest(0), memoryview(bytearray(BLOCK)))
+        with pytest.raises(StaleBlock):  # a lease taken on the old generation is refused
+            rd.lease([ref], until_ns=10)
+    finally:
+        rd.close()
+        r.close()
+
+
+def test_write_in_progress_is_stale(region: TierRegion, reader: RegionReader) -> None:
+    region.put(_digest(0), _data(0), now_ns=1)
+    (ref,) = reader.locate([_digest(0)])
+    assert ref is not None
+    region._gen[ref.slot] += 1  # the owner is mid-write (odd generation)
+    with pytest.raises(StaleBlock):
+        reader.read_into(ref, _digest(0), memoryview(bytearray(BLOCK)))
+
+
+def test_corrupt_byte_is_detected(region: TierRegion, reader: RegionReader) -> None:
+    region.put(_digest(0), _data(0), now_ns=1)
+    view = region.get(_digest(0), now_ns=2)
+    assert view is not None
+    view[17] ^= 0x40  # a bit flips in memory after the CRC was computed
+    del view
+    (ref,) = reader.locate([_digest(0)])
+    assert ref is not None
+    out = memoryview(bytearray(BLOCK))
+    with pytest.raises(CorruptBlock) as e:
+        reader.read_into(ref, _digest(0), out)
+    assert isinstance(e.value, FailedPrecondition) and "CRC32C" in e.value.message
+    assert reader.read_into(ref, _digest(0), out, verify=False) == BLOCK
+
+
+def test_layout_mismatch_and_missing_region_refused(region: TierRegion) -> None:
+    with pytest.raises(FailedPrecondition, match="layout mismatch"):
+        RegionReader.attach(region.shm_name, expect_layout="other-model|float16|bs16")
+    RegionReader.attach(region.shm_name, expect_layout=LAYOUT).close()
+    with pytest.raises(NotFound):
+        RegionReader.attach("kvmesh-ut-no-such-region")
+
+
+def test_reader_cache_follows_epoch(region: TierRegion, reader: RegionReader) -> None:
+    region.put(_digest(0), _data(0), now_ns=1)
+    assert reader.locate([_digest(0)])[0] is not None
+    epoch = reader.epoch
+    assert reader.locate([_digest(0)])[0] is not None and reader.epoch == epoch
+    region.evict(_digest(0))
+    assert reader.epoch > epoch
+    assert reader.locate([_digest(0)]) == [None]
