@@ -45,6 +45,14 @@ class PerfModel:
     bandwidth_efficiency: float = 0.85
     mfu: float = 0.5  # 0.5 · 1979 ≈ 989 TFLOP/s effective
     step_overhead_s: float = 0.0015  # scheduler, sampling, kernel launches per iteration
+    # KV transfers (docs/engine-model.md, "KV transfers"): host<->GPU over PCIe 5.0 x16 (64 GB/s per
+    # direction raw, ~55 GB/s achieved by pinned-memory copies); the inter-node RDMA network of the source
+    # deployment's H200 nodes (one 400 Gb/s NDR InfiniBand NIC per GPU = 50 GB/s, a few µs of round trip
+    # plus the RPC that starts a pull); a local NVMe SSD (PCIe 4.0 x4, ~7 GB/s sequential read).
+    host_to_gpu_bandwidth: float = 55e9  # bytes/s
+    network_bandwidth: float = 50e9  # bytes/s
+    network_rtt_s: float = 100e-6  # request round trip of a pull (RPC + RDMA completion)
+    disk_read_bandwidth: float = 7e9  # bytes/s
     # Memory budget (vLLM defaults).
     gpu_memory_utilization: float = 0.90
     activation_reserve_bytes: float = 6e9  # activations, CUDA graphs, workspace
@@ -123,6 +131,22 @@ def chunked_prefill_time(
         total += step_time([(n, context + done)], [], model)
         done += n
     return total
+
+
+def kv_load_time(tokens: int, disk_tokens: int = 0, model: PerfModel = H200_LLAMA70B_FP8) -> float:
+    """Seconds to copy the KV of `tokens` tokens from host memory into the GPU, `disk_tokens` of them read
+    from disk first: KV_tok·tokens / B_pcie + KV_tok·disk_tokens / B_disk."""
+    if tokens <= 0:
+        return 0.0
+    kv = model.kv_bytes_per_token
+    return kv * tokens / model.host_to_gpu_bandwidth + kv * max(0, disk_tokens) / model.disk_read_bandwidth
+
+
+def kv_pull_time(tokens: int, model: PerfModel = H200_LLAMA70B_FP8) -> float:
+    """Seconds to pull the KV of `tokens` tokens from a peer's host memory: RTT + KV_tok·tokens / B_net."""
+    if tokens <= 0:
+        return 0.0
+    return model.network_rtt_s + model.kv_bytes_per_token * tokens / model.network_bandwidth
 
 
 def decode_step_time(batch: int, total_context: int, model: PerfModel = H200_LLAMA70B_FP8) -> float:
