@@ -1,85 +1,206 @@
-"""kv-sync over real gRPC on loopback: round trip, integrity, capability keys, capacity."""
+"""KvSyncService over real gRPC on loopback: round trip, integrity, leases, input checks, capacity, pulls."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import pytest
 
-from kvmesh.kvsync.client import KvSyncClient
-from kvmesh.kvsync.regions import RegionTable, checksum
-from kvmesh.kvsync.service import KvSyncServicer
-from kvmesh.rpc.interceptors import ServiceInterceptor
-from kvmesh.v1 import kvsync_pb2, kvsync_pb2_grpc
+from kvmesh.kvsync.client import KvSyncClient, PullFailed
+from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
+from kvmesh.kvsync.tier import TierRegion, checksum
+from kvmesh.rpc.errors import bad_request_fields
+from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
+from kvmesh.v1 import kvsync_pb2
 
 pytestmark = pytest.mark.integration
 
 BLOCK = 96 * 1024
+LAYOUT = "test-model|bfloat16|bs32|flat"
+
+
+@dataclass
+class Peer:
+    client: KvSyncClient
+    region: TierRegion
+    clock_ns: list[int]
 
 
 @pytest.fixture
-async def peer() -> AsyncIterator[tuple[KvSyncClient, RegionTable]]:
-    table = RegionTable()
-    server = grpc.aio.server(interceptors=[ServiceInterceptor("kvsync")])
-    kvsync_pb2_grpc.add_KvSyncServiceServicer_to_server(KvSyncServicer(table, chunk_bytes=32 * 1024), server)
+async def peer() -> AsyncIterator[Peer]:
+    region = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 16, LAYOUT)
+    clock_ns = [time.monotonic_ns()]
+    servicer = KvSyncServicer({"cpu": region}, clock=lambda: clock_ns[0], message_bytes=32 * 1024)
+    server = grpc.aio.server()
+    add_to_server(servicer, InstrumentedServer(server, "kvsync", MessageBounds(per_method=REQUEST_BOUNDS)))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    yield KvSyncClient(channel), table
+    client = KvSyncClient(channel, timeout_s=10)
+    yield Peer(client, region, clock_ns)
+    client.close()
     await channel.close()
     await server.stop(None)
-    table.close()
+    region.close()
 
 
-def _blocks(n: int) -> list[tuple[bytes, bytes]]:
-    return [(hashlib.sha256(f"block-{i}".encode()).digest(), os.urandom(BLOCK)) for i in range(n)]
+def _blocks(n: int, size: int = BLOCK) -> list[tuple[bytes, bytes]]:
+    return [(hashlib.sha256(f"block-{i}".encode()).digest(), os.urandom(size)) for i in range(n)]
 
 
-async def test_write_then_read_round_trip(peer: tuple[KvSyncClient, RegionTable]) -> None:
-    client, table = peer
-    region = table.register("gpu0", BLOCK, 16, shm_name=f"kvmesh-test-{os.getpid()}")
+def _outs(n: int, size: int = BLOCK) -> list[memoryview]:
+    return [memoryview(bytearray(size)) for _ in range(n)]
+
+
+async def test_write_then_read_round_trip(peer: Peer) -> None:
     blocks = _blocks(5)
-    done = await client.write_blocks(region.key, blocks, timeout=10)
+    done = await peer.client.write_blocks("cpu", blocks, timeout_s=10)
     assert (done.blocks_written, done.bytes_written) == (5, 5 * BLOCK)
-    got = await client.read_blocks(region.key, [d for d, _ in blocks], timeout=10)
-    assert got == dict(blocks)
+    lease = await peer.client.acquire_lease("cpu", [d for d, _ in blocks], ttl_ms=5000)
+    assert lease.prefix == 5
+    outs = _outs(5)
+    stats = await peer.client.read_blocks(lease, outs, 5)
+    assert (stats.blocks, stats.bytes) == (5, 5 * BLOCK)
+    assert [bytes(o) for o in outs] == [data for _, data in blocks]
     # The data lives in the region's shared memory, where a same-host peer can map it.
-    assert bytes(region.read(blocks[0][0])) == blocks[0][1]
+    assert bytes(peer.region.get(blocks[0][0], now_ns=0) or b"") == blocks[0][1]
 
 
-async def test_corrupted_write_is_rejected_and_nothing_is_visible(peer: tuple[KvSyncClient, RegionTable]) -> None:
-    client, table = peer
-    region = table.register("gpu0", BLOCK, 4)
+async def test_describe_tells_how_to_attach(peer: Peer) -> None:
+    info = await peer.client.describe("cpu")
+    assert (info.shm_name, info.block_bytes, info.num_slots, info.layout) == (
+        peer.region.shm_name,
+        BLOCK,
+        16,
+        LAYOUT,
+    )
+    assert info.region_id == peer.region.region_id and len(info.region_id) == 16
+
+
+async def test_corrupted_write_is_rejected_and_nothing_is_visible(peer: Peer) -> None:
     digest, data = _blocks(1)[0]
 
     async def corrupted() -> AsyncIterator[kvsync_pb2.WriteBlocksRequest]:
         yield kvsync_pb2.WriteBlocksRequest(
-            region_key=region.key,
-            block=kvsync_pb2.BlockId(digest=digest),
-            offset=0,
-            data=data,
-            crc32c=checksum(data) ^ 1,
-            last=True,
+            region="cpu", digest=digest, offset=0, data=data, crc32c=checksum(data) ^ 1, last=True
         )
 
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await client.stub.WriteBlocks(corrupted(), timeout=10)
+        await peer.client.stub.WriteBlocks(corrupted(), timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "integrity" in (err.value.details() or "")
-    with pytest.raises(grpc.aio.AioRpcError) as err2:
-        await client.read_blocks(region.key, [digest], timeout=10)
-    assert err2.value.code() == grpc.StatusCode.NOT_FOUND
+    lease = await peer.client.acquire_lease("cpu", [digest])  # nothing became visible
+    assert lease.refs == [None] and lease.prefix == 0
 
 
-async def test_unknown_region_and_full_region(peer: tuple[KvSyncClient, RegionTable]) -> None:
-    client, table = peer
+async def test_unknown_region_and_full_region(peer: Peer) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await client.read_blocks("not-a-key", [b"\0" * 32], timeout=10)
+        await peer.client.acquire_lease("not-a-region", [b"\0" * 32])
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
-    region = table.register("small", BLOCK, 2)
+    blocks = _blocks(17)
+    await peer.client.write_blocks("cpu", blocks[:16])
+    await peer.client.acquire_lease("cpu", [d for d, _ in blocks[:16]], ttl_ms=10_000)  # every slot leased
     with pytest.raises(grpc.aio.AioRpcError) as err2:
-        await client.write_blocks(region.key, _blocks(3), timeout=10)
+        await peer.client.write_blocks("cpu", blocks[16:])
     assert err2.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_inputs_are_checked_and_name_the_field(peer: Peer) -> None:
+    cases = [
+        (kvsync_pb2.AcquireLeaseRequest(region="cpu", digests=[], ttl_ms=10), "digests"),
+        (kvsync_pb2.AcquireLeaseRequest(region="cpu", digests=[b"\0" * 32, b"short"], ttl_ms=10), "digests[1]"),
+        (kvsync_pb2.AcquireLeaseRequest(region="cpu", digests=[b"\0" * 32], ttl_ms=0), "ttl_ms"),
+        (kvsync_pb2.AcquireLeaseRequest(region="", digests=[b"\0" * 32], ttl_ms=10), "region"),
+    ]
+    for request, field in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await peer.client.stub.AcquireLease(request, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad_request_fields(err.value) == [field]
+    bad_slot = kvsync_pb2.ReadBlocksRequest(region="cpu", blocks=[kvsync_pb2.BlockRef(digest=b"\0" * 32, slot=99)])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in peer.client.stub.ReadBlocks(bad_slot, timeout=10):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(err.value) == ["blocks[0].slot"]
+    too_many = kvsync_pb2.AcquireLeaseRequest(region="cpu", digests=[b"\0" * 32] * 5000, ttl_ms=10)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await peer.client.stub.AcquireLease(too_many, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # refused on its size, before decoding
+
+
+async def test_expired_lease_is_failed_precondition_and_a_typed_pull_error(peer: Peer) -> None:
+    blocks = _blocks(2)
+    await peer.client.write_blocks("cpu", blocks)
+    lease = await peer.client.acquire_lease("cpu", [d for d, _ in blocks], ttl_ms=100)
+    peer.clock_ns[0] += 200_000_000  # the lessor's clock passes the lease's end
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await peer.client.read_blocks(lease, _outs(2), 2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "lease expired" in (err.value.details() or "")
+    unleased = kvsync_pb2.ReadBlocksRequest(
+        region="cpu", blocks=[kvsync_pb2.BlockRef(digest=blocks[0][0], slot=0, generation=2)]
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err2:  # a read without a live lease is refused too
+        async for _ in peer.client.stub.ReadBlocks(unleased, timeout=10):
+            pass
+    assert err2.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_reused_slot_is_stale(peer: Peer) -> None:
+    blocks = _blocks(1)
+    await peer.client.write_blocks("cpu", blocks)
+    lease = await peer.client.acquire_lease("cpu", [blocks[0][0]], ttl_ms=100)
+    peer.clock_ns[0] += 200_000_000
+    assert peer.region.evict(blocks[0][0], now_ns=peer.clock_ns[0])  # lease over: the owner may reuse
+    peer.region.put(_blocks(2)[1][0], os.urandom(BLOCK), now_ns=peer.clock_ns[0])
+    peer.clock_ns[0] -= 200_000_000  # even within the lease, a changed generation is refused
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await peer.client.read_blocks(lease, _outs(1), 1)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_pull_over_grpc_and_over_shm(peer: Peer) -> None:
+    blocks = _blocks(6)
+    for d, data in blocks[:4]:
+        peer.region.put(d, data, now_ns=0)
+    digests = [d for d, _ in blocks]
+    outs = _outs(6)
+    stats = await peer.client.pull("cpu", digests, outs, LAYOUT, prefer_shm=False)
+    assert (stats.transport, stats.blocks, stats.bytes) == ("grpc", 4, 4 * BLOCK)
+    assert [bytes(o) for o in outs[:4]] == [data for _, data in blocks[:4]]
+    outs = _outs(6)
+    stats = await peer.client.pull("cpu", digests, outs, LAYOUT)
+    assert (stats.transport, stats.blocks) == ("shm", 4)
+    assert [bytes(o) for o in outs[:4]] == [data for _, data in blocks[:4]]
+    assert stats.integrity_s > 0
+
+
+async def test_pull_refuses_a_layout_mismatch(peer: Peer) -> None:
+    with pytest.raises(PullFailed) as err:
+        await peer.client.pull("cpu", [b"\0" * 32], _outs(1), "other-model|float16|bs16|flat")
+    assert err.value.reason == "layout"
+
+
+@pytest.mark.parametrize("prefer_shm", [False, True])
+async def test_pull_detects_a_corrupt_byte(peer: Peer, prefer_shm: bool) -> None:
+    digest, data = _blocks(1)[0]
+    peer.region.put(digest, data, now_ns=0)
+    view = peer.region.get(digest, now_ns=0)
+    assert view is not None
+    view[1000] ^= 0x01  # a bit flips in the owner's memory after the CRC was written
+    del view
+    with pytest.raises(PullFailed) as err:
+        await peer.client.pull("cpu", [digest], _outs(1), LAYOUT, prefer_shm=prefer_shm)
+    assert err.value.reason == "corrupt"
+
+
+async def test_pull_maps_an_unknown_region(peer: Peer) -> None:
+    with pytest.raises(PullFailed) as err:
+        await peer.client.pull("gpu9", [b"\0" * 32], _outs(1), LAYOUT)
+    assert err.value.reason == "not_found"

@@ -1,61 +1,320 @@
-"""Client side of kv-sync: one-sided reads and writes of a peer's registered regions over gRPC."""
+"""Client side of kv-sync: a peer's tier over KvSyncService, and `pull`, which prefers its shared memory.
+
+`pull` asks for one lease per call (`AcquireLease`), then copies the leading held blocks into the caller's
+buffers: straight from the peer's shared memory when its region attaches here (same host: the name opens
+and the region id matches), else over `ReadBlocks`. Each block is verified (CRC32C on the copy, generation,
+identity). Whatever goes wrong (dead peer, deadline, corrupt or stale block, expired lease, unknown
+region, layout mismatch) raises `PullFailed`, which the caller turns into a recompute. Every call has a
+deadline.
+
+Copies of a block's bytes on the gRPC path, client side (server side: `kvmesh.kvsync.service`):
+  4. kernel -> grpc-core slice (receive);
+  5. slice -> the Python `bytes` grpc hands the deserialiser;
+  6. `bytes` -> the caller's buffer (`codec.decode_chunks` slices memoryviews out of the message; the
+     generated parser would copy each block into a field first).
+On the shared-memory path there is one: region -> the caller's buffer.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
-from kvmesh.errors import FailedPrecondition
-from kvmesh.kvsync.regions import checksum
-from kvmesh.kvsync.service import CHUNK_BYTES
+from kvmesh.errors import FailedPrecondition, KvmeshError, NotFound
+from kvmesh.kvsync.codec import Chunk, decode_chunks
+from kvmesh.kvsync.service import SERVICE, WRITE_CHUNK_BYTES
+from kvmesh.kvsync.tier import CorruptBlock, RegionReader, SlotRef, StaleBlock, checksum
 from kvmesh.v1 import kvsync_pb2, kvsync_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_TTL_MS = 5_000
+
+
+class PullFailed(KvmeshError):
+    """A pull did not complete; recompute the blocks. `reason`: unavailable, timeout, corrupt, stale,
+    expired, not_found, layout or protocol."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"kv pull failed ({reason}): {message}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """A peer's region, as `Describe` tells it."""
+
+    region: str
+    shm_name: str
+    region_id: bytes
+    block_bytes: int
+    num_slots: int
+    layout: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Leased blocks: `refs[i]` is None where the peer does not hold `digests[i]`. `deadline` is the lease's
+    end on this process's `time.monotonic()`, counted from before the request was sent."""
+
+    region: str
+    digests: list[bytes]
+    refs: list[SlotRef | None]
+    lease_until_ns: int
+    deadline: float
+
+    @property
+    def prefix(self) -> int:
+        """How many leading blocks are held."""
+        for i, ref in enumerate(self.refs):
+            if ref is None:
+                return i
+        return len(self.refs)
+
+
+@dataclass
+class PullStats:
+    """What one pull did: transport (shm | grpc), leading blocks copied, bytes, seconds spent verifying."""
+
+    transport: str
+    blocks: int = 0
+    bytes: int = 0
+    integrity_s: float = 0.0
+    lengths: list[int] = field(default_factory=list)
+
+
+def _failed(err: grpc.aio.AioRpcError) -> PullFailed:
+    code = err.code()
+    reason = {
+        grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+        grpc.StatusCode.NOT_FOUND: "not_found",
+        grpc.StatusCode.FAILED_PRECONDITION: "stale",
+        grpc.StatusCode.INTERNAL: "protocol",
+    }.get(code, "unavailable")
+    details = err.details() or ""
+    if code == grpc.StatusCode.FAILED_PRECONDITION and "lease expired" in details:
+        reason = "expired"
+    return PullFailed(reason, f"{code.name}: {details}")
 
 
 class KvSyncClient:
-    """Reads and writes blocks of a peer's registered regions."""
+    """One peer's KvSyncService. Every call has a deadline (`timeout_s`, default `DEFAULT_TIMEOUT_S`)."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.stub = kvsync_pb2_grpc.KvSyncServiceStub(channel)
+        self.timeout_s = timeout_s
+        self._read = channel.unary_stream(
+            f"/{SERVICE}/ReadBlocks",
+            request_serializer=kvsync_pb2.ReadBlocksRequest.SerializeToString,
+            response_deserializer=decode_chunks,
+        )
+        self._described: dict[str, RegionInfo] = {}
+        self._readers: dict[str, RegionReader | None] = {}
+
+    async def describe(self, region: str, timeout_s: float | None = None) -> RegionInfo:
+        """The peer's region (cached: a region's description does not change while it lives)."""
+        info = self._described.get(region)
+        if info is None:
+            r = await self.stub.Describe(kvsync_pb2.DescribeRequest(region=region), timeout=timeout_s or self.timeout_s)
+            info = RegionInfo(r.region, r.shm_name, r.region_id, r.block_bytes, r.num_slots, r.layout)
+            self._described[region] = info
+        return info
+
+    async def acquire_lease(
+        self, region: str, digests: Sequence[bytes], ttl_ms: int = DEFAULT_TTL_MS, timeout_s: float | None = None
+    ) -> Lease:
+        """One lease over every digest (one RPC)."""
+        start = time.monotonic()
+        r = await self.stub.AcquireLease(
+            kvsync_pb2.AcquireLeaseRequest(region=region, digests=list(digests), ttl_ms=ttl_ms),
+            timeout=timeout_s or self.timeout_s,
+        )
+        refs = [SlotRef(b.slot, b.generation) if b.found else None for b in r.blocks]
+        return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000)
 
     async def read_blocks(
-        self, region_key: str, digests: Sequence[bytes], timeout: float | None = None
-    ) -> dict[bytes, bytes]:
-        """Fetches blocks; each is verified against the CRC32C the peer computed from its memory."""
-        request = kvsync_pb2.ReadBlocksRequest(
-            region_key=region_key, blocks=[kvsync_pb2.BlockId(digest=d) for d in digests]
-        )
-        out: dict[bytes, bytes] = {}
-        parts: list[bytes] = []
-        async for chunk in self.stub.ReadBlocks(request, timeout=timeout):
-            parts.append(chunk.data)
-            if chunk.last:
-                data = b"".join(parts)
-                parts = []
-                if checksum(data) != chunk.crc32c:
-                    raise FailedPrecondition(f"integrity check failed reading {chunk.block.digest.hex()[:16]}…")
-                out[chunk.block.digest] = data
-        return out
+        self, lease: Lease, outs: Sequence[memoryview], count: int, timeout_s: float | None = None
+    ) -> PullStats:
+        """Streams the first `count` leased blocks into `outs`, verifying each (raises CorruptBlock on a CRC
+        mismatch, FailedPrecondition on a malformed stream; grpc errors as they come)."""
+        blocks = [
+            kvsync_pb2.BlockRef(digest=d, slot=ref.slot, generation=ref.generation)
+            for d, ref in zip(lease.digests[:count], lease.refs[:count], strict=True)
+            if ref is not None
+        ]
+        stats = PullStats("grpc")
+        assembly = _Assembly(outs, count, stats)
+        request = kvsync_pb2.ReadBlocksRequest(region=lease.region, blocks=blocks)
+        call = self._read(request, timeout=timeout_s or self.timeout_s)
+        async for chunks in call:
+            for chunk in chunks:
+                assembly.add(chunk)
+        assembly.finish()
+        return stats
 
     async def write_blocks(
-        self, region_key: str, blocks: Sequence[tuple[bytes, bytes]], timeout: float | None = None
+        self, region: str, blocks: Sequence[tuple[bytes, bytes | memoryview]], timeout_s: float | None = None
     ) -> kvsync_pb2.WriteBlocksResponse:
-        """Writes (digest, data) blocks; returns the completion once all are verified and stored."""
+        """Stores (digest, data) blocks in the peer's region; returns once all are verified and stored."""
 
         async def chunks() -> AsyncIterator[kvsync_pb2.WriteBlocksRequest]:
             first = True
             for digest, data in blocks:
                 view = memoryview(data)
-                for offset in range(0, len(view), CHUNK_BYTES):
-                    last = offset + CHUNK_BYTES >= len(view)
+                crc = checksum(view)
+                for offset in range(0, max(len(view), 1), WRITE_CHUNK_BYTES):
+                    last = offset + WRITE_CHUNK_BYTES >= len(view)
                     yield kvsync_pb2.WriteBlocksRequest(
-                        region_key=region_key if first else "",
-                        block=kvsync_pb2.BlockId(digest=digest),
+                        region=region if first else "",
+                        digest=digest,
                         offset=offset,
-                        data=bytes(view[offset : offset + CHUNK_BYTES]),
-                        crc32c=checksum(view) if last else 0,
+                        data=bytes(view[offset : offset + WRITE_CHUNK_BYTES]),
+                        crc32c=crc if last else 0,
                         last=last,
                     )
                     first = False
 
-        return await self.stub.WriteBlocks(chunks(), timeout=timeout)
+        return await self.stub.WriteBlocks(chunks(), timeout=timeout_s or self.timeout_s)
+
+    def _reader(self, info: RegionInfo) -> RegionReader | None:
+        """The peer's region mapped here, when it is on this host (name opens, same region id)."""
+        if info.region in self._readers:
+            return self._readers[info.region]
+        reader = None
+        if info.shm_name:
+            try:
+                reader = RegionReader.attach(info.shm_name)
+            except (NotFound, FailedPrecondition):
+                reader = None
+            if reader is not None and reader.region_id != info.region_id:
+                reader.close()
+                reader = None
+        self._readers[info.region] = reader
+        return reader
+
+    async def pull(
+        self,
+        region: str,
+        digests: Sequence[bytes],
+        outs: Sequence[memoryview],
+        layout: str,
+        ttl_ms: int = DEFAULT_TTL_MS,
+        timeout_s: float | None = None,
+        prefer_shm: bool = True,
+    ) -> PullStats:
+        """Copies the leading blocks of `digests` the peer holds into `outs` (one buffer per digest) within
+        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure."""
+        if len(outs) < len(digests):
+            raise ValueError("one output buffer per digest")
+        budget = timeout_s or self.timeout_s
+        try:
+            return await asyncio.wait_for(self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm), budget)
+        except PullFailed:
+            raise
+        except TimeoutError:
+            raise PullFailed("timeout", f"no complete pull within {budget:.3f} s") from None
+        except grpc.aio.AioRpcError as e:
+            raise _failed(e) from None
+        except CorruptBlock as e:
+            raise PullFailed("corrupt", e.message) from None
+        except StaleBlock as e:
+            raise PullFailed("stale", e.message) from None
+        except KvmeshError as e:
+            raise PullFailed("protocol", e.message) from None
+
+    async def _pull(
+        self,
+        region: str,
+        digests: Sequence[bytes],
+        outs: Sequence[memoryview],
+        layout: str,
+        ttl_ms: int,
+        timeout_s: float,
+        prefer_shm: bool,
+    ) -> PullStats:
+        start = time.monotonic()
+        info = await self.describe(region, timeout_s)
+        if info.layout != layout:
+            raise PullFailed("layout", f"peer region holds {info.layout!r}, this worker needs {layout!r}")
+        left = lambda: max(0.001, timeout_s - (time.monotonic() - start))  # noqa: E731
+        lease = await self.acquire_lease(region, digests, ttl_ms, left())
+        count = lease.prefix
+        reader = self._reader(info) if prefer_shm else None
+        if count == 0:
+            return PullStats("shm" if reader is not None else "grpc")
+        if reader is not None:
+            stats = _read_shm(reader, lease, outs, count)
+        else:
+            stats = await self.read_blocks(lease, outs, count, left())
+        if time.monotonic() > lease.deadline:  # the owner may have reused a slot after our copy's checks
+            raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
+        return stats
+
+    def close(self) -> None:
+        """Unmaps the peers' regions this client attached."""
+        for reader in self._readers.values():
+            if reader is not None:
+                reader.close()
+        self._readers.clear()
+
+
+def _read_shm(reader: RegionReader, lease: Lease, outs: Sequence[memoryview], count: int) -> PullStats:
+    """One-sided copies of the leased blocks (each: generation before/after, digest, CRC32C on the copy)."""
+    stats = PullStats("shm")
+    for i in range(count):
+        ref = lease.refs[i]
+        assert ref is not None
+        if time.monotonic_ns() >= lease.lease_until_ns:
+            raise PullFailed("expired", f"the lease ended at block {i} of {count}")
+        n = reader.read_into(ref, lease.digests[i], outs[i], verify=False)
+        t = time.perf_counter()
+        _, crc = reader.view(ref, lease.digests[i])  # the header's CRC, re-checked stable below
+        ok = checksum(outs[i][:n]) == crc
+        stats.integrity_s += time.perf_counter() - t
+        if not reader.unchanged(ref):
+            raise StaleBlock(f"slot {ref.slot} was reused during the copy")
+        if not ok:
+            raise CorruptBlock(f"integrity check failed for block {i}: CRC32C mismatch")
+        stats.lengths.append(n)
+        stats.blocks += 1
+        stats.bytes += n
+    return stats
+
+
+class _Assembly:
+    """Blocks arriving in chunks, copied into their buffers and verified when complete."""
+
+    def __init__(self, outs: Sequence[memoryview], count: int, stats: PullStats) -> None:
+        self.outs = outs
+        self.count = count
+        self.stats = stats
+        self.index = 0
+        self.filled = 0
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.index != self.index or chunk.offset != self.filled or self.index >= self.count:
+            raise FailedPrecondition(f"out-of-order chunk (block {chunk.index} offset {chunk.offset})")
+        out = self.outs[self.index]
+        end = self.filled + len(chunk.data)
+        if end > len(out):
+            raise FailedPrecondition(f"block {self.index} is larger than its buffer ({len(out)} bytes)")
+        out[self.filled : end] = chunk.data
+        self.filled = end
+        if chunk.last:
+            t = time.perf_counter()
+            ok = checksum(out[:end]) == chunk.crc32c
+            self.stats.integrity_s += time.perf_counter() - t
+            if not ok:
+                raise CorruptBlock(f"integrity check failed for block {self.index}: CRC32C mismatch")
+            self.stats.lengths.append(end)
+            self.stats.blocks += 1
+            self.stats.bytes += end
+            self.index += 1
+            self.filled = 0
+
+    def finish(self) -> None:
+        if self.index != self.count:
+            raise FailedPrecondition(f"stream ended after {self.index} of {self.count} blocks")

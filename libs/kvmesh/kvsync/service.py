@@ -1,85 +1,234 @@
-"""The KvSyncService servicer: one-sided reads and writes of registered regions over gRPC streams.
+"""The KvSyncService servicer over a worker's tier regions (`kvmesh.kvsync.tier.TierRegion`).
 
-Reads stream each block in chunks of `chunk_bytes` sliced from the region (memoryview: the only copy is the
-one into the HTTP/2 frame); the last chunk of a block carries its CRC32C. A write is complete when the
-response arrives: every block was verified and stored, or the call fails and nothing partial is visible.
+This process is the lessor: `AcquireLease` writes the regions' lease arrays, so the owner never reuses a
+leased slot, and `ReadBlocks` refuses a block whose lease expired (FAILED_PRECONDITION) or whose slot was
+reused (`StaleBlock`). Every input is checked, sizes first, before any work: INVALID_ARGUMENT names the
+field, an unknown region is NOT_FOUND. Errors are domain errors; the rpc error interceptor maps them.
+
+Copies of a block's bytes on the way out of `ReadBlocks` (the server side; the client's are in
+`kvmesh.kvsync.client`):
+  1. region -> message bytes: `codec.encode_chunks` joins headers and memoryviews of the region (the only
+     copy in Python; the generated serialiser would make two: into a `bytes` field, then into the message);
+  2. message bytes -> grpc-core slice (grpc's Python layer copies what the handler yields);
+  3. slice -> kernel socket buffer (send).
+Register with `add_to_server` (not the generated `add_KvSyncServiceServicer_to_server`): it installs the
+identity serialiser that lets `ReadBlocks` yield pre-serialised bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
-from kvmesh.errors import InvalidArgument
-from kvmesh.kvsync.regions import RegionTable, checksum
-from kvmesh.v1 import kvsync_pb2, kvsync_pb2_grpc
+from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from kvmesh.kvsync.codec import Chunk, encode_chunks
+from kvmesh.kvsync.tier import DIGEST_BYTES, SlotRef, StaleBlock, TierRegion, checksum
+from kvmesh.v1 import kvsync_pb2
 
-CHUNK_BYTES = 1 << 20
+SERVICE = "kvmesh.v1.KvSyncService"
+MAX_BLOCKS = 4096  # per AcquireLease / ReadBlocks / WriteBlocks call
+MAX_TTL_MS = 30_000
+MESSAGE_DATA_BYTES = 1 << 20  # block data per ReadBlocksResponse
+WRITE_CHUNK_BYTES = 1 << 20  # block data per WriteBlocksRequest
+
+# The largest request message each method decodes (for the server's `MessageBounds`).
+REQUEST_BOUNDS: dict[str, int] = {
+    f"/{SERVICE}/Describe": 1024,
+    f"/{SERVICE}/AcquireLease": 1024 + MAX_BLOCKS * (DIGEST_BYTES + 4),
+    f"/{SERVICE}/ReadBlocks": 1024 + MAX_BLOCKS * (DIGEST_BYTES + 24),
+    f"/{SERVICE}/WriteBlocks": 4096 + WRITE_CHUNK_BYTES,
+}
 
 
-class KvSyncServicer(kvsync_pb2_grpc.KvSyncServiceServicer):
-    """Serves the regions of one `RegionTable`."""
+def _digest_ok(field: str, digest: bytes) -> None:
+    if len(digest) != DIGEST_BYTES:
+        raise InvalidArgument(field, f"must be {DIGEST_BYTES} bytes, got {len(digest)}")
 
-    def __init__(self, regions: RegionTable, chunk_bytes: int = CHUNK_BYTES) -> None:
+
+class KvSyncServicer:
+    """Serves the regions of one worker, by name. `clock` must be the owner's (CLOCK_MONOTONIC, ns)."""
+
+    def __init__(
+        self,
+        regions: Mapping[str, TierRegion],
+        clock: Callable[[], int] = time.monotonic_ns,
+        max_ttl_ms: int = MAX_TTL_MS,
+        message_bytes: int = MESSAGE_DATA_BYTES,
+    ) -> None:
         self.regions = regions
-        self.chunk_bytes = chunk_bytes
+        self.clock = clock
+        self.max_ttl_ms = max_ttl_ms
+        self.message_bytes = message_bytes
 
-    async def RegisterRegion(  # type: ignore[override]
-        self, request: kvsync_pb2.RegisterRegionRequest, context: grpc.aio.ServicerContext
-    ) -> kvsync_pb2.RegisterRegionResponse:
-        region = self.regions.register(request.name, request.block_bytes, request.num_blocks, request.shm_name)
-        return kvsync_pb2.RegisterRegionResponse(region_key=region.key)
+    def _region(self, name: str) -> TierRegion:
+        if not name:
+            raise InvalidArgument("region", "must not be empty")
+        region = self.regions.get(name)
+        if region is None:
+            raise NotFound(f"no kv-sync region {name!r} on this worker")
+        return region
 
-    async def DeregisterRegion(  # type: ignore[override]
-        self, request: kvsync_pb2.DeregisterRegionRequest, context: grpc.aio.ServicerContext
-    ) -> kvsync_pb2.DeregisterRegionResponse:
-        self.regions.deregister(request.region_key)
-        return kvsync_pb2.DeregisterRegionResponse()
+    async def Describe(
+        self, request: kvsync_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> kvsync_pb2.DescribeResponse:
+        region = self._region(request.region)
+        return kvsync_pb2.DescribeResponse(
+            region=request.region,
+            shm_name=region.shm_name,
+            region_id=region.region_id,
+            block_bytes=region.block_bytes,
+            num_slots=region.num_slots,
+            layout=region.layout,
+        )
 
-    async def ReadBlocks(  # type: ignore[override]
+    async def AcquireLease(
+        self, request: kvsync_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> kvsync_pb2.AcquireLeaseResponse:
+        if not 0 < len(request.digests) <= MAX_BLOCKS:
+            raise InvalidArgument("digests", f"must hold 1..{MAX_BLOCKS} digests, got {len(request.digests)}")
+        for i, digest in enumerate(request.digests):
+            _digest_ok(f"digests[{i}]", digest)
+        if request.ttl_ms == 0:
+            raise InvalidArgument("ttl_ms", "must be > 0")
+        region = self._region(request.region)
+        ttl_ms = min(request.ttl_ms, self.max_ttl_ms)
+        until_ns = self.clock() + ttl_ms * 1_000_000
+        refs = region.locate(list(request.digests))
+        region.lease([r for r in refs if r is not None], until_ns)
+        blocks = [
+            kvsync_pb2.LeasedBlock(found=True, slot=r.slot, generation=r.generation)
+            if r is not None
+            else kvsync_pb2.LeasedBlock()
+            for r in refs
+        ]
+        return kvsync_pb2.AcquireLeaseResponse(blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms)
+
+    def _checked_views(
+        self, region: TierRegion, blocks: Sequence[kvsync_pb2.BlockRef]
+    ) -> list[tuple[SlotRef, memoryview, int]]:
+        """Every requested block's (ref, view, crc), or the error: sizes, leases, generations."""
+        if not 0 < len(blocks) <= MAX_BLOCKS:
+            raise InvalidArgument("blocks", f"must hold 1..{MAX_BLOCKS} blocks, got {len(blocks)}")
+        for i, b in enumerate(blocks):
+            _digest_ok(f"blocks[{i}].digest", b.digest)
+            if b.slot >= region.num_slots:
+                raise InvalidArgument(f"blocks[{i}].slot", f"must be < {region.num_slots}, got {b.slot}")
+        now = self.clock()
+        out = []
+        for i, b in enumerate(blocks):
+            if region.lease_until(b.slot) <= now:
+                raise FailedPrecondition(f"blocks[{i}]: lease expired (or never taken) on slot {b.slot}")
+            ref = SlotRef(b.slot, b.generation)
+            view, crc = region.view(ref, b.digest)
+            out.append((ref, view, crc))
+        return out
+
+    async def ReadBlocks(
         self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[kvsync_pb2.ReadBlocksResponse]:
-        region = self.regions.get(request.region_key)
-        views = [(b.digest, region.read(b.digest)) for b in request.blocks]  # all-or-nothing: check first
-        for digest, view in views:
-            block = kvsync_pb2.BlockId(digest=digest)
-            for offset in range(0, len(view), self.chunk_bytes):
-                last = offset + self.chunk_bytes >= len(view)
-                yield kvsync_pb2.ReadBlocksResponse(
-                    block=block,
-                    offset=offset,
-                    data=bytes(view[offset : offset + self.chunk_bytes]),
-                    crc32c=checksum(view) if last else 0,
-                    last=last,
-                )
+    ) -> AsyncIterator[bytes]:
+        """Yields serialised ReadBlocksResponse messages of at most `message_bytes` of data each."""
+        region = self._region(request.region)
+        views = self._checked_views(region, request.blocks)
+        pending: list[Chunk] = []
+        refs: list[SlotRef] = []
+        room = self.message_bytes
+        for index, (ref, view, crc) in enumerate(views):
+            refs.append(ref)
+            for offset in range(0, len(view), self.message_bytes):
+                piece = view[offset : offset + self.message_bytes]
+                last = offset + len(piece) == len(view)
+                pending.append(Chunk(index, offset, piece, last, crc if last else 0))
+                room -= len(piece)
+                if room <= 0:
+                    yield _flush(region, pending, refs)
+                    pending, refs, room = [], [ref], self.message_bytes
+        if pending:
+            yield _flush(region, pending, refs)
 
-    async def WriteBlocks(  # type: ignore[override]
+    async def WriteBlocks(
         self, request_iterator: AsyncIterator[kvsync_pb2.WriteBlocksRequest], context: grpc.aio.ServicerContext
     ) -> kvsync_pb2.WriteBlocksResponse:
-        region = None
+        region: TierRegion | None = None
         staged: list[tuple[bytes, bytes, int]] = []
         current = bytearray()
         async for chunk in request_iterator:
             if region is None:
-                region = self.regions.get(chunk.region_key)
+                region = self._region(chunk.region)
+            if len(staged) >= MAX_BLOCKS:
+                raise InvalidArgument("digest", f"at most {MAX_BLOCKS} blocks per call")
             if chunk.offset != len(current):
                 raise InvalidArgument("offset", f"expected {len(current)}, got {chunk.offset}")
             current += chunk.data
             if len(current) > region.block_bytes:
                 raise InvalidArgument("data", f"block larger than {region.block_bytes} bytes")
             if chunk.last:
-                staged.append((chunk.block.digest, bytes(current), chunk.crc32c))
+                _digest_ok("digest", chunk.digest)
+                staged.append((chunk.digest, bytes(current), chunk.crc32c))
                 current = bytearray()
         if region is None:
-            raise InvalidArgument("region_key", "empty write stream")
+            raise InvalidArgument("region", "empty write stream")
         if current:
             raise InvalidArgument("last", "stream ended in the middle of a block")
         for digest, data, crc in staged:  # verify everything before anything becomes visible
             if checksum(data) != crc:
-                region.write(digest, data, crc)  # raises the integrity error
-        for digest, data, crc in staged:
-            region.write(digest, data, crc)
+                raise FailedPrecondition(f"integrity check failed for block {digest.hex()[:16]}: CRC32C mismatch")
+        _store_all(region, staged, self.clock())
         return kvsync_pb2.WriteBlocksResponse(
             blocks_written=len(staged), bytes_written=sum(len(d) for _, d, _ in staged)
         )
+
+
+def _flush(region: TierRegion, chunks: list[Chunk], refs: list[SlotRef]) -> bytes:
+    """One serialised message, once the slots it copied from are known not to have changed meanwhile."""
+    raw = encode_chunks(chunks)
+    for ref in refs:  # the seqlock's closing check, after the copy
+        if not region.unchanged(ref):
+            raise StaleBlock(f"slot {ref.slot} was reused during the read")
+    return raw
+
+
+def _store_all(region: TierRegion, staged: list[tuple[bytes, bytes, int]], now_ns: int) -> None:
+    """Stores every block or none (ResourceExhausted when leased slots leave no room)."""
+    added: list[bytes] = []
+    for digest, data, _crc in staged:
+        new = region.contains_prefix([digest]) == 0
+        if not region.put(digest, data, now_ns):
+            for d in added:
+                region.evict(d)
+            raise ResourceExhausted(f"region full: every slot of {region.num_slots} is leased", retry_after_s=1.0)
+        if new:
+            added.append(digest)
+
+
+def _identity(raw: bytes) -> bytes:
+    return raw
+
+
+def add_to_server(servicer: KvSyncServicer, server: Any) -> None:
+    """Registers the servicer on a `grpc.aio.Server` or an `InstrumentedServer`."""
+    handlers = {
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe,
+            request_deserializer=kvsync_pb2.DescribeRequest.FromString,
+            response_serializer=kvsync_pb2.DescribeResponse.SerializeToString,
+        ),
+        "AcquireLease": grpc.unary_unary_rpc_method_handler(
+            servicer.AcquireLease,
+            request_deserializer=kvsync_pb2.AcquireLeaseRequest.FromString,
+            response_serializer=kvsync_pb2.AcquireLeaseResponse.SerializeToString,
+        ),
+        "ReadBlocks": grpc.unary_stream_rpc_method_handler(
+            servicer.ReadBlocks,
+            request_deserializer=kvsync_pb2.ReadBlocksRequest.FromString,
+            response_serializer=_identity,
+        ),
+        "WriteBlocks": grpc.stream_unary_rpc_method_handler(
+            servicer.WriteBlocks,
+            request_deserializer=kvsync_pb2.WriteBlocksRequest.FromString,
+            response_serializer=kvsync_pb2.WriteBlocksResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

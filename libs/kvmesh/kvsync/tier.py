@@ -7,7 +7,7 @@ a region must use the same clock, `time.monotonic_ns()` (CLOCK_MONOTONIC is host
 Segment layout (little-endian)::
 
     0        region header, 4096 B: magic b"KVMR" | version u32 | block_bytes u64 | num_slots u64 |
-             epoch u64 | layout_len u32 | pad | layout (UTF-8, <= 256 B) at offset 64
+             epoch u64 | layout_len u32 | pad | region_id 16 B at 40 (random) | layout (UTF-8, <= 256 B) at 64
     4096     slot headers, num_slots x 64 B: generation u64 | digest 32 B | length u32 | crc32c u32 | 16 B spare
     ...      lease array, num_slots x u64 lease_until_ns (written only by the lessor)
     data     num_slots x block_bytes, the data area starting 4096-aligned
@@ -47,6 +47,8 @@ SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
 
 _HEAD = struct.Struct("<4sIQQQI")  # magic, version, block_bytes, num_slots, epoch, layout_len
 _EPOCH_OFFSET = 24
+_REGION_ID_OFFSET = 40
+REGION_ID_BYTES = 16
 _LAYOUT_OFFSET = 64
 _SLOT = np.dtype([("generation", "<u8"), ("digest", "V32"), ("length", "<u4"), ("crc32c", "<u4"), ("spare", "V16")])
 
@@ -118,6 +120,11 @@ class _Mapped:
         self._data_start = data_offset(n)
 
     @property
+    def region_id(self) -> bytes:
+        """The region's random identity, written at creation (tells two same-named segments apart)."""
+        return bytes(self._buf[_REGION_ID_OFFSET : _REGION_ID_OFFSET + REGION_ID_BYTES])
+
+    @property
     def epoch(self) -> int:
         """The region's change counter (bumped by the owner on every slot change)."""
         return int(self._epoch[0])
@@ -147,6 +154,23 @@ class _Mapped:
         for ref in refs:  # after writing the leases: a reuse the owner began before seeing them shows here
             if int(self._gen[ref.slot]) != ref.generation:
                 raise StaleBlock(f"slot {ref.slot} was reused before its lease took hold")
+
+    def view(self, ref: SlotRef, digest: bytes) -> tuple[memoryview, int]:
+        """(the block's bytes in the region, its CRC32C), no copy; StaleBlock if the slot no longer holds
+        `digest` at `ref.generation`. The view is only good while `unchanged(ref)`: check it after use."""
+        self._check_slot(ref.slot)
+        slot = ref.slot
+        if int(self._gen[slot]) != ref.generation or ref.generation % 2:
+            raise StaleBlock(f"slot {slot} no longer holds generation {ref.generation}")
+        length = int(self._length[slot])
+        crc = int(self._crc[slot])
+        if length == 0 or self._digest(slot) != digest:
+            raise StaleBlock(f"slot {slot} holds another block than {digest.hex()[:16]}")
+        return self._data(slot, length), crc
+
+    def unchanged(self, ref: SlotRef) -> bool:
+        """Whether the slot still holds the generation of `ref` (the seqlock's closing check)."""
+        return int(self._gen[ref.slot]) == ref.generation
 
     def lease_until(self, slot: int) -> int:
         """The slot's lease expiry (0: never leased)."""
@@ -186,6 +210,7 @@ class TierRegion(_Mapped):
         shm = shared_memory.SharedMemory(name=shm_name, create=True, size=segment_bytes(block_bytes, num_slots))
         assert shm.buf is not None
         shm.buf[: _HEAD.size] = _HEAD.pack(MAGIC, VERSION, block_bytes, num_slots, 0, len(raw))
+        shm.buf[_REGION_ID_OFFSET : _REGION_ID_OFFSET + REGION_ID_BYTES] = os.urandom(REGION_ID_BYTES)
         shm.buf[_LAYOUT_OFFSET : _LAYOUT_OFFSET + len(raw)] = raw
         return cls(shm, block_bytes, num_slots, layout)
 
@@ -406,20 +431,14 @@ class RegionReader(_Mapped):
         Raises StaleBlock if the slot's generation is not `ref.generation` before or after the copy, or its
         header names another digest; CorruptBlock if `verify` and the copy fails its CRC32C.
         """
-        self._check_slot(ref.slot)
-        slot = ref.slot
-        if int(self._gen[slot]) != ref.generation or ref.generation % 2:
-            raise StaleBlock(f"slot {slot} no longer holds generation {ref.generation}")
-        length = int(self._length[slot])
-        crc = int(self._crc[slot])
-        if self._digest(slot) != digest or length == 0:
-            raise StaleBlock(f"slot {slot} holds another block than {digest.hex()[:16]}")
+        src, crc = self.view(ref, digest)
+        length = len(src)
         if len(out) < length:
             raise InvalidArgument("out", f"needs {length} bytes, got {len(out)}")
         dest = out[:length]
-        dest[:] = self._data(slot, length)
-        if int(self._gen[slot]) != ref.generation:
-            raise StaleBlock(f"slot {slot} was reused during the copy")
+        dest[:] = src
+        if not self.unchanged(ref):
+            raise StaleBlock(f"slot {ref.slot} was reused during the copy")
         if verify and checksum(dest) != crc:
             raise CorruptBlock(f"integrity check failed for block {digest.hex()[:16]}: CRC32C mismatch")
         return length

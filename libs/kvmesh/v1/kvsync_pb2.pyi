@@ -19,185 +19,280 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
-class BlockId(_message.Message):
-    """Identity of a KV block's data: collision-resistant (sha256 over the chained tokens and the isolation salt)."""
+class DescribeRequest(_message.Message):
+    """Asks for a region's description."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    """Region name on the worker (e.g. "cpu")."""
+    def __init__(
+        self,
+        *,
+        region: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["region", b"region"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeRequest: _TypeAlias = DescribeRequest  # noqa: Y015
+
+@_typing.final
+class DescribeResponse(_message.Message):
+    """A region's description."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_FIELD_NUMBER: _builtins.int
+    SHM_NAME_FIELD_NUMBER: _builtins.int
+    REGION_ID_FIELD_NUMBER: _builtins.int
+    BLOCK_BYTES_FIELD_NUMBER: _builtins.int
+    NUM_SLOTS_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    """Region name on the worker."""
+    shm_name: _builtins.str
+    """POSIX shared-memory name of the region; a peer on the same host attaches it."""
+    region_id: _builtins.bytes
+    """Random identity of the region (16 bytes, also in its shared-memory header): a peer that attaches
+    `shm_name` checks it, so a segment of the same name on another host is never mistaken for this one.
+    """
+    block_bytes: _builtins.int
+    """Bytes per slot."""
+    num_slots: _builtins.int
+    """Slots in the region."""
+    layout: _builtins.str
+    """Model, dtype, block size and KV layout; regions with different layouts never exchange blocks."""
+    def __init__(
+        self,
+        *,
+        region: _builtins.str = ...,
+        shm_name: _builtins.str = ...,
+        region_id: _builtins.bytes = ...,
+        block_bytes: _builtins.int = ...,
+        num_slots: _builtins.int = ...,
+        layout: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_bytes", b"block_bytes", "layout", b"layout", "num_slots", b"num_slots", "region", b"region", "region_id", b"region_id", "shm_name", b"shm_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class AcquireLeaseRequest(_message.Message):
+    """Leases blocks by identity."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REGION_FIELD_NUMBER: _builtins.int
+    DIGESTS_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    region: _builtins.str
+    """Region name on the worker."""
+    ttl_ms: _builtins.int
+    """How long the lease should last, in milliseconds (the server may grant less)."""
+    @_builtins.property
+    def digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Block identities (32-byte chained sha256 digests), in prefix order."""
+
+    def __init__(
+        self,
+        *,
+        region: _builtins.str = ...,
+        digests: _abc.Iterable[_builtins.bytes] | None = ...,
+        ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digests", b"digests", "region", b"region", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireLeaseRequest: _TypeAlias = AcquireLeaseRequest  # noqa: Y015
+
+@_typing.final
+class LeasedBlock(_message.Message):
+    """Where a leased block sits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """False when the region does not hold the block (slot and generation are then 0)."""
+    slot: _builtins.int
+    """Slot index in the region."""
+    generation: _builtins.int
+    """The slot's generation when leased; a read fails if it changed."""
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        slot: _builtins.int = ...,
+        generation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "generation", b"generation", "slot", b"slot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LeasedBlock: _TypeAlias = LeasedBlock  # noqa: Y015
+
+@_typing.final
+class AcquireLeaseResponse(_message.Message):
+    """The lease."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    LEASE_UNTIL_NS_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    lease_until_ns: _builtins.int
+    """End of the lease on the server's CLOCK_MONOTONIC, in nanoseconds (comparable on the same host only)."""
+    ttl_ms: _builtins.int
+    """The lease length granted, in milliseconds."""
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeasedBlock]:
+        """One per requested digest, in order."""
+
+    def __init__(
+        self,
+        *,
+        blocks: _abc.Iterable[Global___LeasedBlock] | None = ...,
+        lease_until_ns: _builtins.int = ...,
+        ttl_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "lease_until_ns", b"lease_until_ns", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AcquireLeaseResponse: _TypeAlias = AcquireLeaseResponse  # noqa: Y015
+
+@_typing.final
+class BlockRef(_message.Message):
+    """A leased block to read."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     DIGEST_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     digest: _builtins.bytes
-    """32-byte chained sha256 digest."""
+    """Block identity (32 bytes)."""
+    slot: _builtins.int
+    """Slot from AcquireLeaseResponse."""
+    generation: _builtins.int
+    """Generation from AcquireLeaseResponse."""
     def __init__(
         self,
         *,
         digest: _builtins.bytes = ...,
+        slot: _builtins.int = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "generation", b"generation", "slot", b"slot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___BlockId: _TypeAlias = BlockId  # noqa: Y015
-
-@_typing.final
-class RegisterRegionRequest(_message.Message):
-    """A memory region."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    NAME_FIELD_NUMBER: _builtins.int
-    BLOCK_BYTES_FIELD_NUMBER: _builtins.int
-    NUM_BLOCKS_FIELD_NUMBER: _builtins.int
-    SHM_NAME_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    """Caller-chosen region name, unique per worker."""
-    block_bytes: _builtins.int
-    """Bytes per block."""
-    num_blocks: _builtins.int
-    """Blocks in the region."""
-    shm_name: _builtins.str
-    """Shared-memory name for same-host zero-copy access; empty for network-only access."""
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        block_bytes: _builtins.int = ...,
-        num_blocks: _builtins.int = ...,
-        shm_name: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_bytes", b"block_bytes", "name", b"name", "num_blocks", b"num_blocks", "shm_name", b"shm_name"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RegisterRegionRequest: _TypeAlias = RegisterRegionRequest  # noqa: Y015
-
-@_typing.final
-class RegisterRegionResponse(_message.Message):
-    """The registered region."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REGION_KEY_FIELD_NUMBER: _builtins.int
-    region_key: _builtins.str
-    """Key peers present to access the region."""
-    def __init__(
-        self,
-        *,
-        region_key: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["region_key", b"region_key"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RegisterRegionResponse: _TypeAlias = RegisterRegionResponse  # noqa: Y015
-
-@_typing.final
-class DeregisterRegionRequest(_message.Message):
-    """Unregisters a region."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REGION_KEY_FIELD_NUMBER: _builtins.int
-    region_key: _builtins.str
-    """Key from RegisterRegionResponse."""
-    def __init__(
-        self,
-        *,
-        region_key: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["region_key", b"region_key"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___DeregisterRegionRequest: _TypeAlias = DeregisterRegionRequest  # noqa: Y015
-
-@_typing.final
-class DeregisterRegionResponse(_message.Message):
-    """Unregistered."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___DeregisterRegionResponse: _TypeAlias = DeregisterRegionResponse  # noqa: Y015
+Global___BlockRef: _TypeAlias = BlockRef  # noqa: Y015
 
 @_typing.final
 class ReadBlocksRequest(_message.Message):
-    """Reads blocks."""
+    """Reads leased blocks."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    REGION_KEY_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
-    region_key: _builtins.str
-    """Region to read from."""
+    region: _builtins.str
+    """Region name on the worker."""
     @_builtins.property
-    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockId]:
-        """Blocks wanted, by data identity."""
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockRef]:
+        """The blocks, in the order they are streamed back."""
 
     def __init__(
         self,
         *,
-        region_key: _builtins.str = ...,
-        blocks: _abc.Iterable[Global___BlockId] | None = ...,
+        region: _builtins.str = ...,
+        blocks: _abc.Iterable[Global___BlockRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "region_key", b"region_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "region", b"region"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReadBlocksRequest: _TypeAlias = ReadBlocksRequest  # noqa: Y015
 
 @_typing.final
-class ReadBlocksResponse(_message.Message):
-    """A chunk of read data."""
+class BlockChunk(_message.Message):
+    """A piece of one block."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    BLOCK_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
-    CRC32C_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
+    CRC32C_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position of the block in ReadBlocksRequest.blocks."""
     offset: _builtins.int
-    """Byte offset of this chunk within the block."""
+    """Byte offset of this piece within the block."""
     data: _builtins.bytes
     """The bytes."""
-    crc32c: _builtins.int
-    """CRC32C of the whole block, sent with its last chunk; 0 on other chunks."""
     last: _builtins.bool
-    """True on the block's last chunk."""
+    """True on the block's last piece."""
+    crc32c: _builtins.int
+    """CRC32C of the whole block as written (on its last piece; 0 on the others)."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        last: _builtins.bool = ...,
+        crc32c: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["crc32c", b"crc32c", "data", b"data", "index", b"index", "last", b"last", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BlockChunk: _TypeAlias = BlockChunk  # noqa: Y015
+
+@_typing.final
+class ReadBlocksResponse(_message.Message):
+    """Pieces of one or more blocks, in request order (a message holds at most about 1 MiB of data)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHUNKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def block(self) -> Global___BlockId:
-        """Which block."""
+    def chunks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockChunk]:
+        """The pieces."""
 
     def __init__(
         self,
         *,
-        block: Global___BlockId | None = ...,
-        offset: _builtins.int = ...,
-        data: _builtins.bytes = ...,
-        crc32c: _builtins.int = ...,
-        last: _builtins.bool = ...,
+        chunks: _abc.Iterable[Global___BlockChunk] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "crc32c", b"crc32c", "data", b"data", "last", b"last", "offset", b"offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunks", b"chunks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -209,14 +304,16 @@ class WriteBlocksRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    REGION_KEY_FIELD_NUMBER: _builtins.int
-    BLOCK_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     CRC32C_FIELD_NUMBER: _builtins.int
     LAST_FIELD_NUMBER: _builtins.int
-    region_key: _builtins.str
-    """Region to write to (first message only)."""
+    region: _builtins.str
+    """Region name on the worker (first message only)."""
+    digest: _builtins.bytes
+    """Block identity (32 bytes)."""
     offset: _builtins.int
     """Byte offset of this chunk within the block."""
     data: _builtins.bytes
@@ -225,23 +322,19 @@ class WriteBlocksRequest(_message.Message):
     """CRC32C of the whole block, sent with its last chunk."""
     last: _builtins.bool
     """True on the block's last chunk."""
-    @_builtins.property
-    def block(self) -> Global___BlockId:
-        """Which block."""
-
     def __init__(
         self,
         *,
-        region_key: _builtins.str = ...,
-        block: Global___BlockId | None = ...,
+        region: _builtins.str = ...,
+        digest: _builtins.bytes = ...,
         offset: _builtins.int = ...,
         data: _builtins.bytes = ...,
         crc32c: _builtins.int = ...,
         last: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["block", b"block"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block", b"block", "crc32c", b"crc32c", "data", b"data", "last", b"last", "offset", b"offset", "region_key", b"region_key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["crc32c", b"crc32c", "data", b"data", "digest", b"digest", "last", b"last", "offset", b"offset", "region", b"region"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

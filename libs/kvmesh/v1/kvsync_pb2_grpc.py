@@ -26,8 +26,9 @@ if _version_not_supported:
 
 
 class KvSyncServiceStub:
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
     def __init__(self, channel):
@@ -36,15 +37,15 @@ class KvSyncServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.RegisterRegion = channel.unary_unary(
-                '/kvmesh.v1.KvSyncService/RegisterRegion',
-                request_serializer=kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionRequest.SerializeToString,
-                response_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionResponse.FromString,
+        self.Describe = channel.unary_unary(
+                '/kvmesh.v1.KvSyncService/Describe',
+                request_serializer=kvmesh_dot_v1_dot_kvsync__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.DescribeResponse.FromString,
                 _registered_method=True)
-        self.DeregisterRegion = channel.unary_unary(
-                '/kvmesh.v1.KvSyncService/DeregisterRegion',
-                request_serializer=kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionRequest.SerializeToString,
-                response_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionResponse.FromString,
+        self.AcquireLease = channel.unary_unary(
+                '/kvmesh.v1.KvSyncService/AcquireLease',
+                request_serializer=kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseResponse.FromString,
                 _registered_method=True)
         self.ReadBlocks = channel.unary_stream(
                 '/kvmesh.v1.KvSyncService/ReadBlocks',
@@ -59,33 +60,34 @@ class KvSyncServiceStub:
 
 
 class KvSyncServiceServicer:
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
-    def RegisterRegion(self, request, context):
-        """Registers a memory region of KV blocks that peers may read or write.
+    def Describe(self, request, context):
+        """The region's layout and how to reach it (its shared-memory name for a same-host peer).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DeregisterRegion(self, request, context):
-        """Unregisters a region; later accesses fail with NOT_FOUND.
+    def AcquireLease(self, request, context):
+        """Leases blocks: the owner does not reuse their slots until the lease ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReadBlocks(self, request, context):
-        """One-sided read of blocks from a registered region, streamed in chunks.
+        """Streams leased blocks; fails FAILED_PRECONDITION when a lease expired or a slot was reused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WriteBlocks(self, request_iterator, context):
-        """One-sided write of blocks into a registered region; the response is the completion.
+        """Stores blocks into the region; the response is the completion (all verified and stored, or none).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,15 +96,15 @@ class KvSyncServiceServicer:
 
 def add_KvSyncServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'RegisterRegion': grpc.unary_unary_rpc_method_handler(
-                    servicer.RegisterRegion,
-                    request_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionRequest.FromString,
-                    response_serializer=kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionResponse.SerializeToString,
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.DescribeRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_kvsync__pb2.DescribeResponse.SerializeToString,
             ),
-            'DeregisterRegion': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeregisterRegion,
-                    request_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionRequest.FromString,
-                    response_serializer=kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionResponse.SerializeToString,
+            'AcquireLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.AcquireLease,
+                    request_deserializer=kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseResponse.SerializeToString,
             ),
             'ReadBlocks': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadBlocks,
@@ -123,12 +125,13 @@ def add_KvSyncServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class KvSyncService:
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
     @staticmethod
-    def RegisterRegion(request,
+    def Describe(request,
             target,
             options=(),
             channel_credentials=None,
@@ -141,9 +144,9 @@ class KvSyncService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/kvmesh.v1.KvSyncService/RegisterRegion',
-            kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionRequest.SerializeToString,
-            kvmesh_dot_v1_dot_kvsync__pb2.RegisterRegionResponse.FromString,
+            '/kvmesh.v1.KvSyncService/Describe',
+            kvmesh_dot_v1_dot_kvsync__pb2.DescribeRequest.SerializeToString,
+            kvmesh_dot_v1_dot_kvsync__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -155,7 +158,7 @@ class KvSyncService:
             _registered_method=True)
 
     @staticmethod
-    def DeregisterRegion(request,
+    def AcquireLease(request,
             target,
             options=(),
             channel_credentials=None,
@@ -168,9 +171,9 @@ class KvSyncService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/kvmesh.v1.KvSyncService/DeregisterRegion',
-            kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionRequest.SerializeToString,
-            kvmesh_dot_v1_dot_kvsync__pb2.DeregisterRegionResponse.FromString,
+            '/kvmesh.v1.KvSyncService/AcquireLease',
+            kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseRequest.SerializeToString,
+            kvmesh_dot_v1_dot_kvsync__pb2.AcquireLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

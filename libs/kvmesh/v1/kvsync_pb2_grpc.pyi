@@ -27,59 +27,62 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class KvSyncServiceStub:
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> KvSyncServiceAsyncStub: ...
-    RegisterRegion: _grpc.UnaryUnaryMultiCallable[_kvsync_pb2.RegisterRegionRequest, _kvsync_pb2.RegisterRegionResponse]
-    """Registers a memory region of KV blocks that peers may read or write."""
-    DeregisterRegion: _grpc.UnaryUnaryMultiCallable[_kvsync_pb2.DeregisterRegionRequest, _kvsync_pb2.DeregisterRegionResponse]
-    """Unregisters a region; later accesses fail with NOT_FOUND."""
+    Describe: _grpc.UnaryUnaryMultiCallable[_kvsync_pb2.DescribeRequest, _kvsync_pb2.DescribeResponse]
+    """The region's layout and how to reach it (its shared-memory name for a same-host peer)."""
+    AcquireLease: _grpc.UnaryUnaryMultiCallable[_kvsync_pb2.AcquireLeaseRequest, _kvsync_pb2.AcquireLeaseResponse]
+    """Leases blocks: the owner does not reuse their slots until the lease ends."""
     ReadBlocks: _grpc.UnaryStreamMultiCallable[_kvsync_pb2.ReadBlocksRequest, _kvsync_pb2.ReadBlocksResponse]
-    """One-sided read of blocks from a registered region, streamed in chunks."""
+    """Streams leased blocks; fails FAILED_PRECONDITION when a lease expired or a slot was reused."""
     WriteBlocks: _grpc.StreamUnaryMultiCallable[_kvsync_pb2.WriteBlocksRequest, _kvsync_pb2.WriteBlocksResponse]
-    """One-sided write of blocks into a registered region; the response is the completion."""
+    """Stores blocks into the region; the response is the completion (all verified and stored, or none)."""
 
 @_typing.type_check_only
 class KvSyncServiceAsyncStub(KvSyncServiceStub):
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    RegisterRegion: _aio.UnaryUnaryMultiCallable[_kvsync_pb2.RegisterRegionRequest, _kvsync_pb2.RegisterRegionResponse]  # type: ignore[assignment]
-    """Registers a memory region of KV blocks that peers may read or write."""
-    DeregisterRegion: _aio.UnaryUnaryMultiCallable[_kvsync_pb2.DeregisterRegionRequest, _kvsync_pb2.DeregisterRegionResponse]  # type: ignore[assignment]
-    """Unregisters a region; later accesses fail with NOT_FOUND."""
+    Describe: _aio.UnaryUnaryMultiCallable[_kvsync_pb2.DescribeRequest, _kvsync_pb2.DescribeResponse]  # type: ignore[assignment]
+    """The region's layout and how to reach it (its shared-memory name for a same-host peer)."""
+    AcquireLease: _aio.UnaryUnaryMultiCallable[_kvsync_pb2.AcquireLeaseRequest, _kvsync_pb2.AcquireLeaseResponse]  # type: ignore[assignment]
+    """Leases blocks: the owner does not reuse their slots until the lease ends."""
     ReadBlocks: _aio.UnaryStreamMultiCallable[_kvsync_pb2.ReadBlocksRequest, _kvsync_pb2.ReadBlocksResponse]  # type: ignore[assignment]
-    """One-sided read of blocks from a registered region, streamed in chunks."""
+    """Streams leased blocks; fails FAILED_PRECONDITION when a lease expired or a slot was reused."""
     WriteBlocks: _aio.StreamUnaryMultiCallable[_kvsync_pb2.WriteBlocksRequest, _kvsync_pb2.WriteBlocksResponse]  # type: ignore[assignment]
-    """One-sided write of blocks into a registered region; the response is the completion."""
+    """Stores blocks into the region; the response is the completion (all verified and stored, or none)."""
 
 class KvSyncServiceServicer(metaclass=_abc_1.ABCMeta):
-    """RDMA-style movement of KV blocks between workers and zones: registered memory regions, one-sided reads and
-    writes of described block ranges, completion with integrity checks.
+    """A worker's KV tier regions, served to its peers: a same-host peer attaches the region's shared memory and
+    reads it one-sided (Describe gives the name); any peer leases blocks (one call per pull) and streams them.
+    Every block carries the CRC32C computed once when it was written; the reader checks it on its copy.
     """
 
     @_abc_1.abstractmethod
-    def RegisterRegion(
+    def Describe(
         self,
-        request: _kvsync_pb2.RegisterRegionRequest,
+        request: _kvsync_pb2.DescribeRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_kvsync_pb2.RegisterRegionResponse, _abc.Awaitable[_kvsync_pb2.RegisterRegionResponse]]:
-        """Registers a memory region of KV blocks that peers may read or write."""
+    ) -> _typing.Union[_kvsync_pb2.DescribeResponse, _abc.Awaitable[_kvsync_pb2.DescribeResponse]]:
+        """The region's layout and how to reach it (its shared-memory name for a same-host peer)."""
 
     @_abc_1.abstractmethod
-    def DeregisterRegion(
+    def AcquireLease(
         self,
-        request: _kvsync_pb2.DeregisterRegionRequest,
+        request: _kvsync_pb2.AcquireLeaseRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_kvsync_pb2.DeregisterRegionResponse, _abc.Awaitable[_kvsync_pb2.DeregisterRegionResponse]]:
-        """Unregisters a region; later accesses fail with NOT_FOUND."""
+    ) -> _typing.Union[_kvsync_pb2.AcquireLeaseResponse, _abc.Awaitable[_kvsync_pb2.AcquireLeaseResponse]]:
+        """Leases blocks: the owner does not reuse their slots until the lease ends."""
 
     @_abc_1.abstractmethod
     def ReadBlocks(
@@ -87,7 +90,7 @@ class KvSyncServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _kvsync_pb2.ReadBlocksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_kvsync_pb2.ReadBlocksResponse], _abc.AsyncIterator[_kvsync_pb2.ReadBlocksResponse]]:
-        """One-sided read of blocks from a registered region, streamed in chunks."""
+        """Streams leased blocks; fails FAILED_PRECONDITION when a lease expired or a slot was reused."""
 
     @_abc_1.abstractmethod
     def WriteBlocks(
@@ -95,6 +98,6 @@ class KvSyncServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_kvsync_pb2.WriteBlocksRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_kvsync_pb2.WriteBlocksResponse, _abc.Awaitable[_kvsync_pb2.WriteBlocksResponse]]:
-        """One-sided write of blocks into a registered region; the response is the completion."""
+        """Stores blocks into the region; the response is the completion (all verified and stored, or none)."""
 
 def add_KvSyncServiceServicer_to_server(servicer: KvSyncServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

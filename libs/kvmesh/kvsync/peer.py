@@ -1,0 +1,105 @@
+"""A stand-alone kv-sync peer for benchmarks and tests: one tier region filled with known blocks, served.
+
+    python -m kvmesh.kvsync.peer --block-bytes B --blocks N [--slots S] [--host H] [--stall-after K]
+
+Prints one JSON line once it serves: {"port", "shm_name", "region", "layout"}. The blocks are
+`peer_digests(N)` with data `peer_block(i, B)`, so a client knows what it should receive. `--stall-after K`
+makes every ReadBlocks stream stop after K messages and print "stalled" (a test kills the peer then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
+from kvmesh.kvsync.tier import TierRegion
+from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
+from kvmesh.v1 import kvsync_pb2
+
+REGION = "cpu"
+LAYOUT = "kvsync-peer|uint8|bs32|flat"
+
+
+def peer_digests(n: int) -> list[bytes]:
+    """The identities of the peer's blocks (a chain, as `sha256_block_ids` makes them)."""
+    out, prev = [], hashlib.sha256(b"kvsync-peer").digest()
+    for _ in range(n):
+        prev = hashlib.sha256(prev).digest()
+        out.append(prev)
+    return out
+
+
+def peer_block(i: int, block_bytes: int) -> bytes:
+    """The data of block i."""
+    return np.random.default_rng(i).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
+
+
+class _Stalling(KvSyncServicer):
+    """ReadBlocks stops after `stall_after` messages and says so on stdout (for kill-mid-stream tests)."""
+
+    stall_after = 0
+
+    async def ReadBlocks(  # type: ignore[override]
+        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        sent = 0
+        async for raw in super().ReadBlocks(request, context):
+            if sent == self.stall_after:
+                print("stalled", flush=True)
+                await asyncio.Event().wait()
+            yield raw
+            sent += 1
+
+
+async def serve(args: argparse.Namespace) -> None:
+    shm_name = f"kvmesh-peer-{os.getpid()}"
+    region = TierRegion.create(shm_name, args.block_bytes, max(args.slots, args.blocks, 1), LAYOUT)
+    try:
+        for i, digest in enumerate(peer_digests(args.blocks)):
+            region.put(digest, peer_block(i, args.block_bytes), now_ns=0)
+        servicer: KvSyncServicer
+        if args.stall_after >= 0:
+            servicer = _Stalling({REGION: region})
+            servicer.stall_after = args.stall_after
+        else:
+            servicer = KvSyncServicer({REGION: region})
+        opts: Sequence[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", 8 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
+        server = grpc.aio.server(options=opts)
+        add_to_server(servicer, InstrumentedServer(server, "kvsync-peer", MessageBounds(per_method=REQUEST_BOUNDS)))
+        port = server.add_insecure_port(f"{args.host}:0")
+        await server.start()
+        print(json.dumps({"port": port, "shm_name": shm_name, "region": REGION, "layout": LAYOUT}), flush=True)
+        await server.wait_for_termination()
+    finally:
+        region.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvmesh.kvsync.peer")
+    p.add_argument("--block-bytes", type=int, required=True)
+    p.add_argument("--blocks", type=int, required=True)
+    p.add_argument("--slots", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--stall-after", type=int, default=-1)
+    args = p.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
