@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill_time, kv_load_time, kv_pull_time
-from kvmesh.routing.types import RoutingQuery, WorkerView
+from kvmesh.routing.types import CircuitState, RoutingQuery, WorkerView
 
 DEFAULT_MARGIN = 2.0
+OPEN = CircuitState.OPEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,8 @@ def choose_pull(
     bs = query.block_size
     cap = max(0, (query.prompt_tokens - 1) // bs)
     have = min(query.matches.get(target, 0), cap)
-    peers = [v for v in views if v.id != target and v.kvsync_address and v.routable]
+    # a draining peer still serves its tier; an unhealthy one or one whose circuit is open does not
+    peers = [v for v in views if v.id != target and v.kvsync_address and v.healthy and v.circuit is not OPEN]
     best = max(peers, key=lambda v: (min(query.matches.get(v.id, 0), cap), -v.running - v.waiting), default=None)
     if best is None:
         return None
