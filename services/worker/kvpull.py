@@ -20,6 +20,7 @@ from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
 from kvmesh.kvsync.tier import TierRegion
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
+from kvmesh.rpc.tls import server_credentials
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import worker_pb2
 
@@ -45,7 +46,11 @@ class KvSyncServer:
     async def start(self) -> str:
         """Binds and starts; returns the address peers reach it at."""
         s = self.settings
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.kvsync_port}")
+        bind = f"{s.host}:{s.kvsync_port}"
+        if s.tls_cert:  # the same TLS / mTLS as the worker's own server
+            self.port = self.server.add_secure_port(bind, server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca))
+        else:
+            self.port = self.server.add_insecure_port(bind)
         await self.server.start()
         host = s.advertise_address.rsplit(":", 1)[0] if s.advertise_address else s.host
         address = f"{host}:{self.port}"

@@ -89,7 +89,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         timer = m.StreamTimer(time.monotonic())
         engine = self.app.engine
         if request.HasField("kv_pull") and isinstance(engine, SimEngine):
-            await engine.pull_prefix(req, hint_from_proto(request.kv_pull))  # best effort: a miss computes
+            m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
         stream = engine.generate(req)
         try:
             async for out in stream:
