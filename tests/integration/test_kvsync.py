@@ -204,3 +204,70 @@ async def test_pull_maps_an_unknown_region(peer: Peer) -> None:
     with pytest.raises(PullFailed) as err:
         await peer.client.pull("gpu9", [b"\0" * 32], _outs(1), LAYOUT)
     assert err.value.reason == "not_found"
+
+
+async def test_grpc_pull_leases_by_digest_in_one_read(peer: Peer) -> None:
+    blocks = _blocks(3)
+    for d, data in blocks[:2]:
+        peer.region.put(d, data, now_ns=0)
+    stats = await peer.client.read_digests("cpu", [d for d, _ in blocks], _outs(3), ttl_ms=4000)
+    assert (stats.blocks, stats.bytes) == (2, 2 * BLOCK)  # the leading held blocks, up to the first missing
+    for d, _ in blocks[:2]:
+        (ref,) = peer.region.locate([d])
+        assert ref is not None and peer.region.lease_until(ref.slot) >= peer.clock_ns[0] + 4_000_000_000
+    both = kvsync_pb2.ReadBlocksRequest(
+        region="cpu", blocks=[kvsync_pb2.BlockRef(digest=blocks[0][0])], digests=[blocks[0][0]], ttl_ms=10
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in peer.client.stub.ReadBlocks(both, timeout=10):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(err.value) == ["digests"]
+
+
+async def test_pull_with_a_given_lease_makes_no_lease_call(peer: Peer) -> None:
+    blocks = _blocks(2)
+    for d, data in blocks:
+        peer.region.put(d, data, now_ns=0)
+    lease = await peer.client.acquire_lease("cpu", [d for d, _ in blocks], ttl_ms=5000)
+
+    def no_lease_call(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pull called AcquireLease although it was given a lease")
+
+    peer.client.stub.AcquireLease = no_lease_call  # type: ignore[method-assign]
+    for prefer_shm in (True, False):
+        outs = _outs(2)
+        stats = await peer.client.pull("cpu", [d for d, _ in blocks], outs, LAYOUT, prefer_shm=prefer_shm, lease=lease)
+        assert stats.blocks == 2 and [bytes(o) for o in outs] == [data for _, data in blocks]
+
+
+async def test_shm_pull_follows_a_replaced_region_of_the_same_name() -> None:
+    """A worker restarted: same region name, a new segment. The client's cached mapping is of the old one;
+    the lease's region id tells it to describe and attach again, not to read the old segment."""
+    first = TierRegion.create(f"kvmesh-it-old-{os.getpid()}", BLOCK, 4, LAYOUT)
+    second = TierRegion.create(f"kvmesh-it-new-{os.getpid()}", BLOCK, 4, LAYOUT)
+    regions = {"cpu": first}
+    server = grpc.aio.server()
+    add_to_server(KvSyncServicer(regions), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        old, new = _blocks(1)[0], (hashlib.sha256(b"other").digest(), os.urandom(BLOCK))
+        first.put(*old, now_ns=0)
+        second.put(hashlib.sha256(b"filler").digest(), os.urandom(BLOCK), now_ns=0)  # `new` lands in slot 1
+        second.put(*new, now_ns=0)
+        assert (await client.pull("cpu", [old[0]], _outs(1), LAYOUT)).transport == "shm"
+        regions["cpu"] = second
+        outs = _outs(1)
+        stats = await client.pull("cpu", [new[0]], outs, LAYOUT)
+        assert (stats.transport, stats.blocks) == ("shm", 1)
+        assert bytes(outs[0]) == new[1]
+        assert (await client.describe("cpu")).shm_name == second.shm_name
+    finally:
+        client.close()
+        await channel.close()
+        await server.stop(None)
+        first.close()
+        second.close()

@@ -1,1 +1,3 @@
-"""kv-sync: RDMA-style movement of KV blocks (registered regions, one-sided read/write, CRC32C completion)."""
+"""kv-sync: a worker's shared-memory KV tier (`tier`, pure), served to peers by KvSyncService (`service`),
+pulled by `client.KvSyncClient.pull` (one-sided from shared memory on the same host, else gRPC; every block
+CRC32C-verified). `codec`: the ReadBlocks wire bytes; `peer`: a stand-alone peer for benchmarks and tests."""

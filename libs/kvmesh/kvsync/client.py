@@ -65,6 +65,7 @@ class Lease:
     refs: list[SlotRef | None]
     lease_until_ns: int
     deadline: float
+    region_id: bytes = b""
 
     @property
     def prefix(self) -> int:
@@ -133,7 +134,7 @@ class KvSyncClient:
             timeout=timeout_s or self.timeout_s,
         )
         refs = [SlotRef(b.slot, b.generation) if b.found else None for b in r.blocks]
-        return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000)
+        return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000, r.region_id)
 
     async def read_blocks(
         self, lease: Lease, outs: Sequence[memoryview], count: int, timeout_s: float | None = None
@@ -145,14 +146,39 @@ class KvSyncClient:
             for d, ref in zip(lease.digests[:count], lease.refs[:count], strict=True)
             if ref is not None
         ]
-        stats = PullStats("grpc")
-        assembly = _Assembly(outs, count, stats)
         request = kvsync_pb2.ReadBlocksRequest(region=lease.region, blocks=blocks)
+        return await self._stream(request, outs, count, timeout_s)
+
+    async def read_digests(
+        self,
+        region: str,
+        digests: Sequence[bytes],
+        outs: Sequence[memoryview],
+        ttl_ms: int = DEFAULT_TTL_MS,
+        timeout_s: float | None = None,
+    ) -> PullStats:
+        """Leases and streams the leading blocks of `digests` the peer holds, in one call (`stats.blocks`
+        says how many)."""
+        request = kvsync_pb2.ReadBlocksRequest(region=region, digests=list(digests), ttl_ms=ttl_ms)
+        return await self._stream(request, outs, None, timeout_s)
+
+    async def _stream(
+        self,
+        request: kvsync_pb2.ReadBlocksRequest,
+        outs: Sequence[memoryview],
+        count: int | None,
+        timeout_s: float | None,
+    ) -> PullStats:
+        stats = PullStats("grpc")
+        assembly = _Assembly(outs, len(outs) if count is None else count, stats)
         call = self._read(request, timeout=timeout_s or self.timeout_s)
         async for chunks in call:
             for chunk in chunks:
                 assembly.add(chunk)
-        assembly.finish()
+        if count is not None:
+            assembly.finish()
+        elif assembly.filled:
+            raise FailedPrecondition(f"stream ended inside block {assembly.index}")
         return stats
 
     async def write_blocks(
@@ -204,14 +230,19 @@ class KvSyncClient:
         ttl_ms: int = DEFAULT_TTL_MS,
         timeout_s: float | None = None,
         prefer_shm: bool = True,
+        lease: Lease | None = None,
     ) -> PullStats:
         """Copies the leading blocks of `digests` the peer holds into `outs` (one buffer per digest) within
-        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure."""
+        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure.
+
+        Calls: shm, one AcquireLease (none when `lease`, e.g. from a router's pull hint, is given); gRPC, one
+        ReadBlocks (leasing by digest, or reading the given lease). Plus one Describe per region and client."""
         if len(outs) < len(digests):
             raise ValueError("one output buffer per digest")
         budget = timeout_s or self.timeout_s
         try:
-            return await asyncio.wait_for(self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm), budget)
+            pulling = self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm, lease)
+            return await asyncio.wait_for(pulling, budget)
         except PullFailed:
             raise
         except TimeoutError:
@@ -234,24 +265,39 @@ class KvSyncClient:
         ttl_ms: int,
         timeout_s: float,
         prefer_shm: bool,
+        lease: Lease | None,
     ) -> PullStats:
         start = time.monotonic()
         info = await self.describe(region, timeout_s)
         if info.layout != layout:
             raise PullFailed("layout", f"peer region holds {info.layout!r}, this worker needs {layout!r}")
         left = lambda: max(0.001, timeout_s - (time.monotonic() - start))  # noqa: E731
-        lease = await self.acquire_lease(region, digests, ttl_ms, left())
-        count = lease.prefix
         reader = self._reader(info) if prefer_shm else None
+        if reader is None and lease is None:
+            return await self.read_digests(region, digests, outs[: len(digests)], ttl_ms, left())
+        if lease is None:
+            lease = await self.acquire_lease(region, digests, ttl_ms, left())
+        if reader is not None and lease.region_id and lease.region_id != info.region_id:
+            reader = await self._redescribe(region, left())  # the peer's region was replaced (restart)
+            if reader is not None and reader.region_id != lease.region_id:
+                raise PullFailed("stale", "the peer's region changed while pulling")
+        count = lease.prefix
         if count == 0:
             return PullStats("shm" if reader is not None else "grpc")
         if reader is not None:
-            stats = _read_shm(reader, lease, outs, count)
-        else:
-            stats = await self.read_blocks(lease, outs, count, left())
-        if time.monotonic() > lease.deadline:  # the owner may have reused a slot after our copy's checks
+            return _read_shm(reader, lease, outs, count)
+        stats = await self.read_blocks(lease, outs, count, left())
+        if time.monotonic() > lease.deadline:  # the owner may have reused a slot after the server's checks
             raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
         return stats
+
+    async def _redescribe(self, region: str, timeout_s: float) -> RegionReader | None:
+        """Forgets the cached description and mapping of `region`, then describes and attaches it again."""
+        self._described.pop(region, None)
+        old = self._readers.pop(region, None)
+        if old is not None:
+            old.close()
+        return self._reader(await self.describe(region, timeout_s))
 
     def close(self) -> None:
         """Unmaps the peers' regions this client attached."""

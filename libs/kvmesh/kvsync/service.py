@@ -84,27 +84,36 @@ class KvSyncServicer:
             layout=region.layout,
         )
 
+    def _lease(
+        self, region_name: str, digests: Sequence[bytes], ttl_ms: int
+    ) -> tuple[TierRegion, list[SlotRef | None], int, int]:
+        """(region, refs, lease end, granted ttl) of a lease over `digests`, every input checked first."""
+        if not 0 < len(digests) <= MAX_BLOCKS:
+            raise InvalidArgument("digests", f"must hold 1..{MAX_BLOCKS} digests, got {len(digests)}")
+        for i, digest in enumerate(digests):
+            _digest_ok(f"digests[{i}]", digest)
+        if ttl_ms == 0:
+            raise InvalidArgument("ttl_ms", "must be > 0")
+        region = self._region(region_name)
+        ttl_ms = min(ttl_ms, self.max_ttl_ms)
+        until_ns = self.clock() + ttl_ms * 1_000_000
+        refs = region.locate(list(digests))
+        region.lease([r for r in refs if r is not None], until_ns)
+        return region, refs, until_ns, ttl_ms
+
     async def AcquireLease(
         self, request: kvsync_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext
     ) -> kvsync_pb2.AcquireLeaseResponse:
-        if not 0 < len(request.digests) <= MAX_BLOCKS:
-            raise InvalidArgument("digests", f"must hold 1..{MAX_BLOCKS} digests, got {len(request.digests)}")
-        for i, digest in enumerate(request.digests):
-            _digest_ok(f"digests[{i}]", digest)
-        if request.ttl_ms == 0:
-            raise InvalidArgument("ttl_ms", "must be > 0")
-        region = self._region(request.region)
-        ttl_ms = min(request.ttl_ms, self.max_ttl_ms)
-        until_ns = self.clock() + ttl_ms * 1_000_000
-        refs = region.locate(list(request.digests))
-        region.lease([r for r in refs if r is not None], until_ns)
+        region, refs, until_ns, ttl_ms = self._lease(request.region, request.digests, request.ttl_ms)
         blocks = [
             kvsync_pb2.LeasedBlock(found=True, slot=r.slot, generation=r.generation)
             if r is not None
             else kvsync_pb2.LeasedBlock()
             for r in refs
         ]
-        return kvsync_pb2.AcquireLeaseResponse(blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms)
+        return kvsync_pb2.AcquireLeaseResponse(
+            blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms, region_id=region.region_id
+        )
 
     def _checked_views(
         self, region: TierRegion, blocks: Sequence[kvsync_pb2.BlockRef]
@@ -130,8 +139,21 @@ class KvSyncServicer:
         self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         """Yields serialised ReadBlocksResponse messages of at most `message_bytes` of data each."""
-        region = self._region(request.region)
-        views = self._checked_views(region, request.blocks)
+        if request.digests:
+            if request.blocks:
+                raise InvalidArgument("digests", "give leased blocks or digests, not both")
+            region, leased, _, _ = self._lease(request.region, request.digests, request.ttl_ms)
+            held = []
+            for digest, got in zip(request.digests, leased, strict=True):
+                if got is None:
+                    break
+                held.append(kvsync_pb2.BlockRef(digest=digest, slot=got.slot, generation=got.generation))
+            if not held:
+                return
+            views = self._checked_views(region, held)
+        else:
+            region = self._region(request.region)
+            views = self._checked_views(region, request.blocks)
         pending: list[Chunk] = []
         refs: list[SlotRef] = []
         room = self.message_bytes

@@ -155,10 +155,15 @@ class AcquireLeaseResponse(_message.Message):
     BLOCKS_FIELD_NUMBER: _builtins.int
     LEASE_UNTIL_NS_FIELD_NUMBER: _builtins.int
     TTL_MS_FIELD_NUMBER: _builtins.int
+    REGION_ID_FIELD_NUMBER: _builtins.int
     lease_until_ns: _builtins.int
     """End of the lease on the server's CLOCK_MONOTONIC, in nanoseconds (comparable on the same host only)."""
     ttl_ms: _builtins.int
     """The lease length granted, in milliseconds."""
+    region_id: _builtins.bytes
+    """The leased region's identity (as in DescribeResponse): a client that attached an older region of the
+    same name (the worker restarted) sees the change here and attaches again.
+    """
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeasedBlock]:
         """One per requested digest, in order."""
@@ -169,10 +174,11 @@ class AcquireLeaseResponse(_message.Message):
         blocks: _abc.Iterable[Global___LeasedBlock] | None = ...,
         lease_until_ns: _builtins.int = ...,
         ttl_ms: _builtins.int = ...,
+        region_id: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "lease_until_ns", b"lease_until_ns", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "lease_until_ns", b"lease_until_ns", "region_id", b"region_id", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,27 +216,39 @@ Global___BlockRef: _TypeAlias = BlockRef  # noqa: Y015
 
 @_typing.final
 class ReadBlocksRequest(_message.Message):
-    """Reads leased blocks."""
+    """Reads blocks: either leased ones (`blocks`), or by identity (`digests`: the server leases the leading
+    ones it holds for `ttl_ms` and streams those, so a remote pull is one call).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     REGION_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
+    DIGESTS_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
     region: _builtins.str
     """Region name on the worker."""
+    ttl_ms: _builtins.int
+    """Lease length for `digests`, in milliseconds."""
     @_builtins.property
     def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___BlockRef]:
-        """The blocks, in the order they are streamed back."""
+        """Leased blocks, in the order they are streamed back."""
+
+    @_builtins.property
+    def digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Block identities (32 bytes each) in prefix order; streamed up to the first one the region lacks."""
 
     def __init__(
         self,
         *,
         region: _builtins.str = ...,
         blocks: _abc.Iterable[Global___BlockRef] | None = ...,
+        digests: _abc.Iterable[_builtins.bytes] | None = ...,
+        ttl_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "region", b"region"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "digests", b"digests", "region", b"region", "ttl_ms", b"ttl_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -483,6 +483,8 @@ class SimEngineCore:
             "tier_loaded_tokens_total": float(self.loaded_tokens_total),
             "tier_load_failures_total": float(c.load_failures),
             "tier_saved_total": float(c.saved),
+            "tier_loaded_blocks_total": float(c.loaded_blocks),
+            "tier_demoted_total": float(c.demoted),
         }
 
     # -- cache state / kv-sync -------------------------------------------------------------------

@@ -190,10 +190,6 @@ class HostTiers:
             n += 1
         return n
 
-    def medium_of(self, digest: bytes) -> str | None:
-        entry = self.blocks.get(digest)
-        return entry[0] if entry is not None else None
-
     # -- mutations -------------------------------------------------------------------------------
     def save(self, digest: bytes, block: CachedBlock, now_ns: int, announce: bool) -> bool:
         """Keep a copy of a block (its payload bytes); `announce` when the GPU pool no longer holds it.
