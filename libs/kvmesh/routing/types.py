@@ -34,8 +34,7 @@ class WorkerView:
     (maintained by `kvmesh.routing.inflight.InflightTracker`); `inflight_requests` counts all of this
     router's outstanding requests on the worker (used by the anti-herding tie-break); `ended_requests` those of
     this router's requests in the last report that have ended since (the report's counts still hold them).
-    `pool` is "" (any prompt), "long" or "short" (see `filters.pool`). `kvsync_address`, `tier_region` and
-    `tier_shm_name` say where the worker's CPU tier is served (`kvmesh.routing.pull` prices pulls from it).
+    `pool` is "" (any prompt), "long" or "short" (see `filters.pool`).
     """
 
     id: str
@@ -45,6 +44,10 @@ class WorkerView:
     healthy: bool = True
     draining: bool = False
     circuit: CircuitState = CircuitState.CLOSED
+    # where the worker serves its CPU tier to peers (GetInfo; "" = none): `kvmesh.routing.pull` hints pulls from it
+    kvsync_address: str = ""
+    tier_region: str = ""
+    tier_shm_name: str = ""
     # fields of the last load report
     running: int = 0
     waiting: int = 0
@@ -64,10 +67,6 @@ class WorkerView:
     inflight_kv_blocks: int = 0
     inflight_requests: int = 0
     ended_requests: int = 0
-    # the worker's data plane (GetInfo): where peers pull its CPU tier from ("" = it serves none)
-    kvsync_address: str = ""
-    tier_region: str = ""
-    tier_shm_name: str = ""
 
     @property
     def routable(self) -> bool:
