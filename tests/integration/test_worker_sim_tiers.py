@@ -5,12 +5,14 @@ and a void hint end in a recompute with the same output."""
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -92,6 +94,29 @@ async def test_b_pulls_a_prefix_from_a_with_the_same_output(
             req = gen_req("b1", prompt, max_tokens=6, kv_pull=hint_of(info, 12))
             got, cached = await run(stub_b, req)
             assert got == want and cached == 12 * BS
+    finally:
+        assert b.terminate(timeout=30) == 0
+
+
+async def test_two_concurrent_requests_pull_the_prefix_once(
+    tmp_path: Path, stub_a: worker_pb2_grpc.WorkerServiceStub
+) -> None:
+    info = await stub_a.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+    prompt = [*range(11000, 11000 + 12 * BS), 1]
+    want, _ = await run(stub_a, gen_req("d0", prompt, max_tokens=4))
+    b = start(tmp_path)
+    try:
+        async with grpc.aio.insecure_channel(b.address) as ch:
+            stub_b = worker_pb2_grpc.WorkerServiceStub(ch)
+            reqs = [gen_req(f"d{i}", prompt, max_tokens=4, kv_pull=hint_of(info, 12)) for i in (1, 2)]
+            results = await asyncio.gather(*(run(stub_b, r) for r in reqs))
+            assert results == [(want, 12 * BS)] * 2
+            load = stub_b.StreamLoad(worker_pb2.StreamLoadRequest(interval_ms=50), timeout=10)
+            await load.read()  # the worker refreshes its gauges with each report
+            load.cancel()
+        metrics = httpx.get(f"http://127.0.0.1:{b.http_port}/metrics", timeout=10).text
+        pulled = [ln for ln in metrics.splitlines() if ln.startswith("kvmesh_worker_tier_pulled_blocks ")]
+        assert pulled and float(pulled[0].split()[1]) == 12  # one pull of 12 blocks, not two
     finally:
         assert b.terminate(timeout=30) == 0
 

@@ -138,6 +138,7 @@ class SimEngineCore:
         self.pool = BlockPool(cfg.resolved_num_blocks(), cfg.block_size, MEDIUM_GPU, keep_evicted=tiers is not None)
         self.tiers = tiers
         self.loaded_tokens_total = 0
+        self.pulled_blocks_total = 0
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._by_id: dict[str, _Seq] = {}
@@ -485,6 +486,7 @@ class SimEngineCore:
             "tier_saved_total": float(c.saved),
             "tier_loaded_blocks_total": float(c.loaded_blocks),
             "tier_demoted_total": float(c.demoted),
+            "tier_pulled_blocks_total": float(self.pulled_blocks_total),
         }
 
     # -- cache state / kv-sync -------------------------------------------------------------------
@@ -526,6 +528,7 @@ class SimEngineCore:
             if not self.tiers.put_pulled(d, block, data, _ns(now)):
                 break
             n += 1
+        self.pulled_blocks_total += n
         self._flush_tiers()
         return n
 
