@@ -126,8 +126,9 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         m.HIT_RATIO.set(core.queries.hit_ratio)
         m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
         ordered = sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
+        tiers = core.tier_blocks(hashes, matches)
         return pb.FindMatchesResponse(
-            matches=[pb.WorkerMatch(worker_id=w, matched_blocks=n) for w, n in ordered],
+            matches=[pb.WorkerMatch(worker_id=w, matched_blocks=n, tier_blocks=tiers[w]) for w, n in ordered],
             total_blocks=len(hashes),
             block_size=core.block_size,
         )

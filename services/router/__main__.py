@@ -77,7 +77,17 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         ttft_ceiling_s=s.stall_ttft_ceiling_s,
         hedge=s.hedge_first_token,
     )
-    core = RouterCore(profile, pool, index, tracker, admission, limits, salt_model=s.salt_model, stall=stall)
+    core = RouterCore(
+        profile,
+        pool,
+        index,
+        tracker,
+        admission,
+        limits,
+        salt_model=s.salt_model,
+        stall=stall,
+        pull_margin=s.kv_pull_margin,
+    )
     keys = ApiKeys.load(s.api_keys_file)
     return Frontend(
         core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters

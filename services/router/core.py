@@ -32,6 +32,7 @@ import numpy as np
 from kvmesh.errors import InvalidArgument, KvmeshError, Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
+from kvmesh.routing.pull import DEFAULT_MARGIN
 from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
@@ -120,13 +121,14 @@ class RouterCore:
         limits: CoreLimits,
         salt_model: str = "",
         stall: StallConfig | None = None,
+        pull_margin: float = DEFAULT_MARGIN,
     ) -> None:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
         self.stall = stall or StallConfig()
         self.latency: dict[str, WorkerLatency] = {}  # per worker id: what its stall bounds derive from
         self.admission, self.limits, self.salt_model = admission, limits, salt_model
         self.gate = AdmissionGate(admission, limits.queue_timeout_s)
-        self.placement = Placement(profile, pool, index, tracker, limits.block_size, salt_model)
+        self.placement = Placement(profile, pool, index, tracker, limits.block_size, salt_model, pull_margin)
         m.QUEUES.admission = admission
 
     def check(self, req: RouterRequest) -> int:
@@ -385,13 +387,16 @@ class RouterCore:
         wid, overlap = await self.placement.route(
             rid, prompt, req.session_id, exclude, req.tenant, req.lora, plan.max_tokens
         )
+        hint = self.placement.last_hint
         h = self.pool.by_id[wid]
         h.selections_total += 1
         now = time.monotonic()
         h.breaker.on_dispatch(now)
         n_new = len(prompt) - overlap
         self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
-        head = worker_pb2.GenerateRequest(request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True)
+        head = worker_pb2.GenerateRequest(
+            request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True, kv_pull=hint
+        )
         request = attempt_request_bytes(head, req.sampling, plan, prompt_bytes, so_far)
         watch = StallWatch(
             self.stall,

@@ -49,6 +49,9 @@ class RouterSettings(ServerSettings):
         "offers it; else a call each) or call (a Generate call per request)",
     )
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
+    kv_pull_margin: float = setting(
+        2.0, "hint a peer pull when it is this many times cheaper than recomputing (perf-model time); 0 = never"
+    )
     worker_stale_s: float = setting(10.0, "a worker without a load report this long is out of rotation")
     breaker_p95_ms: float = setting(1200.0, "circuit breaker: p95 latency threshold")
     breaker_error_rate: float = setting(0.01, "circuit breaker: error-rate threshold")

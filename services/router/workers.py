@@ -274,6 +274,8 @@ class WorkerPool:
         h.view.kv_blocks_total = info.kv_blocks_total
         h.model = info.model
         h.stream_offered = info.generate_stream
+        h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
+        h.view.tier_shm_name = info.tier_shm_name
         self.by_id[wid] = h
 
     def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:

@@ -6,9 +6,11 @@ import sys
 from collections.abc import Sequence
 
 from kvmesh.cpus import parse_cpu_list, pin_process
+from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
+from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, PeerPulls
 from kvmesh.services.worker.openai_http import OpenAIApi
 from kvmesh.services.worker.pusher import CacheManagerPusher
 from kvmesh.services.worker.servicer import WorkerServicer
@@ -22,9 +24,16 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     servicer, the OpenAI routes and the KV event sinks."""
     if settings.cpu_affinity:
         pin_process(parse_cpu_list(settings.cpu_affinity))
-    engine = build_engine(settings)
+    pulls = PeerPulls(settings)
+    engine = build_engine(settings, pull_transport=pulls)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
+    tiers = engine.core.tiers if isinstance(engine, SimEngine) else None
+    kvsync = KvSyncServer(tiers.cpu, settings) if tiers is not None and tiers.cpu is not None else None
+    if kvsync is not None:
+        app.kvsync_address = await kvsync.start()
+        app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
+        app.tier_blocks_total = kvsync.region.num_slots
     runner.add_servicer(
         worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings), "kvmesh.v1.WorkerService"
     )
@@ -52,6 +61,9 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         if pusher is not None:
             await pusher.stop()
         await app.stop()
+        if kvsync is not None:
+            await kvsync.stop()
+        await pulls.close()
         for pub in zpub:
             await pub.close()
         await engine.stop()

@@ -29,6 +29,10 @@ class WorkerApp:
         self.stopping = asyncio.Event()
         self.sinks: list[Callable[[KvEventBatch], None]] = []
         self.address = ""
+        self.kvsync_address = ""  # the worker's KvSyncService (empty: no tier served)
+        self.tier_region = ""
+        self.tier_shm_name = ""
+        self.tier_blocks_total = 0
         self._pump_task: asyncio.Task[None] | None = None
 
     @property

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
+import uuid
 from pathlib import Path
 
 from kvmesh.engine.base import Engine
 from kvmesh.engine.clock import Clock, RealClock, VirtualClock
 from kvmesh.engine.sim.core import SimConfig
-from kvmesh.engine.sim.driver import SimEngine
+from kvmesh.engine.sim.driver import PullTransport, SimEngine
+from kvmesh.engine.sim.tiers import DiskTier, HostTiers, sim_layout, tiny_block_bytes
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
+from kvmesh.kvsync.tier import TierRegion
 from kvmesh.services.worker.settings import WorkerSettings
 
 SIM_MODEL_NAME = "sim-llama-3.1-70b-fp8"
@@ -29,7 +33,20 @@ def model_name(s: WorkerSettings) -> str:
     return s.model or str(tiny_model_dir())
 
 
-def build_engine(s: WorkerSettings) -> Engine:
+def build_tiers(s: WorkerSettings) -> HostTiers | None:
+    """The sim engine's CPU tier (a fresh shared-memory region) and disk tier, from the flags; None if both off."""
+    block_bytes = s.tier_block_bytes or tiny_block_bytes(s.block_size)
+    cpu_slots = int(s.cpu_tier_mb * (1 << 20)) // block_bytes
+    disk_slots = int(s.disk_tier_mb * (1 << 20)) // block_bytes if s.disk_tier_dir else 0
+    if cpu_slots < 1 and disk_slots < 1:
+        return None
+    layout = sim_layout(model_name(s), s.block_size, block_bytes)
+    cpu = TierRegion.create(f"kvmesh-{uuid.uuid4().hex[:16]}", block_bytes, cpu_slots, layout) if cpu_slots else None
+    disk = DiskTier(s.disk_tier_dir, block_bytes, disk_slots) if disk_slots else None
+    return HostTiers(cpu, disk, layout, lease_clock_ns=time.monotonic_ns)
+
+
+def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None) -> Engine:
     if s.engine == "sim":
         tok: Tokenizer = ByteTokenizer()
         vocab = 128256
@@ -45,7 +62,14 @@ def build_engine(s: WorkerSettings) -> Engine:
             vocab_size=vocab,
         )
         clock: Clock = VirtualClock() if s.sim_speed == 0 else RealClock(s.sim_speed)
-        return SimEngine(cfg, model_name=model_name(s), clock=clock, tokenizer=tok)
+        return SimEngine(
+            cfg,
+            model_name=model_name(s),
+            clock=clock,
+            tokenizer=tok,
+            tiers=build_tiers(s),
+            pull_transport=pull_transport,
+        )
     if s.engine == "vllm":
         from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
 

@@ -22,6 +22,10 @@ QUEUE = Gauge("kvmesh_worker_queue_length", "Requests waiting for admission")
 RUNNING = Gauge("kvmesh_worker_running_requests", "Requests running")
 PREFIX_HIT_RATE = Gauge("kvmesh_worker_prefix_hit_rate", "Prompt tokens hit in the prefix cache / prompt tokens")
 KV_EVENT_SEQ = Gauge("kvmesh_worker_kv_event_sequence", "Last KV event batch sequence number")
+KV_PULL_HINTS = Counter("kvmesh_worker_kv_pull_hints_total", "Pull hints followed, by whether blocks came", ["pulled"])
+TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
+TIER_LOADED_TOKENS = Gauge("kvmesh_worker_tier_loaded_tokens", "Prompt tokens loaded back from the host tiers")
+TIER_PULLED_BLOCKS = Gauge("kvmesh_worker_tier_pulled_blocks", "KV blocks pulled from peers into the CPU tier")
 
 
 def observe_finished(usage: Usage | None, finish_reason: str | None) -> None:
@@ -39,6 +43,14 @@ def observe_load(r: LoadReport) -> None:
     QUEUE.set(r.waiting)
     RUNNING.set(r.running)
     PREFIX_HIT_RATE.set(r.prefix_hit_rate)
+    if "tier_blocks" in r.extra:
+        TIER_BLOCKS.set(r.extra["tier_blocks"])
+        TIER_LOADED_TOKENS.set(r.extra.get("tier_loaded_tokens_total", 0.0))
+        TIER_PULLED_BLOCKS.set(r.extra.get("tier_pulled_blocks_total", 0.0))
+
+
+def observe_pull(blocks: int) -> None:
+    KV_PULL_HINTS.labels("true" if blocks else "false").inc()
 
 
 class StreamTimer:

@@ -9,12 +9,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.validation import check_temperature, check_top_p
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.generate_stream import GenerateStreamSession
 from kvmesh.services.worker.kvlog import Cursor
+from kvmesh.services.worker.kvpull import hint_from_proto
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.proto import (
@@ -85,7 +87,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         validate_generate(request)
         req = request_from_proto(request)
         timer = m.StreamTimer(time.monotonic())
-        stream = self.app.engine.generate(req)
+        engine = self.app.engine
+        if request.HasField("kv_pull") and isinstance(engine, SimEngine):
+            m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
+        stream = engine.generate(req)
         try:
             async for out in stream:
                 timer.tokens(time.monotonic(), len(out.token_ids))
@@ -172,4 +177,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             zone=self.settings.zone,
             version=self.settings.version,
             generate_stream=True,
+            kvsync_address=self.app.kvsync_address,
+            tier_region=self.app.tier_region,
+            tier_shm_name=self.app.tier_shm_name,
+            tier_blocks_total=self.app.tier_blocks_total,
         )

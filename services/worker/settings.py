@@ -28,6 +28,14 @@ class WorkerSettings(ServerSettings):
     max_num_seqs: int = setting(256, "sim engine: concurrently running requests")
     vllm_cpu_kvcache_gib: float = setting(1.0, "vllm-cpu: KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB")
     vllm_dtype: str = setting("auto", "vLLM --dtype")
+    cpu_tier_mb: float = setting(16.0, "sim engine: CPU tier (a kv-sync shared-memory region), MiB; 0 = none")
+    disk_tier_dir: str = setting("", "sim engine: directory of a disk tier below the CPU tier (empty = none)")
+    disk_tier_mb: float = setting(256.0, "sim engine: disk tier size, MiB")
+    tier_block_bytes: int = setting(0, "sim engine: bytes per KV block in the tiers (0 = the tiny model's size)")
+    kvsync_port: int = setting(0, "port of the worker's KvSyncService server (0 = any free port)")
+    pull_timeout_ms: int = setting(2000, "deadline of a peer pull, milliseconds (a hint may give a shorter one)")
+    pull_lease_ms: int = setting(5000, "lease a peer pull asks for, milliseconds")
+    pull_over_shm: bool = setting(True, "read a same-host peer's tier from its shared memory (false: always gRPC)")
     cpu_affinity: str = setting(
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )

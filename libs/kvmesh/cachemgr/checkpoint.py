@@ -40,6 +40,7 @@ def snapshot_state(
             st.retired,
             st.skipped_events,
             st.alive_at,
+            [list(st.tier_copies.items()), sorted(st.tier_only)],
         ]
         for st in ingestor.workers.values()
     ]
@@ -74,8 +75,9 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
     ing = Ingestor(index, hasher, int(d["block_size"]), max_pending=max_pending)
     for wid, inst, nxt, phase, hmap, pending, retired, skipped, *rest in d["workers"]:
         alive_at = rest[0] if rest else -math.inf  # snapshots taken before `alive_at` existed have 8 items
+        copies, only = rest[1] if len(rest) > 1 else ([], [])  # ... and before media, 9
         batches = [codec.batch_from_wire(b) for b in pending]
-        ing.workers[wid] = WorkerState(
+        ing.workers[wid] = st = WorkerState(
             wid,
             inst,
             nxt,
@@ -86,6 +88,8 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
             skipped,
             alive_at,
         )
+        st.tier_copies = {int(h): int(n) for h, n in copies}
+        st.tier_only = {int(h) for h in only}
     stats = PrefixStats.restore(d["stats"]) if d["stats"] is not None else None
     return Restored(index, ing, stats, dict(d["meta"]))
 

@@ -141,6 +141,10 @@ class CacheCore:
             self.on_observe(keys, now)
         return m
 
+    def tier_blocks(self, hashes: Sequence[int], matches: dict[str, int]) -> dict[str, int]:
+        """Per worker, how many blocks of its match it holds only in its host tiers (CPU/disk), not on GPU."""
+        return {w: n - self.ingestor.gpu_run(w, hashes, n) for w, n in matches.items()}
+
     # ------------------------------------------------------------ watch
     def watch(self, workers: Iterable[str]) -> tuple[Watcher, int, list[Stored]]:
         """Register a watcher and return it with a consistent snapshot (same event-loop step)."""

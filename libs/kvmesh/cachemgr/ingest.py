@@ -32,13 +32,20 @@ Index hashes of `BlockStored` blocks are derived from the token ids, chained aft
 block (no parent) is salted with `make_salt(model, lora, tenant)` of its event; a child inherits its
 chain's tenant through the parent's index hash (the salt enters a chain at its root only), so an event
 continuing a chain needs no tenant and cannot move a chain to another tenant.
+
+Media. Events carry the medium a block is stored in ("GPU" for the engine's pool, None read as GPU;
+"CPU"/"DISK" for a worker's host tiers). The index holds every (worker, block) whatever its medium (a
+worker can load a tier block); beside it, per worker, a side map counts the non-GPU copies of each block
+and keeps the set of blocks the worker holds *only* in a tier (`tier_only`, small: a tier block that is
+also on the GPU is not in it). `gpu_run(worker, hashes, matched)` splits a match into its leading GPU run
+and the rest (loadable from the worker's tiers).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvmesh.cachemgr.enginemap import EngineHashMap
@@ -54,6 +61,7 @@ from kvmesh.cachemgr.types import (
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 
 MASK64 = (1 << 64) - 1
+MEDIUM_GPU = "GPU"
 RETIRED_KEEP = 8  # instance ids of earlier incarnations remembered per worker (late batches ignored)
 
 
@@ -83,6 +91,8 @@ class WorkerState:
     retired: list[str] = field(default_factory=list)
     skipped_events: int = 0
     alive_at: float = -math.inf  # latest timestamp of the current instance (its batches and dumps)
+    tier_copies: dict[int, int] = field(default_factory=dict)  # index hash -> copies in a host tier
+    tier_only: set[int] = field(default_factory=set)  # index hashes held in a host tier and not on the GPU
 
 
 @dataclass(slots=True)
@@ -207,6 +217,17 @@ class Ingestor:
         st = self.workers.get(worker_id)
         return st is not None and st.phase is Phase.REPLAYING
 
+    def gpu_run(self, worker_id: str, hashes: Sequence[int], matched: int) -> int:
+        """How many of the `matched` leading `hashes` of a worker's match are on its GPU (the rest: tiers)."""
+        st = self.workers.get(worker_id)
+        if st is None or not st.tier_only:
+            return matched
+        only = st.tier_only
+        for i in range(matched):
+            if hashes[i] in only:
+                return i
+        return matched
+
     def remove_worker(self, worker_id: str) -> IngestResult:
         """A worker left the fleet: forget its state and its entries."""
         res = IngestResult()
@@ -282,7 +303,16 @@ class Ingestor:
             self._stored(st, ev, res, dump)
         elif isinstance(ev, BlockRemoved):
             m = st.hashes
-            gone = [ih for eh in ev.block_hashes if (ih := m.drop(eh & MASK64, dump)) is not None]
+            tier = _is_tier(ev.medium)
+            gone: list[int] = []
+            for eh in ev.block_hashes:
+                eh &= MASK64
+                held = m.live.get(eh)
+                ih = m.drop(eh, dump)
+                if ih is not None:
+                    gone.append(ih)
+                if held is not None and (tier or held in st.tier_copies):
+                    self._tier_copy(st, eh, held, -1 if tier else 0)
             if gone:
                 self.index.remove(st.worker_id, gone)
                 res.deltas.append(Removed(st.worker_id, tuple(gone)))
@@ -304,10 +334,13 @@ class Ingestor:
         ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name, ev.tenant)
         new_run: list[int] = []
         run_parent = prev = parent
+        tier = _is_tier(ev.medium)
         for eh, ih in zip(ev.block_hashes, ihs, strict=True):
             added = st.hashes.add(eh & MASK64, ih, count=not dump)
             if added is None:
                 raise InconsistentEvent(f"engine block {eh:#x} maps to two index hashes")
+            if tier or ih in st.tier_copies:
+                self._tier_copy(st, eh & MASK64, ih, (0 if dump and ih in st.tier_copies else 1) if tier else 0)
             if added:
                 if not new_run:
                     run_parent = prev
@@ -323,9 +356,27 @@ class Ingestor:
         self.index.store(st.worker_id, parent, hashes)
         res.deltas.append(Stored(st.worker_id, parent, tuple(hashes)))
 
+    @staticmethod
+    def _tier_copy(st: WorkerState, eh: int, ih: int, delta: int) -> None:
+        """Count `delta` tier copies of a block and re-derive whether the worker holds it only in a tier."""
+        n = st.tier_copies.get(ih, 0) + delta
+        live = st.hashes.live.get(eh) == ih
+        total = st.hashes.extra.get(eh, 1) if live else 0  # copies of any medium
+        if not live or n <= 0:
+            st.tier_copies.pop(ih, None)
+            st.tier_only.discard(ih)
+            return
+        st.tier_copies[ih] = n
+        if n >= total:
+            st.tier_only.add(ih)
+        else:
+            st.tier_only.discard(ih)
+
     def _drop_entries(self, st: WorkerState, res: IngestResult) -> None:
         self.index.clear(st.worker_id)
         st.hashes.clear()
+        st.tier_copies.clear()
+        st.tier_only.clear()
         res.deltas.append(Cleared(st.worker_id))
 
     def _need_dump(self, st: WorkerState, reason: str, res: IngestResult) -> None:
@@ -333,3 +384,8 @@ class Ingestor:
         self._drop_entries(st, res)
         st.phase = Phase.DUMP_NEEDED
         res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, True, reason)
+
+
+def _is_tier(medium: str | None) -> bool:
+    """A host-tier medium (CPU, DISK, ...): anything but the engine's GPU pool (None reads as GPU)."""
+    return medium is not None and medium.upper() != MEDIUM_GPU

@@ -44,6 +44,10 @@ class WorkerView:
     healthy: bool = True
     draining: bool = False
     circuit: CircuitState = CircuitState.CLOSED
+    # where the worker serves its CPU tier to peers (GetInfo; "" = none): `kvmesh.routing.pull` hints pulls from it
+    kvsync_address: str = ""
+    tier_region: str = ""
+    tier_shm_name: str = ""
     # fields of the last load report
     running: int = 0
     waiting: int = 0

@@ -201,19 +201,25 @@ class WorkerMatch(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     MATCHED_BLOCKS_FIELD_NUMBER: _builtins.int
+    TIER_BLOCKS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     matched_blocks: _builtins.int
-    """Leading blocks of the prompt the worker holds."""
+    """Leading blocks of the prompt the worker holds (on its GPU or in its host tiers)."""
+    tier_blocks: _builtins.int
+    """Of those, the blocks past the leading run on its GPU: held only in its CPU or disk tier (loadable, not
+    yet on the GPU). 0 from a cache-manager that does not know media.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         matched_blocks: _builtins.int = ...,
+        tier_blocks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched_blocks", b"matched_blocks", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched_blocks", b"matched_blocks", "tier_blocks", b"tier_blocks", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

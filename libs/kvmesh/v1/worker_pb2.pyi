@@ -33,6 +33,7 @@ class GenerateRequest(_message.Message):
     LORA_NAME_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     DETOKENIZE_FIELD_NUMBER: _builtins.int
+    KV_PULL_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, unique per worker while in flight; used by Abort and in logs."""
     text: _builtins.str
@@ -53,6 +54,12 @@ class GenerateRequest(_message.Message):
     def sampling(self) -> _common_pb2.SamplingParams:
         """Sampling parameters."""
 
+    @_builtins.property
+    def kv_pull(self) -> Global___KvPullHint:
+        """Pull the prompt's leading KV blocks from a peer instead of computing them (a router's hint; best effort:
+        any failure ends in computing them, with the same output).
+        """
+
     def __init__(
         self,
         *,
@@ -64,16 +71,75 @@ class GenerateRequest(_message.Message):
         lora_name: _builtins.str = ...,
         tenant: _builtins.str = ...,
         detokenize: _builtins.bool = ...,
+        kv_pull: Global___KvPullHint | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_pull", b"kv_pull", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "kv_pull", b"kv_pull", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["token_ids", "text"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_prompt) -> _WhichOneofReturnType_prompt | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class KvPullHint(_message.Message):
+    """Where a prompt's leading KV blocks can be pulled from: a peer worker's tier region (KvSyncService)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_WORKER_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_ADDRESS_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
+    REGION_SHM_NAME_FIELD_NUMBER: _builtins.int
+    BLOCK_DIGESTS_FIELD_NUMBER: _builtins.int
+    NUM_BLOCKS_FIELD_NUMBER: _builtins.int
+    LEASE_MS_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    source_worker_id: _builtins.str
+    """Worker id of the peer holding the blocks."""
+    source_address: _builtins.str
+    """The peer's KvSyncService address (host:port)."""
+    region: _builtins.str
+    """Region name on the peer (KvSyncService's region, e.g. "cpu")."""
+    region_shm_name: _builtins.str
+    """POSIX shared-memory name of the region: a worker on the same host reads it without an RPC per block."""
+    num_blocks: _builtins.int
+    """How many leading blocks of the prompt to pull."""
+    lease_ms: _builtins.int
+    """Lease to ask the peer for, milliseconds (0: the worker's default)."""
+    expires_unix_ms: _builtins.int
+    """The hint is void after this Unix time, milliseconds (0: no limit): a void hint is not followed."""
+    timeout_ms: _builtins.int
+    """Deadline of the whole transfer, milliseconds (0: the worker's default)."""
+    @_builtins.property
+    def block_digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Identities of the blocks (32-byte chained sha256 digests), in prefix order; empty: the worker derives
+        them from the prompt's first num_blocks blocks (it checks given ones against its own).
+        """
+
+    def __init__(
+        self,
+        *,
+        source_worker_id: _builtins.str = ...,
+        source_address: _builtins.str = ...,
+        region: _builtins.str = ...,
+        region_shm_name: _builtins.str = ...,
+        block_digests: _abc.Iterable[_builtins.bytes] | None = ...,
+        num_blocks: _builtins.int = ...,
+        lease_ms: _builtins.int = ...,
+        expires_unix_ms: _builtins.int = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_digests", b"block_digests", "expires_unix_ms", b"expires_unix_ms", "lease_ms", b"lease_ms", "num_blocks", b"num_blocks", "region", b"region", "region_shm_name", b"region_shm_name", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvPullHint: _TypeAlias = KvPullHint  # noqa: Y015
 
 @_typing.final
 class GenerateResponse(_message.Message):
@@ -364,6 +430,10 @@ class GetInfoResponse(_message.Message):
     ZONE_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     GENERATE_STREAM_FIELD_NUMBER: _builtins.int
+    KVSYNC_ADDRESS_FIELD_NUMBER: _builtins.int
+    TIER_REGION_FIELD_NUMBER: _builtins.int
+    TIER_SHM_NAME_FIELD_NUMBER: _builtins.int
+    TIER_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -384,6 +454,14 @@ class GetInfoResponse(_message.Message):
     """Version of the worker."""
     generate_stream: _builtins.bool
     """The worker serves GenerateStream (routers use it instead of a Generate call per request)."""
+    kvsync_address: _builtins.str
+    """Address of the worker's KvSyncService (its own gRPC server); empty: no tier is served."""
+    tier_region: _builtins.str
+    """Name of its CPU tier region on that service."""
+    tier_shm_name: _builtins.str
+    """POSIX shared-memory name of that region."""
+    tier_blocks_total: _builtins.int
+    """Blocks the CPU tier holds at most."""
     def __init__(
         self,
         *,
@@ -397,10 +475,14 @@ class GetInfoResponse(_message.Message):
         zone: _builtins.str = ...,
         version: _builtins.str = ...,
         generate_stream: _builtins.bool = ...,
+        kvsync_address: _builtins.str = ...,
+        tier_region: _builtins.str = ...,
+        tier_shm_name: _builtins.str = ...,
+        tier_blocks_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "max_model_len", b"max_model_len", "model", b"model", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

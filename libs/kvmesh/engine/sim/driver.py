@@ -4,6 +4,14 @@ Loop: while the core has work, `res = core.step(start)`, sleep until `due = star
 clock, then deliver `res.outputs` to their streams and `res.kv_events` to every subscriber. Idle: wait for a
 request.
 
+Peer pulls (`pull_prefix(req, hint)`, before `generate`): the prompt's leading blocks that this engine
+holds neither in its pool nor in its tiers are fetched from the peer the hint names through
+`pull_transport` (shared memory on the same host, else gRPC; it raises on any failure), checked, and put in
+the CPU tier, where admission finds them; the modelled transfer time of a real fleet
+(`perf.kv_pull_time`) passes on the clock. Concurrent requests for the same blocks share one pull. Any
+failure (expired hint, dead peer, timeout, corrupt or stale block, layout) pulls nothing: the engine
+computes the blocks, with the same output.
+
 Steps are scheduled on absolute deadlines: a step that follows another starts at the previous step's `due`,
 not at `clock.now()`, so the driver's own CPU time (computing the step, streaming its tokens) is absorbed
 instead of being added to simulated time. `start = max(due, now − MAX_LAG_S)`: a driver more than MAX_LAG_S
@@ -17,12 +25,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Sequence
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from kvmesh.engine.base import EngineOutput, EngineRequest, KvBlockData
 from kvmesh.engine.clock import Clock, RealClock
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
+from kvmesh.engine.sim.perf import kv_pull_time
+from kvmesh.engine.sim.pool import CachedBlock
+from kvmesh.engine.sim.tiers import HostTiers, PullHint
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
@@ -30,6 +43,9 @@ from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 MAX_LAG_S = 0.25  # simulated seconds the driver may run behind its step deadlines before time slips
+DEFAULT_PULL_TIMEOUT_S = 2.0
+# (hint, digests, one buffer per digest, this engine's layout) -> leading blocks copied; raises on failure
+PullTransport = Callable[[PullHint, Sequence[bytes], Sequence[memoryview], str], Awaitable[int]]
 
 
 class SimEngine:
@@ -44,8 +60,13 @@ class SimEngine:
         clock: Clock | None = None,
         tokenizer: Tokenizer | None = None,
         event_queue_limit: int = 10_000,
+        tiers: HostTiers | None = None,
+        pull_transport: PullTransport | None = None,
     ) -> None:
-        self.core = SimEngineCore(config, worker_id=worker_id)
+        self.core = SimEngineCore(config, worker_id=worker_id, tiers=tiers)
+        self.pull_transport = pull_transport
+        self.pulls: Counter[str] = Counter()  # outcomes of pull_prefix: pulled, held, void, failed, ...
+        self._pulling: dict[bytes, asyncio.Task[int]] = {}
         self.clock: Clock = clock or RealClock()
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self._model_name = model_name
@@ -76,7 +97,11 @@ class SimEngine:
             self._task = None
         for rid in list(self._streams):
             await self.abort(rid)
+        for task in list(self._pulling.values()):
+            await stop_task(task)
         self.events.close()
+        if self.core.tiers is not None:
+            self.core.tiers.close()
 
     async def _run(self) -> None:
         core = self.core
@@ -130,6 +155,62 @@ class SimEngine:
             self._streams.pop(req.request_id, None)
             if not finished:
                 self.core.abort(req.request_id, self.clock.now())
+
+    async def pull_prefix(self, req: EngineRequest, hint: PullHint) -> int:
+        """Pull the prompt's leading blocks the hint names into the CPU tier (see the module docstring).
+        Returns the blocks pulled by this call or the one it joined; 0 when nothing was pulled. Never raises
+        for a failed pull, and returns within the hint's deadline."""
+        if self.pull_transport is None or self.core.tiers is None or self.core.tiers.cpu is None:
+            return self._pull_outcome("unsupported")
+        if hint.expires_unix_ms and time.time() * 1000 > hint.expires_unix_ms:
+            return self._pull_outcome("void")
+        if req.prompt_token_ids is None and req.prompt is not None:
+            req = dataclasses.replace(req, prompt_token_ids=tuple(self.tokenizer.encode(req.prompt)))
+        blocks = self.core.prefix_blocks(req)[: max(0, hint.num_blocks)]
+        if hint.digests and tuple(d for d, _ in blocks[: len(hint.digests)]) != hint.digests:
+            return self._pull_outcome("mismatch")  # another model, salt or layout: never reuse its bytes
+        want = blocks[self.core.held_run(blocks) :]
+        if not want:
+            return self._pull_outcome("held")
+        key = want[-1][0]  # a chained identity names its whole prefix
+        task = self._pulling.get(key)
+        if task is None:
+            task = asyncio.create_task(self._pull(want, hint), name=f"kv-pull-{key.hex()[:12]}")
+            self._pulling[key] = task
+            task.add_done_callback(lambda _t: self._pulling.pop(key, None))
+        else:
+            self.pulls["joined"] += 1
+        timeout = (hint.timeout_ms / 1000.0) or DEFAULT_PULL_TIMEOUT_S
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), timeout + 0.5)
+        except TimeoutError:
+            return self._pull_outcome("timeout")
+
+    async def _pull(self, want: list[tuple[bytes, CachedBlock]], hint: PullHint) -> int:
+        tiers = self.core.tiers
+        assert tiers is not None and self.pull_transport is not None
+        outs = [memoryview(bytearray(tiers.block_bytes)) for _ in want]
+        try:
+            n = await self.pull_transport(hint, [d for d, _ in want], outs, tiers.layout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed pull is a recompute, never an error of the request
+            log.info("kv pull from %s failed: %s", hint.source_address, exc)
+            return self._pull_outcome("failed")
+        stored = self.core.put_pulled([(d, b, outs[i]) for i, (d, b) in enumerate(want[:n])], self.clock.now())
+        events = self.core.drain_events()
+        if events:
+            self.events.publish(events)
+        if stored < n:  # a block failed this engine's own check: the rest is computed
+            self.pulls["corrupt"] += 1
+        await self.clock.sleep(kv_pull_time(stored * self.block_size, self.core.config.perf))
+        self.pulls["pulled_blocks"] += stored
+        self._pull_outcome("pulled" if stored else "missing")
+        return stored
+
+    def _pull_outcome(self, outcome: str) -> int:
+        self.pulls[outcome] += 1
+        return 0
 
     async def abort(self, request_id: str) -> bool:
         out = self.core.abort(request_id, self.clock.now())

@@ -6,7 +6,8 @@ becomes *evictable*. Unreferenced blocks sit in one queue: blocks that hold noth
 blocks appended at the back in release order (a request releases its blocks tail-first so a chain is
 evicted from its end). Allocation pops from the front; popping a cached block evicts it (`BlockRemoved`).
 Every change of the cached set is recorded as an event, in order: the event log replays to exactly
-`cached_hashes()`.
+`cached_hashes()`. Events carry `medium` (the core passes "GPU"). With `keep_evicted`, every evicted block's
+description is kept until `take_evicted()` (the engine saves it to its host tiers).
 """
 
 from __future__ import annotations
@@ -27,12 +28,26 @@ class _Block:
     depth: int = 0  # position of the block in its chain (0 = first block of a prompt)
     lora_name: str | None = None
     tenant: str | None = None  # cache salt of the chain (events carry it; the index salts with it)
+    digest: bytes | None = None  # collision-resistant identity (kept when the engine has host tiers)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedBlock:
+    """What the KV events of a cached block describe (an evicted block keeps it on its way to a tier)."""
+
+    block_hash: int
+    parent_hash: int | None
+    token_ids: tuple[int, ...]
+    depth: int
+    lora_name: str | None = None
+    tenant: str | None = None
+    digest: bytes | None = None
 
 
 class BlockPool:
     """The pool. Counts: `num_free` unreferenced (allocatable), `num_used` referenced, `num_cached`."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, medium: str | None = None, keep_evicted: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
@@ -42,6 +57,9 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._events: list[KvEvent] = []
         self.evictions = 0
+        self.medium = medium
+        self.keep_evicted = keep_evicted
+        self._evicted: list[CachedBlock] = []
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -106,11 +124,16 @@ class BlockPool:
                 del self._cached[b.block_hash]
                 removed.append(b.block_hash)
                 self.evictions += 1
+                if self.keep_evicted:
+                    self._evicted.append(
+                        CachedBlock(b.block_hash, b.parent_hash, b.token_ids, b.depth, b.lora_name, b.tenant, b.digest)
+                    )
                 b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant, b.lora_name = None, None, (), 0, None, None
+                b.digest = None
             b.ref = 1
             out.append(bid)
         if removed:
-            self._events.append(BlockRemoved(block_hashes=tuple(removed)))
+            self._events.append(BlockRemoved(block_hashes=tuple(removed), medium=self.medium))
         return out
 
     def cache_full_blocks(
@@ -122,10 +145,12 @@ class BlockPool:
         parent_hash: int | None,
         lora_name: str | None = None,
         tenant: str | None = None,
+        digests: Sequence[bytes] | None = None,
     ) -> None:
         """Register newly filled blocks (chain order) under their hashes and emit one `BlockStored`.
 
-        `token_ids` holds len(block_ids)·block_size ids; `tenant` (the chain's cache salt) rides on the events.
+        `token_ids` holds len(block_ids)·block_size ids; `tenant` (the chain's cache salt) rides on the events;
+        `digests` (optional) are the blocks' collision-resistant identities, kept for their eviction.
         A hash already cached elsewhere (a concurrent request computed the same block) leaves this copy
         uncached, as vLLM does.
         """
@@ -143,6 +168,7 @@ class BlockPool:
             b = self._blocks[bid]
             b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant = h, parent, toks, first_depth + i, tenant
             b.lora_name = lora_name
+            b.digest = digests[i] if digests is not None else None
             self._cached[h] = bid
             stored_hashes.append(h)
             stored_tokens.extend(toks)
@@ -159,6 +185,7 @@ class BlockPool:
                     token_ids=tuple(tokens),
                     block_size=self.block_size,
                     lora_name=lora_name,
+                    medium=self.medium,
                     tenant=tenant,
                 )
             )
@@ -191,6 +218,7 @@ class BlockPool:
             return False
         for b in self._blocks:
             b.block_hash, b.parent_hash, b.token_ids, b.depth, b.tenant, b.lora_name = None, None, (), 0, None, None
+            b.digest = None
         self._cached.clear()
         self._events.append(AllBlocksCleared())
         return True
@@ -198,6 +226,15 @@ class BlockPool:
     def drain_events(self) -> list[KvEvent]:
         ev, self._events = self._events, []
         return ev
+
+    def emit(self, events: Sequence[KvEvent]) -> None:
+        """Append events of the engine's other media, in order with the pool's own."""
+        self._events.extend(events)
+
+    def take_evicted(self) -> list[CachedBlock]:
+        """Blocks evicted since the last call, in eviction order (with `keep_evicted`)."""
+        out, self._evicted = self._evicted, []
+        return out
 
     def dump(self) -> list[BlockStored]:
         """Every cached block as its own `BlockStored`, ordered by chain depth (parents first)."""
@@ -209,6 +246,7 @@ class BlockPool:
                 token_ids=self._blocks[bid].token_ids,
                 block_size=self.block_size,
                 lora_name=self._blocks[bid].lora_name,
+                medium=self.medium,
                 tenant=self._blocks[bid].tenant,
             )
             for h, bid in items
