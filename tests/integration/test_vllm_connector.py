@@ -3,18 +3,19 @@
 (a) a ~4K-token prompt computed on engine A is pulled by engine B from A's CPU tier (a shared-memory
 kv-sync region named in `kv_transfer_params`): B reports the prompt as cached and its greedy output equals
 the full computation token for token; (b) the same from B's own tier once B's prefix cache was reset;
-(c) a corrupted byte in A's region: the load fails verification, vLLM recomputes, the output is right.
+(c) a corrupted byte in A's region: the load fails verification, vLLM recomputes, the output is right;
+(d) an expired lease or a region that is not there: nothing is claimed, the prompt is computed.
 TTFT figures (pull vs recompute) are printed, not asserted (a shared 2-core machine).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
 from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
-from kvmesh.kvsync.tier import RegionReader
+from kvmesh.kvsync.tier import SHM_DIR, RegionReader, data_offset
 from kvmesh.vllm_connector.layout import block_digests
 from kvmesh.vllm_connector.plan import loadable_blocks
 from tests.integration.test_vllm_engine import tiny_model
@@ -61,7 +62,7 @@ async def run(eng: VllmEngine, rid: str, ids: list[int], params: dict[str, Any] 
 
 
 def pull_hint(eng: VllmEngine, lease_s: float = 60.0) -> dict[str, Any]:
-    until = time.time_ns() + int(lease_s * 1e9)
+    until = time.monotonic_ns() + int(lease_s * 1e9)
     return {"kvmesh_pull": {"shm_name": eng.config.tier_shm_name, "lease_until_ns": until}}
 
 
@@ -71,16 +72,25 @@ def corrupt_block(shm_name: str, digest: bytes) -> None:
     try:
         (ref,) = reader.locate([digest])
         assert ref is not None, "block not in the region"
-        lease_off = 4096 + reader.num_slots * 64
-        data_off = (lease_off + 8 * reader.num_slots + 4095) // 4096 * 4096
-        shm = shared_memory.SharedMemory(name=shm_name)
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        try:
-            assert shm.buf is not None
-            pos = data_off + ref.slot * reader.block_bytes + 100
-            shm.buf[pos] ^= 0xFF
-        finally:
-            shm.close()
+        pos = data_offset(reader.num_slots) + ref.slot * reader.block_bytes + 100
+    finally:
+        reader.close()
+    with open(os.path.join(SHM_DIR, shm_name), "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+def read_block(shm_name: str, digest: bytes, verify: bool = True) -> bytes:
+    """The block's bytes in a region (CRC32C checked when `verify`)."""
+    reader = RegionReader.attach(shm_name)
+    try:
+        (ref,) = reader.locate([digest])
+        assert ref is not None, "block not in the region"
+        out = bytearray(reader.block_bytes)
+        n = reader.read_into(ref, digest, memoryview(out), verify=verify)
+        return bytes(out[:n])
     finally:
         reader.close()
 
@@ -144,15 +154,33 @@ async def test_corrupted_peer_block_is_recomputed(engines: tuple[VllmEngine, Vll
     on_a = await run(a, "a-compute-3", ids)
     assert on_a.cached == 0
     digests = block_digests(ids, _layout_of(a))
-    corrupt_block(a.config.tier_shm_name, digests[40])
+    bad = digests[40]
+    corrupt_block(a.config.tier_shm_name, bad)
     pulled = await run(b, "b-pull-corrupt", ids, pull_hint(a))
     assert pulled.tokens == on_a.tokens
-    # after the failed load vLLM recomputed from block 40: B's own tier holds the recomputed, correct block
-    again_ids = ids  # B's prefix cache holds the prompt now; reset it so the next run reads B's own tier
+    # B refused A's corrupted copy and recomputed the block: B's tier holds a block 40 that is not A's bytes
+    assert read_block(b.config.tier_shm_name, bad) != read_block(a.config.tier_shm_name, bad, verify=False)
     assert await b.reset_prefix_cache()
-    own = await run(b, "b-own-after-corrupt", again_ids)
+    own = await run(b, "b-own-after-corrupt", ids)  # B's own tier now has every block, correct
     assert own.tokens == on_a.tokens
     assert own.cached == loadable_blocks(len(ids), BS) * BS
+    print(f"\ncorrupted block 40: pull reported {pulled.cached} cached tokens, TTFT {pulled.ttft_ms:.1f} ms")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_expired_lease_or_missing_region_is_a_recompute(engines: tuple[VllmEngine, VllmEngine]) -> None:
+    a, b = engines
+    ids = prompt(4)
+    on_a = await run(a, "a-compute-4", ids)
+    expired = await run(b, "b-expired", ids, pull_hint(a, lease_s=-1))
+    assert expired.cached == 0
+    assert expired.tokens == on_a.tokens
+    ids = prompt(5)
+    on_a = await run(a, "a-compute-5", ids)
+    gone = {"kvmesh_pull": {"shm_name": "kvmesh-test-no-such-region", "lease_until_ns": 2**62}}
+    missing = await run(b, "b-missing", ids, gone)
+    assert missing.cached == 0
+    assert missing.tokens == on_a.tokens
 
 
 def _layout_of(eng: VllmEngine) -> Any:

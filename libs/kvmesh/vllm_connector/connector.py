@@ -19,6 +19,7 @@ Loaded by vLLM from `--kv-transfer-config`::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -34,8 +35,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from kvmesh.errors import FailedPrecondition
-from kvmesh.kvsync.tier import RegionReader, SlotRef, TierRegion
+from kvmesh.errors import FailedPrecondition, KvmeshError
+from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion
 from kvmesh.vllm_connector.blocks import PagedKv, byte_tensor
 from kvmesh.vllm_connector.layout import KvLayout, block_digests
 from kvmesh.vllm_connector.plan import (
@@ -60,8 +61,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_TIER_BYTES = 256 << 20
-# what a failed load can raise: the tier's own failures, a region gone or never there, a bad layout
-LOAD_ERRORS = (FailedPrecondition, OSError, ValueError, IndexError)
+# what a failed load can raise: the tier's own (StaleBlock, CorruptBlock, NotFound, a foreign format), the OS's
+LOAD_ERRORS = (KvmeshError, OSError, ValueError, IndexError)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,10 @@ class KvmeshMetadata(ConnectorMetadata, KVConnectorMetadata):
     """`ConnectorMetadata` as vLLM's metadata type."""
 
 
-def _attach(name: str) -> RegionReader | None:
+def _attach(name: str, layout: str | None = None) -> RegionReader | None:
+    """A reader on region `name`, or None when there is none (or it holds another layout than `layout`)."""
     try:
-        return RegionReader.attach(name)
+        return RegionReader.attach(name, expect_layout=layout)
     except LOAD_ERRORS:
         return None
 
@@ -134,10 +136,11 @@ class KvmeshConnector(KVConnectorBase_V1):
 
     # -- shared ---------------------------------------------------------------------------------------
     def _reader(self, name: str) -> RegionReader | None:
-        """A cached read-only attachment to region `name` (None while it does not exist)."""
+        """A cached read-only attachment to region `name` (None while it does not exist or holds blocks of
+        another layout)."""
         r = self._readers.get(name)
         if r is None:
-            r = _attach(name)
+            r = _attach(name, self.layout.describe())
             if r is not None:
                 self._readers[name] = r
         return r
@@ -162,9 +165,9 @@ class KvmeshConnector(KVConnectorBase_V1):
         own_refs: list[SlotRef | None] = own.locate(want) if own is not None else [None] * len(want)
         hint = parse_pull_hint(request.kv_transfer_params)
         peer_refs: list[SlotRef | None] = []
-        if hint is not None and hint.shm_name != self.settings.shm_name and hint.usable(time.time_ns()):
+        if hint is not None and hint.shm_name != self.settings.shm_name and hint.usable(time.monotonic_ns()):
             peer = self._reader(hint.shm_name)
-            if peer is not None and peer.layout == self.layout.describe():
+            if peer is not None:
                 peer_refs = [r if hint.offers(d) else None for r, d in zip(peer.locate(want), want, strict=True)]
         tr.planned = plan_loads(start, own_refs, peer_refs, hint.shm_name if hint is not None else "")
         return len(tr.planned) * self._bs, False
@@ -226,12 +229,8 @@ class KvmeshConnector(KVConnectorBase_V1):
         try:
             return TierRegion.create(name, block_bytes, slots, self.layout.describe())
         except FileExistsError:  # left behind by a killed engine of the same name: ours to replace
-            stale = _attach(name)
-            if stale is not None:
-                stale.close()
-            from multiprocessing import shared_memory
-
-            shared_memory.SharedMemory(name=name).unlink()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(SHM_DIR, name))
             return TierRegion.create(name, block_bytes, slots, self.layout.describe())
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
@@ -262,7 +261,7 @@ class KvmeshConnector(KVConnectorBase_V1):
             self._kv.scatter(op.block_id, tensor)
             self.counts["loaded_own" if op.source == OWN else "loaded_peer"] += 1
             if op.source != OWN and self._region is not None:
-                self._region.put(op.digest, staging, time.time_ns())
+                self._region.put(op.digest, staging, time.monotonic_ns())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads are synchronous, done in start_load_kv
@@ -283,7 +282,7 @@ class KvmeshConnector(KVConnectorBase_V1):
         region, kv = self._region, self._kv
         if region is None or kv is None:
             return
-        tensor, now = byte_tensor(self._staging), time.time_ns()
+        tensor, now = byte_tensor(self._staging), time.monotonic_ns()
         for op in saves:
             if region.locate([op.digest])[0] is not None:
                 continue

@@ -31,7 +31,8 @@ class SlotLike(Protocol):
 
 @dataclass(frozen=True)
 class PullHint:
-    """A peer's region to pull from: its shm name, the digests it offers (None = any) and the lease's end."""
+    """A peer's region to pull from: its shm name, the digests it offers (None = any) and the end of the
+    lease its lessor holds on them (`time.monotonic_ns()`, the host-wide clock every region user shares)."""
 
     shm_name: str
     lease_until_ns: int
