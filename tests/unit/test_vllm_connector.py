@@ -114,7 +114,9 @@ def request(rid: str, params: dict[str, Any] | None = None, tokens: list[int] = 
     return SimpleNamespace(
         request_id=rid,
         prompt_token_ids=list(tokens),
+        all_token_ids=list(tokens),
         num_prompt_tokens=len(tokens),
+        num_tokens=len(tokens),
         lora_request=None,
         cache_salt=None,
         kv_transfer_params=params,

@@ -99,9 +99,27 @@ def test_plan_prefers_own_tier_then_peer_and_stops_at_a_gap() -> None:
     assert plan_loads(0, [Ref(0, 2), Ref(1, 2)], [], "") == [BlockSource(0, OWN, 0, 2), BlockSource(1, OWN, 1, 2)]
 
 
+L4 = KvLayout("m", "torch.bfloat16", 4, 2, 2, 32)
+
+
+def tracker(tokens: list[int]) -> RequestTracker:
+    return RequestTracker(tokens, block_salt(L4, None, None), 4)
+
+
+def test_tracker_digests_follow_the_tokens_as_they_grow() -> None:
+    toks = list(range(3, 13))  # 2 full blocks of 4 + 2 tokens
+    tr = tracker(toks)
+    assert tr.digests_upto(5) == block_digests(toks, L4)
+    assert len(tr.digests_upto(5)) == 2
+    toks += [1, 2]  # decoding: the third block fills up
+    assert len(tr.digests_upto(5)) == 3
+    assert tr.digests_upto(2) == tr.digests[:2]
+
+
 def test_tracker_loads_map_to_allocated_blocks_once() -> None:
-    digests = [bytes([i]) * 32 for i in range(4)]
-    tr = RequestTracker(digests, planned=[BlockSource(1, OWN, 7, 2), BlockSource(2, "p", 8, 4)])
+    tr = tracker(list(range(3, 20)))
+    digests = tr.digests_upto(4)
+    tr.planned = [BlockSource(1, OWN, 7, 2), BlockSource(2, "p", 8, 4)]
     tr.block_ids = [10, 11, 12, 13]
     ops = tr.loads("r")
     assert [(o.block_id, o.digest, o.source, o.slot, o.generation) for o in ops] == [
@@ -111,15 +129,20 @@ def test_tracker_loads_map_to_allocated_blocks_once() -> None:
     assert tr.loads("r") == []
 
 
-def test_tracker_saves_newly_computed_prompt_blocks() -> None:
-    digests = [bytes([i]) * 32 for i in range(5)]  # a 5-block prompt (+ a partial block)
-    tr = RequestTracker(digests)
+def test_tracker_saves_newly_computed_blocks_prompt_and_generated() -> None:
+    toks = list(range(3, 24))  # a 5-block prompt of block size 4 (+ 1 token)
+    tr = tracker(toks)
+    d = tr.digests_upto(5)
     tr.block_ids = [20, 21, 22]
-    # first step: 1 block hit in vLLM's cache + 1 loaded; 70 tokens scheduled: blocks 2 and 3 complete,
-    # but block 3 has no vLLM block yet in this list (3 allocated), so only block 2 is saved now
-    assert tr.step(64, 70, 32) == [SaveOp(22, digests[2])]
+    # first step: 1 block hit in vLLM's cache + 1 loaded; 13 tokens scheduled: blocks 2 and 3 complete,
+    # but only 3 vLLM blocks are listed so far, so only block 2 is saved now
+    assert tr.step(8, 13) == [SaveOp(22, d[2])]
     tr.block_ids += [23, 24, 25]
-    assert tr.step(134, 40, 32) == [SaveOp(23, digests[3]), SaveOp(24, digests[4])]
-    assert tr.step(174, 1, 32) == []  # decode: blocks past the prompt are not saved
+    assert tr.step(21, 0) == [SaveOp(23, d[3]), SaveOp(24, d[4])]
+    # decoding: token 21's KV is computed, but block 5 (tokens 20..23) is not full of known tokens yet
+    assert tr.step(21, 1) == []
+    toks += [7, 8, 9]  # tokens 21..23 are known now (the last one only sampled)
+    assert tr.step(22, 1) == []  # block 5 needs the KV of token 23
+    assert tr.step(23, 1) == [SaveOp(25, tr.digests_upto(6)[5])]
     # a load failure sends vLLM back to block 1: the recomputed blocks are saved again
-    assert tr.step(32, 64, 32) == [SaveOp(21, digests[1]), SaveOp(22, digests[2])]
+    assert tr.step(4, 8) == [SaveOp(21, d[1]), SaveOp(22, d[2])]

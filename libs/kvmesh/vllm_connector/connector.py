@@ -6,15 +6,16 @@ Loaded by vLLM from `--kv-transfer-config`::
      "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
      "kv_connector_extra_config": {"shm_name": "kvmesh-tier-w1", "tier_bytes": 268435456}}
 
-- Scheduler side (`get_num_new_matched_tokens`): claims the leading prompt blocks beyond vLLM's own prefix
+- Scheduler side (`get_num_new_matched_tokens`): claims the leading blocks beyond vLLM's own prefix
   hit that the worker's own tier (a `RegionReader` on its own region) or the peer named in the request's
   `kv_transfer_params["kvmesh_pull"]` holds. Lookups are one-sided scans of shared-memory headers: no
   network call, nothing that blocks the scheduler loop. Loads are synchronous (within the step).
 - Worker side: `start_load_kv` copies each planned block from the tier into vLLM's paged KV cache (verified:
   generation, identity, CRC32C); a block that fails (StaleBlock, CorruptBlock, a region gone) is reported by
   `get_block_ids_with_load_errors`, so vLLM recomputes from it (`kv_load_failure_policy: recompute`); a block
-  pulled from a peer is also kept in the own tier. `wait_for_save` stores the prompt blocks computed in the
-  step in the own tier, which this process creates (`TierRegion.create`, name from the extra config).
+  pulled from a peer is also kept in the own tier. `wait_for_save` stores the full blocks (prompt or
+  generated) computed in the step in the own tier, which this process creates (`TierRegion.create`, name
+  from the extra config).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvmesh.errors import FailedPrecondition, KvmeshError
 from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion
 from kvmesh.vllm_connector.blocks import PagedKv, byte_tensor
-from kvmesh.vllm_connector.layout import KvLayout, block_digests
+from kvmesh.vllm_connector.layout import KvLayout, block_salt
 from kvmesh.vllm_connector.plan import (
     OWN,
     ConnectorMetadata,
@@ -150,17 +151,19 @@ class KvmeshConnector(KVConnectorBase_V1):
         tr = self._trackers.get(request.request_id)
         if tr is None:
             lora = request.lora_request.lora_name if request.lora_request is not None else None
-            digests = block_digests(list(request.prompt_token_ids or ()), self.layout, lora, request.cache_salt)
-            tr = self._trackers[request.request_id] = RequestTracker(digests)
+            salt = block_salt(self.layout, lora, request.cache_salt)
+            tr = self._trackers[request.request_id] = RequestTracker(request.all_token_ids, salt, self._bs)
         return tr
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self.layout.tp_size > 1:
+            return 0, False  # one region per engine: tensor-parallel shards are not stored (yet)
         tr = self._tracker(request)
-        start, end = num_computed_tokens // self._bs, loadable_blocks(request.num_prompt_tokens, self._bs)
+        start, end = num_computed_tokens // self._bs, loadable_blocks(request.num_tokens, self._bs)
         tr.planned = []
-        if start >= end:
+        want = tr.digests_upto(end)[start:]
+        if not want:
             return 0, False
-        want = tr.digests[start:end]
         own = self._reader(self.settings.shm_name)
         own_refs: list[SlotRef | None] = own.locate(want) if own is not None else [None] * len(want)
         hint = parse_pull_hint(request.kv_transfer_params)
@@ -186,7 +189,7 @@ class KvmeshConnector(KVConnectorBase_V1):
                 continue
             tr.block_ids = list(new.block_ids[0])
             meta.loads += tr.loads(new.req_id)
-            meta.saves += tr.step(new.num_computed_tokens, scheduled.get(new.req_id, 0), self._bs)
+            meta.saves += tr.step(new.num_computed_tokens, scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             tr = self._trackers.get(rid)
@@ -198,7 +201,7 @@ class KvmeshConnector(KVConnectorBase_V1):
             elif added:
                 tr.block_ids.extend(added[0])
             meta.loads += tr.loads(rid)
-            meta.saves += tr.step(cached.num_computed_tokens[i], scheduled.get(rid, 0), self._bs)
+            meta.saves += tr.step(cached.num_computed_tokens[i], scheduled.get(rid, 0))
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -209,6 +212,9 @@ class KvmeshConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Binds the paged KV tensors and creates the own tier region sized `tier_bytes`."""
         kv = PagedKv(kv_caches)
+        if self.layout.tp_size > 1:
+            log.error("kvmesh connector off: tensor parallelism (%d shards) is not supported", self.layout.tp_size)
+            return
         if kv.block_bytes != self.layout.block_bytes or kv.dtype != self.layout.dtype:
             log.error(
                 "kvmesh connector off: KV tensors hold %d B/block (%s), the layout says %d B (%s)",

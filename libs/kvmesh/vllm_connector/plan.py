@@ -1,7 +1,7 @@
 """The connector's scheduler-side decisions and the metadata it hands to the worker side (pure).
 
 - `parse_pull_hint`: the router's hint in a request's `kv_transfer_params["kvmesh_pull"]`.
-- `plan_loads`: which leading prompt blocks beyond vLLM's own prefix hit can be loaded now, and from where
+- `plan_loads`: which leading blocks beyond vLLM's own prefix hit can be loaded now, and from where
   (the worker's own tier first, else the hinted peer's region), from slot lookups already made.
 - `RequestTracker`: per request, the block identities, vLLM block ids and how far its newly computed blocks
   were saved; `ConnectorMetadata` carries `LoadOp`s and `SaveOp`s for one engine step.
@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kvmesh.hashing import sha256_block_ids
 
 PULL_KEY = "kvmesh_pull"
 OWN = ""  # LoadOp.source of the worker's own tier
@@ -79,9 +81,9 @@ class BlockSource:
     generation: int
 
 
-def loadable_blocks(num_prompt_tokens: int, block_size: int) -> int:
-    """Full prompt blocks that may be loaded: vLLM must compute at least the last prompt token itself."""
-    return max(num_prompt_tokens - 1, 0) // block_size
+def loadable_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks of a request's tokens that may be loaded: vLLM must compute at least the last token."""
+    return max(num_tokens - 1, 0) // block_size
 
 
 def plan_loads(
@@ -137,13 +139,25 @@ class ConnectorMetadata:
 
 @dataclass
 class RequestTracker:
-    """What the scheduler side knows of one request: its block identities, the vLLM block ids allocated to
-    it so far, the loads planned for it and the first prompt block not yet saved."""
+    """What the scheduler side knows of one request: its tokens (a live view: it grows as the request
+    decodes) and identity salt, the identities of its full blocks so far, the vLLM block ids allocated to it,
+    the loads planned for it and the first block not yet saved."""
 
-    digests: list[bytes]
+    tokens: Sequence[int]
+    salt: bytes
+    block_size: int
+    digests: list[bytes] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
     planned: list[BlockSource] = field(default_factory=list)
     saved_upto: int = -1  # -1: not scheduled yet
+
+    def digests_upto(self, n: int) -> list[bytes]:
+        """The identities of the first `n` blocks, or of as many as are full of known tokens."""
+        bs = self.block_size
+        n = min(n, len(self.tokens) // bs)
+        if n > len(self.digests):
+            self.digests = sha256_block_ids(list(self.tokens[: n * bs]), bs, self.salt)
+        return self.digests[:n]
 
     def loads(self, req_id: str) -> list[LoadOp]:
         """The planned loads as ops on the allocated vLLM blocks (consumed: a plan is executed once)."""
@@ -155,17 +169,19 @@ class RequestTracker:
         self.planned = []
         return ops
 
-    def step(self, num_computed: int, num_scheduled: int, block_size: int) -> list[SaveOp]:
-        """Saves for the prompt blocks this step completes.
+    def step(self, num_computed: int, num_scheduled: int) -> list[SaveOp]:
+        """Saves for the full blocks (prompt or generated) whose KV this step completes.
 
-        `num_computed` is the tokens computed before the step (vLLM's prefix hit plus the loaded blocks on the
-        first step); blocks below it were computed elsewhere and are not saved again, except
-        after a load failure made vLLM recompute them (`num_computed` then drops below `saved_upto`).
+        `num_computed` is the tokens computed before the step (vLLM's prefix hit plus the loaded blocks on
+        the first step); blocks below it were computed elsewhere and are not saved again, except after a load
+        failure made vLLM recompute them (`num_computed` then drops below `saved_upto`). A block whose last
+        tokens are not known here yet (asynchronous scheduling) is saved by a later step.
         """
-        first = num_computed // block_size
+        first = num_computed // self.block_size
         if self.saved_upto < 0 or first < self.saved_upto:
             self.saved_upto = first
-        done = min((num_computed + num_scheduled) // block_size, len(self.digests), len(self.block_ids))
+        want = min((num_computed + num_scheduled) // self.block_size, len(self.block_ids))
+        done = len(self.digests_upto(want))
         ops = [SaveOp(self.block_ids[i], self.digests[i]) for i in range(self.saved_upto, done)]
         self.saved_upto = max(self.saved_upto, done)
         return ops
