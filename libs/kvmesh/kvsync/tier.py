@@ -17,11 +17,15 @@ again and bumps the region epoch; a reader checks the generation before and afte
 copies a stable block or raises `StaleBlock`. The CRC32C is computed once, when the block is written, and
 checked by the reader on its own copy (`CorruptBlock`). A slot whose lease is in the future is never reused;
 a lease taken in the instant the owner reuses the slot is caught by the generation check.
+
+Neither class is thread-safe: call an owner's methods from one thread (a lessor in the owner's process, e.g.
+KvSyncServicer on the worker's event loop, leases on that same thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import mmap
 import os
 import struct
@@ -223,8 +227,10 @@ class TierRegion(_Mapped):
         self._map(shm)
         self._where: dict[bytes, int] = {}
         self._held: list[bytes | None] = [None] * num_slots
-        self._hits = np.zeros(num_slots, dtype=np.int64)
-        self._last = np.zeros(num_slots, dtype=np.int64)
+        self._hits = [0] * num_slots
+        self._last = [0] * num_slots
+        # (hits, last use, slot) per put / touch; entries no longer matching the slot are skipped (lazy)
+        self._order: list[tuple[int, int, int]] = []
         self._free = list(range(num_slots - 1, -1, -1))
         self._evicted: list[bytes] = []
 
@@ -249,14 +255,22 @@ class TierRegion(_Mapped):
         self._held[slot] = digest
         self._hits[slot] = 1
         self._last[slot] = now_ns
+        self._push(slot)
         return True
+
+    def _push(self, slot: int) -> None:
+        heapq.heappush(self._order, (self._hits[slot], self._last[slot], slot))
+        if len(self._order) > 4 * self.num_slots + 64:  # compact: one entry per held slot
+            self._order = [(self._hits[i], self._last[i], i) for i, d in enumerate(self._held) if d is not None]
+            heapq.heapify(self._order)
 
     def _touch(self, digest: bytes, now_ns: int) -> bool:
         slot = self._where.get(digest)
         if slot is None:
             return False
         self._hits[slot] += 1
-        self._last[slot] = max(int(self._last[slot]), now_ns)
+        self._last[slot] = max(self._last[slot], now_ns)
+        self._push(slot)
         return True
 
     def _take_slot(self, now_ns: int) -> int | None:
@@ -265,21 +279,28 @@ class TierRegion(_Mapped):
             slot = self._free.pop()
             self._gen[slot] += 1
             return slot
-        held = np.fromiter((d is not None for d in self._held), dtype=bool, count=self.num_slots)
-        for _ in range(self.num_slots):  # bounded: each pass removes one candidate
-            candidates = np.flatnonzero(held & (self._leases <= now_ns))
-            if candidates.size == 0:
-                return None
-            fewest = candidates[self._hits[candidates] == self._hits[candidates].min()]
-            slot = int(fewest[np.argmin(self._last[fewest])])
-            self._gen[slot] += 1  # odd: readers now fail on it
-            if int(self._leases[slot]) > now_ns:  # a lease landed between the scan and the mark: keep it
-                self._gen[slot] -= 1
-                held[slot] = False
+        kept: list[tuple[int, int, int]] = []
+        victim = None
+        while self._order:  # bounded: every pass pops one entry
+            entry = heapq.heappop(self._order)
+            hits, last, slot = entry
+            if self._held[slot] is None or (self._hits[slot], self._last[slot]) != (hits, last):
+                continue  # outdated: the slot has a newer entry, or is empty
+            if int(self._leases[slot]) > now_ns:
+                kept.append(entry)
                 continue
-            self._forget(slot)
-            return slot
-        return None
+            self._gen[slot] += 1  # odd: readers now fail on it
+            if int(self._leases[slot]) > now_ns:  # a lease landed between the check and the mark: keep it
+                self._gen[slot] -= 1
+                kept.append(entry)
+                continue
+            victim = slot
+            break
+        for entry in kept:
+            heapq.heappush(self._order, entry)
+        if victim is not None:
+            self._forget(victim)
+        return victim
 
     def _forget(self, slot: int) -> None:
         digest = self._held[slot]
@@ -411,6 +432,8 @@ class RegionReader(_Mapped):
             self._slot_digest[slot] = None
             if gens[slot] % 2 == 0 and self._length[slot] > 0:
                 digest = self._digest(slot)
+                if int(self._gen[slot]) != int(gens[slot]):  # rewritten while read: the next scan sees it
+                    continue
                 self._slot_digest[slot] = digest
                 self._by_digest[digest] = slot
         self._cached_gen = gens
