@@ -261,3 +261,33 @@ def test_region_gone_before_the_load_fails_the_blocks(engines: tuple[Engine, Eng
     a.worker.shutdown()  # the peer's region is unlinked before B's worker side ever attached it
     b.step("b", [1, 2, 3, 4, 5, 6], 5 * BS, 1)
     assert b.worker.get_block_ids_with_load_errors() == {1, 2, 3, 4, 5}
+
+
+def test_chunked_prefill_and_resume_follow_the_block_lists(engines: tuple[Engine, Engine]) -> None:
+    a, _ = engines
+    req = request("r")
+    assert a.schedule(req) == 0
+    meta = a.step("r", [0, 1], 0, 8)  # chunk 1: blocks 0, 1
+    assert [s.block_id for s in meta.saves] == [0, 1]
+    a.finish_step()
+
+    def cached_step(block_ids: list[int] | None, num_computed: int, n: int, resumed: bool) -> KvmeshMetadata:
+        out = SimpleNamespace(
+            scheduled_new_reqs=[],
+            num_scheduled_tokens={"r": n},
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=["r"],
+                resumed_req_ids={"r"} if resumed else set(),
+                new_block_ids=[(block_ids,) if block_ids is not None else None],
+                num_computed_tokens=[num_computed],
+            ),
+        )
+        m = a.sched.build_connector_meta(out)
+        assert isinstance(m, KvmeshMetadata)
+        return m
+
+    assert [s.block_id for s in cached_step([2, 3], 8, 8, False).saves] == [2, 3]  # chunk 2 appends blocks
+    # preempted and resumed from scratch: a resumed request's list replaces the old one
+    assert [s.block_id for s in cached_step([7, 8, 9, 10, 11, 12], 0, 21, True).saves] == [7, 8, 9, 10, 11]
+    a.sched.request_finished(req, [])  # type: ignore[arg-type]
+    assert cached_step([1], 21, 1, False).saves == []  # a finished request is forgotten
