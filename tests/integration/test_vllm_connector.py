@@ -67,6 +67,10 @@ async def run(
     return Run(toks, cached, ttft)
 
 
+def delta(before: dict[str, float], after: dict[str, float], key: str) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 def pull_hint(eng: VllmEngine, lease_s: float = 60.0) -> dict[str, Any]:
     until = time.monotonic_ns() + int(lease_s * 1e9)
     return {"kvmesh_pull": {"shm_name": eng.config.tier_shm_name, "lease_until_ns": until}}
@@ -139,9 +143,11 @@ async def test_pull_from_peer_then_own_tier(engines: tuple[VllmEngine, VllmEngin
     recompute = await run(b, "b-recompute", prompt(2))  # the TTFT of a fresh 4K prefill on B
     assert recompute.cached == 0
 
+    before = b.kv_connector_counts
     pulled = await run(b, "b-pull", ids, pull_hint(a))
     assert pulled.cached == expect_cached
     assert pulled.tokens == on_a.tokens
+    assert delta(before, b.kv_connector_counts, "loaded_peer") == expect_cached // BS
 
     assert await b.reset_prefix_cache()
     own = await run(b, "b-own-tier", ids)
@@ -162,8 +168,12 @@ async def test_corrupted_peer_block_is_recomputed(engines: tuple[VllmEngine, Vll
     digests = block_digests(ids, _layout_of(a))
     bad = digests[40]
     corrupt_block(a.config.tier_shm_name, bad)
+    before = b.kv_connector_counts
     pulled = await run(b, "b-pull-corrupt", ids, pull_hint(a))
     assert pulled.tokens == on_a.tokens
+    after = b.kv_connector_counts
+    assert delta(before, after, "loaded_peer") == 40  # blocks 0..39 loaded, 40..123 failed and recomputed
+    assert delta(before, after, "load_failed") == loadable_blocks(len(ids), BS) - 40
     # B refused A's corrupted copy and recomputed the block: B's tier holds a block 40 that is not A's bytes
     assert read_block(b.config.tier_shm_name, bad) != read_block(a.config.tier_shm_name, bad, verify=False)
     assert await b.reset_prefix_cache()

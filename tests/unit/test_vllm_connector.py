@@ -291,3 +291,17 @@ def test_chunked_prefill_and_resume_follow_the_block_lists(engines: tuple[Engine
     assert [s.block_id for s in cached_step([7, 8, 9, 10, 11, 12], 0, 21, True).saves] == [7, 8, 9, 10, 11]
     a.sched.request_finished(req, [])  # type: ignore[arg-type]
     assert cached_step([1], 21, 1, False).saves == []  # a finished request is forgotten
+
+
+def test_stats_report_block_counts_once(engines: tuple[Engine, Engine]) -> None:
+    a, b = engines
+    compute_on(a)
+    stats = a.worker.get_kv_connector_stats()
+    assert stats is not None and stats.reduce() == {"saved": 5}
+    assert a.worker.get_kv_connector_stats() is None
+    b.schedule(request("b", hint(a)))
+    b.step("b", [1, 2, 3, 4, 5, 6], 5 * BS, 1)
+    got = b.worker.get_kv_connector_stats()
+    assert got is not None
+    total = KvmeshConnector.build_kv_connector_stats({"loaded_peer": 1, "saved": 2})
+    assert total is not None and total.aggregate(got).reduce() == {"loaded_peer": 6, "saved": 2}

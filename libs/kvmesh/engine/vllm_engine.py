@@ -235,6 +235,7 @@ class _Stats:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
+        self.kv_connector: dict[str, float] = {}  # the KV connector's block counts, summed
 
 
 def _stat_logger_factory(stats: _Stats) -> Any:
@@ -257,6 +258,8 @@ def _stat_logger_factory(stats: _Stats) -> Any:
                         stats.prefix_queries = stats.prefix_hits = 0
                     stats.prefix_queries += pcs.queries
                     stats.prefix_hits += pcs.hits
+                for k, v in (getattr(scheduler_stats, "kv_connector_stats", None) or {}).items():
+                    stats.kv_connector[k] = stats.kv_connector.get(k, 0.0) + float(v)
             if iteration_stats is not None:
                 stats.itl_ms.extend(x * 1000.0 for x in iteration_stats.inter_token_latencies_iter)
                 stats.ttft_ms.extend(x * 1000.0 for x in iteration_stats.time_to_first_tokens_iter)
@@ -560,8 +563,14 @@ class VllmEngine:
                 "preemptions_total": float(s.preemptions),
                 "generation_tokens_total": float(s.generation_tokens),
                 "kv_event_gaps_total": float(self.event_gaps),
+                **{f"kv_tier_{k}_total": v for k, v in s.kv_connector.items()},
             },
         )
+
+    @property
+    def kv_connector_counts(self) -> dict[str, float]:
+        """Blocks the KV connector loaded from its own tier / a peer, failed to load, saved (totals)."""
+        return dict(self._stats.kv_connector)
 
     # -- kv-sync hooks ---------------------------------------------------------------------------------
     async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:

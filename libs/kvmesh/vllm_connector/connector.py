@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvmesh.errors import FailedPrecondition, KvmeshError
 from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion
@@ -101,6 +102,25 @@ def layout_of(vllm_config: VllmConfig) -> KvLayout:
 
 class KvmeshMetadata(ConnectorMetadata, KVConnectorMetadata):
     """`ConnectorMetadata` as vLLM's metadata type."""
+
+
+class KvmeshStats(KVConnectorStats):
+    """Block counts since the last report (`loaded_own`, `loaded_peer`, `load_failed`, `saved`); vLLM sums
+    them over workers and hands them to the stat loggers as `SchedulerStats.kv_connector_stats`."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 def _attach(name: str, layout: str | None = None) -> RegionReader | None:
@@ -295,6 +315,17 @@ class KvmeshConnector(KVConnectorBase_V1):
             kv.gather(op.block_id, tensor)
             if region.put(op.digest, memoryview(self._staging), now):
                 self.counts["saved"] += 1
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if not any(self.counts.values()):
+            return None
+        stats = KvmeshStats(dict(self.counts))
+        self.counts.clear()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return KvmeshStats(dict(data or {}))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed = self._failed, set()
