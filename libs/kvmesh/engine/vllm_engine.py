@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,24 @@ class VllmEngineConfig:
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     worker_id: str = "vllm"
     latency_window: int = 512
+    kv_connector: bool = True  # kvmesh's KV connector (kvmesh.vllm_connector): a CPU tier, peer pulls
+    kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
+    kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<worker_id>-<pid>
+
+    @property
+    def tier_shm_name(self) -> str:
+        """The shared-memory name of the connector's CPU tier."""
+        return self.kv_tier_name or f"kvmesh-{self.worker_id}-{os.getpid()}"
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        """vLLM's `--kv-transfer-config` loading kvmesh's connector (recompute on a failed load)."""
+        return {
+            "kv_connector": "KvmeshConnector",
+            "kv_connector_module_path": "kvmesh.vllm_connector.connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"shm_name": self.tier_shm_name, "tier_bytes": self.kv_tier_bytes},
+        }
 
     def cli_args(self) -> list[str]:
         """The equivalent `vllm serve` flags (our fields first, pass-through last so they win)."""
@@ -99,6 +118,8 @@ class VllmEngineConfig:
             args.append("--enforce-eager")
         if self.max_num_seqs:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.kv_connector:
+            args += ["--kv-transfer-config", json.dumps(self.kv_transfer_config())]
         return args + list(self.extra_args)
 
 
@@ -214,6 +235,7 @@ class _Stats:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
+        self.kv_connector: dict[str, float] = {}  # the KV connector's block counts, summed
 
 
 def _stat_logger_factory(stats: _Stats) -> Any:
@@ -236,6 +258,8 @@ def _stat_logger_factory(stats: _Stats) -> Any:
                         stats.prefix_queries = stats.prefix_hits = 0
                     stats.prefix_queries += pcs.queries
                     stats.prefix_hits += pcs.hits
+                for k, v in (getattr(scheduler_stats, "kv_connector_stats", None) or {}).items():
+                    stats.kv_connector[k] = stats.kv_connector.get(k, 0.0) + float(v)
             if iteration_stats is not None:
                 stats.itl_ms.extend(x * 1000.0 for x in iteration_stats.inter_token_latencies_iter)
                 stats.ttft_ms.extend(x * 1000.0 for x in iteration_stats.time_to_first_tokens_iter)
@@ -392,6 +416,13 @@ class VllmEngine:
         self.mirror.apply(AllBlocksCleared())
         self.events.lose_all()
 
+    async def reset_prefix_cache(self) -> bool:
+        """Drops every block of vLLM's own prefix cache (its KV events say AllBlocksCleared); the
+        connector's tier keeps its blocks."""
+        if self._llm is None:
+            raise FailedPrecondition("engine not started")
+        return bool(await self._llm.reset_prefix_cache())
+
     async def _reset_prefix_cache(self, _worker_id: str) -> None:
         """After lost events: vLLM's prefix cache is reset (it emits AllBlocksCleared), so the mirror is
         right again from there on."""
@@ -411,7 +442,10 @@ class VllmEngine:
             raise FailedPrecondition("engine not started")
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    async def generate(self, req: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+    async def generate(
+        self, req: EngineRequest, kv_transfer_params: Mapping[str, Any] | None = None
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """Streams the request; `kv_transfer_params` reach the KV connector (e.g. a `kvmesh_pull` hint)."""
         if self._llm is None:
             raise FailedPrecondition("engine not started")
         from vllm.exceptions import VLLMValidationError
@@ -437,6 +471,8 @@ class VllmEngine:
         if req.prefill_only and len(ids) >= cfg.max_model_len:
             raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
         params = to_vllm_sampling(req.sampling, max_tokens)
+        if kv_transfer_params:
+            params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
         st = _InFlight(prompt_len=len(ids))
         self._inflight[req.request_id] = st
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
@@ -527,8 +563,14 @@ class VllmEngine:
                 "preemptions_total": float(s.preemptions),
                 "generation_tokens_total": float(s.generation_tokens),
                 "kv_event_gaps_total": float(self.event_gaps),
+                **{f"kv_tier_{k}_total": v for k, v in s.kv_connector.items()},
             },
         )
+
+    @property
+    def kv_connector_counts(self) -> dict[str, float]:
+        """Blocks the KV connector loaded from its own tier / a peer, failed to load, saved (totals)."""
+        return dict(self._stats.kv_connector)
 
     # -- kv-sync hooks ---------------------------------------------------------------------------------
     async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:
