@@ -30,6 +30,29 @@ _.intercept_stream_unary
 _.intercept_stream_stream
 _.intercept_service
 
+# vllm: KVConnectorBase_V1 / KVConnectorStats, what vLLM calls on kvmesh.vllm_connector (by module path)
+KvmeshConnector
+_.aggregate
+attn_metadata
+_.build_connector_meta
+_.build_kv_connector_stats
+forward_context
+_.get_block_ids_with_load_errors
+_.get_kv_connector_stats
+_.get_num_new_matched_tokens
+_.is_empty
+kv_layer
+layer_name
+_.reduce
+_.register_kv_caches
+_.request_finished
+_.requires_kv_delivery
+_.save_kv_layer
+_.start_load_kv
+_.update_state_after_alloc
+_.wait_for_layer_load
+_.wait_for_save
+
 # vllm: vLLM's stat-logger protocol (method, arguments) and engine-args attributes vLLM reads
 _.log_engine_initialized
 engine_idx
@@ -88,3 +111,4 @@ _.fallbacks
 bad_request_fields
 ServiceInterceptor
 _.exc_text  # logging.LogRecord's cached traceback text, cleared by rpc.server.QuietClientErrors
+_.kv_connector_counts  # VllmEngine's connector counters, read by the real-vLLM connector tests
