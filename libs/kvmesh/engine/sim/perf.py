@@ -135,3 +135,36 @@ def decode_step_time(batch: int, total_context: int, model: PerfModel = H200_LLA
     flops = 2.0 * model.n_params * batch + model.attn_flops_per_pair * total_context
     nbytes = model.weight_bytes + model.kv_bytes_per_token * total_context
     return max(nbytes / model.effective_bandwidth, flops / model.effective_flops) + model.step_overhead_s
+
+
+@dataclass(frozen=True, slots=True)
+class LinkModel:
+    """Bandwidths and round trip of the links a KV block crosses on a real fleet (docs/engine-model.md).
+
+    * ``host_to_gpu_bytes_per_s``: PCIe Gen5 x16 host→device copy of pinned memory on an H100/H200 node
+      (64 GB/s raw per direction; 50–55 GB/s measured by ``bandwidthTest``): 50 GB/s.
+    * ``network_bytes_per_s``: inter-node RDMA per GPU. The source deployment of the Mooncake trace (Kimi)
+      runs 8×400 Gb/s RoCE per 8-GPU node; Mooncake's Transfer Engine measures 190 GB/s per node on it
+      (kvcache-ai/Mooncake README), i.e. 190/8 = 23.75 GB/s per GPU (one NIC each).
+    * ``network_rtt_s``: one request/lease round trip before the bytes flow (1 ms, conservative next to
+      RDMA's microseconds: it covers the control RPC that grants the lease).
+    * ``disk_bytes_per_s``: one NVMe SSD's sequential read (PCIe Gen4 SSDs: ~7 GB/s datasheet), 6 GB/s.
+    """
+
+    host_to_gpu_bytes_per_s: float = 50e9
+    network_bytes_per_s: float = 190e9 / 8
+    network_rtt_s: float = 1e-3
+    disk_bytes_per_s: float = 6e9
+
+
+H200_NODE_LINKS = LinkModel()
+
+
+def block_bytes(block_size: int, model: PerfModel = H200_LLAMA70B_FP8) -> float:
+    """Bytes of one KV block: KV_tok · block_size (83.9 MB at 512 tokens for the default model)."""
+    return model.kv_bytes_per_token * block_size
+
+
+def tier_blocks(gigabytes: float, block_size: int, model: PerfModel = H200_LLAMA70B_FP8) -> int:
+    """KV blocks that ``gigabytes`` (10⁹ B) of tier memory hold: ⌊G·10⁹ / block_bytes⌋."""
+    return max(0, int(gigabytes * 1e9 // block_bytes(block_size, model)))
