@@ -148,7 +148,7 @@ class Scripted(Policy):
 
 
 def _req(i: int, t: float, chunks: Sequence[int], tail: int = 100) -> TraceRequest:
-    return TraceRequest(i, t, len(chunks) * BS + tail, 4, tuple(chunks) + (10_000 + i,))
+    return TraceRequest(i, t, len(chunks) * BS + tail, 4, (*chunks, 10_000 + i))
 
 
 def test_two_requests_for_one_prefix_on_one_worker_pull_it_once() -> None:
@@ -184,8 +184,12 @@ def test_blocks_the_gpu_evicts_are_loaded_back_from_the_cpu_tier() -> None:
     first = list(range(1, 9))
     tr = Trace(
         "t",
-        [_req(0, 0.0, first), _req(1, 50.0, list(range(100, 111))), _req(2, 75.0, list(range(200, 211)))]
-        + [_req(3, 100.0, first)],
+        [
+            _req(0, 0.0, first),
+            _req(1, 50.0, list(range(100, 111))),
+            _req(2, 75.0, list(range(200, 211))),
+            _req(3, 100.0, first),
+        ],
     )
     pol = ["w00"] * 4
     cfg = FleetConfig(workers=1, num_blocks=13)  # requests 1 and 2 need 12 blocks each: request 0's prefix goes
@@ -207,33 +211,31 @@ def small_trace() -> Trace:
     return read_mooncake(MOONCAKE, limit=300).window(0.0, 30.0)
 
 
-def test_pooled_lru_of_the_same_capacity_is_one_lru_over_gpu_plus_tiers(small_trace: Trace) -> None:
+def test_pooled_lru_of_the_same_capacity_is_one_lru_over_gpu_plus_tiers(tmp_path: Path, small_trace: Trace) -> None:
     gpu_only = FleetConfig(workers=2, num_blocks=40)
     tiered = replace(gpu_only, data_plane=DataPlane(1.0))  # 11 CPU blocks per worker
     assert tiered.fleet_capacity_blocks() == 2 * (40 + 11)
     hc = HashCache(small_trace, BS)
     prompts = [(r.input_len, hc.hashes(r.index)) for r in small_trace]
-    same = bench_fleet.same_capacity_ratio(_write(small_trace), tiered)
+    same = bench_fleet.same_capacity_ratio(_write(small_trace, tmp_path / "t.jsonl"), tiered)
     assert same == pooled_lru_hit_ratio(prompts, BS, 102)
     assert same > pooled_lru_hit_ratio(prompts, BS, 80)
 
 
-def _write(trace: Trace) -> str:
-    """The trace as a Mooncake .jsonl in a temp file (the bench reads paths)."""
-    import tempfile
-
-    f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
-    for r in trace:
-        ts = int(round(r.arrival_s * 1000))
-        f.write(json.dumps({"timestamp": ts, "input_length": r.input_len, "output_length": r.output_len,
-                            "hash_ids": list(r.chunks)}) + "\n")  # fmt: skip
-    f.close()
-    return f.name
+def _write(trace: Trace, path: Path) -> str:
+    """The trace as a Mooncake .jsonl at ``path`` (the bench reads paths)."""
+    rows = [
+        {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_len, "output_length": r.output_len,
+         "hash_ids": list(r.chunks)}
+        for r in trace
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
 
 
 def test_bench_fleet_with_the_data_plane_writes_its_keys(tmp_path: Path, small_trace: Trace) -> None:
     short = [r for r in small_trace if r.input_len < 8000][:40]  # no prompt whose prefill alone breaks the SLO
-    path = _write(Trace("short", [replace(r, index=i) for i, r in enumerate(short)]))
+    path = _write(Trace("short", [replace(r, index=i) for i, r in enumerate(short)]), tmp_path / "t.jsonl")
     args = ["--trace", path, "--workers", "2", "--policies", "kvmesh,dynamo", "--out", str(tmp_path), "--jobs", "1"]
     args += ["--bisect-window-s", "0", "--skip-studies", "--data-plane", "--cpu-tier-gb", "1"]
     args += ["--tier-sweep-gb", "0,1"]
