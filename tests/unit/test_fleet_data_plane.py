@@ -86,8 +86,9 @@ def _query(tier: dict[str, int], gpu: dict[str, int] | None = None, pulls: bool 
 
 def test_pull_is_chosen_only_when_it_beats_recompute_with_the_margin() -> None:
     recompute = 4 * BS * COSTS.prefill_s_per_token  # 0.2048 s for 4 blocks
-    slow = replace(COSTS, block_pull_s=(recompute / 1.5 - COSTS.pull_rtt_s) / 4)  # pull = recompute / 1.5
-    fast = replace(COSTS, block_pull_s=(recompute / 2.5 - COSTS.pull_rtt_s) / 4)  # pull = recompute / 2.5
+    per = COSTS.block_load_s  # a pulled block also crosses PCIe
+    slow = replace(COSTS, block_pull_s=(recompute / 1.5 - COSTS.pull_rtt_s) / 4 - per)  # pull = recompute / 1.5
+    fast = replace(COSTS, block_pull_s=(recompute / 2.5 - COSTS.pull_rtt_s) / 4 - per)  # pull = recompute / 2.5
     assert not pull_pays(4, BS, slow, margin=2.0)  # faster than recomputing, but not by the margin
     assert pull_pays(4, BS, slow, margin=1.0)
     assert pull_pays(4, BS, fast, margin=2.0)
@@ -105,7 +106,7 @@ def test_plan_prices_gpu_tier_pull_and_recompute_in_seconds() -> None:
     plan = plan_prefix(q, WorkerView("w", transfer=COSTS), top_sources(q.tier_matches))
     assert (plan.gpu_blocks, plan.load_blocks, plan.pull_blocks, plan.source) == (1, 2, 3, "p")
     assert plan.load_s == pytest.approx(2 * 0.002)
-    assert plan.pull_s == pytest.approx(0.001 + 3 * 0.01)
+    assert plan.pull_s == pytest.approx(0.001 + 3 * (0.01 + 0.002))
     assert plan.recompute_tokens == 8 * BS + 10 - 6 * BS
     assert plan.time_s == pytest.approx(plan.load_s + plan.pull_s + plan.recompute_tokens * 1e-4)
     assert plan.prefill_tokens(COSTS) == pytest.approx(plan.time_s / 1e-4)
@@ -163,7 +164,7 @@ def test_two_requests_for_one_prefix_on_one_worker_pull_it_once() -> None:
     r1, r2 = res.records[1], res.records[2]
     assert r1.cached_tokens == r2.cached_tokens == 8 * BS
     costs = cfg.data_plane.transfer_costs(BS)  # type: ignore[union-attr]
-    assert r1.first_token >= 100.0 + costs.pull_rtt_s + 8 * costs.block_pull_s
+    assert r1.first_token >= 100.0 + costs.pull_rtt_s + 8 * (costs.block_pull_s + costs.block_load_s)
     # without peer pulls (another policy given the same tier) the prefix is recomputed (request 2 reuses
     # only what request 1's first chunks computed before it was admitted)
     res = FleetSim(tr, Scripted(["w00", "w01", "w01"], peer_pulls=False), cfg).run()

@@ -20,10 +20,11 @@ With a KV data plane (``FleetConfig.data_plane``, :mod:`kvmesh.fleet.tiers`) eve
 worker w is given, beyond w's GPU hit, the following blocks of its prefix that w's tiers hold (a host→GPU copy
 over PCIe, or a disk read), then — for a policy with ``peer_pulls`` (kvmesh), when it beats recomputing with
 the margin (``kvmesh.routing.dataplane.pull_pays``) — the blocks the best peer holds in its GPU or tiers (bytes
-over the inter-node network plus a round trip). Links are FIFO per worker (PCIe in, NIC in, NIC out, disk),
-so transfers queue behind each other. Blocks already on their way to w are not fetched twice: a second
-request for them waits for the same transfer (in-flight dedup). When its transfers are done (event READY) the
-blocks enter w's pool as cached and the request is queued on w; the engine then counts them as cached tokens,
+over the inter-node network into w's host memory plus a round trip, then host→GPU over PCIe). Links are FIFO
+per worker (PCIe in, NIC in, NIC out, disk), so transfers queue behind each other. Blocks already on their
+way to w are not fetched twice: a second request for them waits for the same transfer (in-flight dedup).
+When its transfers are done (event READY) the blocks enter w's pool as cached and the request is queued on
+w; the engine then counts them as cached tokens,
 so ``hit_ratio`` = prompt tokens not recomputed (GPU hits + tier loads + pulls).
 With ``stop_when_slo_lost`` a run stops as soon as more requests violated TTFT (or ITL) than the p99 allows
 (``> n − ⌈0.99 n⌉``): the SLO verdict is then certain (used by the capacity bisection).
@@ -226,7 +227,7 @@ class FleetSim:
         dp = self.cfg.data_plane
         n = self.cfg.workers
         self.dp = dp
-        self.pulls = dp is not None and getattr(self.policy, "peer_pulls", False)
+        self.pulls = dp is not None and self.policy.peer_pulls
         self.tiers: list[WorkerTiers] = []
         self.gpu_held: list[set[int]] = [set() for _ in range(n)]  # what the index says each GPU pool holds
         self._incoming: list[dict[int, float]] = [{} for _ in range(n)]  # block → arrival time of its transfer
@@ -378,9 +379,12 @@ class FleetSim:
                 out[w] = k
         return out
 
-    def _transfer(self, link: tuple[str, int], seconds: float, also: tuple[str, int] | None = None) -> float:
-        """Queue ``seconds`` of transfer on a FIFO link (and ``also``, a second one it occupies); its end time."""
-        start = max(self.now, self._link_free.get(link, 0.0), self._link_free.get(also, 0.0) if also else 0.0)
+    def _transfer(
+        self, link: tuple[str, int], seconds: float, also: tuple[str, int] | None = None, after: float = 0.0
+    ) -> float:
+        """Queue ``seconds`` of transfer on a FIFO link (and ``also``, a second one it occupies), starting no
+        earlier than ``after``; its end time."""
+        start = max(self.now, after, self._link_free.get(link, 0.0), self._link_free.get(also, 0.0) if also else 0.0)
         end = start + seconds
         self._link_free[link] = end
         if also is not None:
@@ -432,8 +436,11 @@ class FleetSim:
             if src is not None and k > 0:
                 if pull_pays(k, bs, costs, dp.pull_margin):
                     s_slot = self.slot[src]
-                    dur = costs.pull_rtt_s + k * costs.block_pull_s
-                    end = self._transfer(("nic_in", slot), dur, ("nic_out", s_slot))
+                    # peer → this host's memory over the network, then host → GPU over PCIe
+                    net = self._transfer(
+                        ("nic_in", slot), costs.pull_rtt_s + k * costs.block_pull_s, ("nic_out", s_slot)
+                    )
+                    end = self._transfer(("pcie", slot), k * costs.block_load_s, after=net)
                     ready = max(ready, end)
                     for jj in range(j, j + k):
                         incoming[hs[jj]] = end

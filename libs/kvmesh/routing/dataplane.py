@@ -6,7 +6,9 @@ For request r (P prompt tokens, block size b) and candidate worker w, every term
     t       = max(tier_matches[w], g)                      … or in w's own CPU/disk tier
     load_s  = (t − g) · block_load_s(w)                    host→GPU copies, if < their prefill time
     s*      = argmax_{v ≠ w} tier_matches[v],  p = tier_matches[s*]     the best peer source
-    pull_s  = pull_rtt_s(w) + (p − t) · block_pull_s(w)    bytes over the network + one round trip
+    pull_s  = pull_rtt_s(w) + (p − t) · (block_pull_s(w) + block_load_s(w))
+                                                           bytes over the network into w's host memory, one
+                                                           round trip, then host→GPU (as kvmesh.routing.pull)
     pull    ⇔ peer_pulls ∧ p > t ∧ margin · pull_s < (p − t) · b · prefill_s_per_token(w)
     n       = max(P − covered · b, 0),  covered = t (+ p − t when pulling)          tokens to recompute
     time_s  = load_s + pull_s·[pull] + n · prefill_s_per_token(w)
@@ -63,8 +65,12 @@ def pull_pays(blocks: int, block_size: int, costs: TransferCosts, margin: float 
     """Whether pulling ``blocks`` beats recomputing them with the margin: margin · pull_s < recompute_s."""
     if blocks <= 0:
         return False
-    pull_s = costs.pull_rtt_s + blocks * costs.block_pull_s
-    return margin * pull_s < blocks * block_size * costs.prefill_s_per_token
+    return margin * pull_seconds(blocks, costs) < blocks * block_size * costs.prefill_s_per_token
+
+
+def pull_seconds(blocks: int, costs: TransferCosts) -> float:
+    """pull_rtt_s + blocks · (block_pull_s + block_load_s): peer → this host's memory → this GPU."""
+    return costs.pull_rtt_s + blocks * (costs.block_pull_s + costs.block_load_s) if blocks > 0 else 0.0
 
 
 def load_pays(blocks: int, block_size: int, costs: TransferCosts) -> bool:
@@ -114,6 +120,6 @@ def plan_prefix(
         src,
         n,
         load * costs.block_load_s,
-        costs.pull_rtt_s + pull * costs.block_pull_s if pull else 0.0,
+        pull_seconds(pull, costs),
         n * costs.prefill_s_per_token,
     )
