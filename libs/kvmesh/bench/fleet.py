@@ -4,6 +4,15 @@ Replays a trace on a simulated fleet under every policy (``kvmesh.fleet.evaluate
 long-request and warming studies (``kvmesh.fleet.studies``), and writes ``DIR/results.json`` (the issue-6
 contract), ``DIR/raw.json`` (everything measured), ``DIR/report.md`` and PNG plots. A progress bar goes to
 stderr; one JSON summary line goes to stdout.
+
+``--data-plane --cpu-tier-gb G [--disk-tier-gb D]`` gives every simulated worker a CPU tier of G GB (and a
+disk tier of D GB) that keeps what its GPU pool evicts; kvmesh also pulls prefixes from peers
+(``kvmesh.fleet.tiers``, ``kvmesh.routing.dataplane``). ``results.json`` then also holds, at the top level,
+``pooled_lru_same_capacity_hit_ratio`` (one LRU over the fleet's GPU + tier capacity), ``data_plane`` (the
+tiers, links and margin used), ``kvmesh_data_plane_off`` (kvmesh's capacity and hit ratio without the data
+plane, same protocol, same invocation; ``--no-off-baseline`` skips it) and, with ``--tier-sweep-gb``,
+``tier_sweep`` (kvmesh's hit ratio at load_scale against the CPU tier size); per policy ``data_plane`` holds
+the run's transfer counts. Without ``--data-plane`` the run is the one without tiers.
 """
 
 from __future__ import annotations
@@ -12,16 +21,18 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from kvmesh.fleet.evaluate import evaluate
+from kvmesh.fleet.evaluate import Job, evaluate, load_trace, run_jobs
 from kvmesh.fleet.metrics import Slo
 from kvmesh.fleet.policies import ALL_POLICIES
+from kvmesh.fleet.reference import pooled_lru_hit_ratio
 from kvmesh.fleet.report import compact, write_report
-from kvmesh.fleet.sim import FleetConfig
+from kvmesh.fleet.sim import FleetConfig, HashCache
 from kvmesh.fleet.studies import concurrent_long_study, warming_study
+from kvmesh.fleet.tiers import DataPlane
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +68,122 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--skip-studies", action="store_true", help="skip the 32-concurrent and warming studies")
     p.add_argument("--study-workers", type=int, default=8, help="fleet size of the 32-concurrent study")
+    p.add_argument("--data-plane", action="store_true", help="CPU/disk tiers on every worker, peer pulls for kvmesh")
+    p.add_argument("--cpu-tier-gb", type=float, default=256.0, help="CPU tier per worker (GPU), GB")
+    p.add_argument("--disk-tier-gb", type=float, default=0.0, help="disk tier per worker, GB (0: none)")
+    p.add_argument("--pull-margin", type=float, default=2.0, help="pull only if margin x pull time < recompute")
+    p.add_argument(
+        "--tier-sweep-gb", default="", help="comma list of CPU tier sizes: kvmesh's hit ratio at load_scale for each"
+    )
+    p.add_argument("--no-off-baseline", action="store_true", help="with --data-plane: skip kvmesh without it")
     return p
+
+
+def same_capacity_ratio(trace_arg: str, cfg: FleetConfig) -> float:
+    """Pooled-LRU hit ratio of one LRU holding the fleet's whole GPU + tier capacity."""
+    tr = load_trace(trace_arg)
+    hc = HashCache(tr, cfg.block_size)
+    prompts = [(r.input_len, hc.hashes(r.index)) for r in tr]
+    return pooled_lru_hit_ratio(prompts, cfg.block_size, cfg.fleet_capacity_blocks())
+
+
+def data_plane_extras(
+    trace_arg: str, base: FleetConfig, ev: dict[str, Any], jobs: int, profile: str | None, sweep: list[float], off: bool
+) -> dict[str, Any]:
+    """The top-level results.json keys of a --data-plane run (module docstring)."""
+    dp = base.data_plane
+    assert dp is not None
+    spec = dp.spec(base.block_size)
+    extra: dict[str, Any] = {
+        "pooled_lru_same_capacity_hit_ratio": same_capacity_ratio(trace_arg, base),
+        "data_plane": {
+            **asdict(dp),
+            "cpu_tier_blocks_per_worker": spec.cpu_blocks,
+            "disk_tier_blocks_per_worker": spec.disk_blocks,
+            "gpu_blocks_per_worker": base.gpu_blocks_per_worker(),
+            "fleet_capacity_blocks": base.fleet_capacity_blocks(),
+            "transfer_costs": asdict(dp.transfer_costs(base.block_size)),
+        },
+    }
+    at = replace(base, load_scale=ev["results"]["load_scale"])
+    todo: list[Job] = []
+    if off:
+        window = ev["bisect_window_s"]
+        todo += [
+            Job("capacity", "kvmesh", replace(base, data_plane=None), window, profile, False),
+            Job("run", "kvmesh", replace(at, data_plane=None), None, profile, False),
+        ]
+    todo += [
+        Job("run", "kvmesh", replace(at, data_plane=replace(dp, cpu_tier_gb=g)), None, profile, False) for g in sweep
+    ]
+    if not todo:
+        return extra
+    print(f"data plane: {len(todo)} more jobs (kvmesh without it, tier sweep)", file=sys.stderr)
+    done = run_jobs(trace_arg, base.block_size, todo, jobs)
+    if off:
+        cap, run = done[0], done[1]["summary"]
+        extra["kvmesh_data_plane_off"] = {
+            "slo_capacity": cap["slo_capacity"],
+            "hit_ratio": run["hit_ratio"],
+            "ttft_ms": {k: run["ttft_ms"][k] for k in ("p50", "p90", "p99")},
+            "goodput": run["goodput"],
+        }
+        done = done[2:]
+    if sweep:
+        extra["tier_sweep"] = [
+            {
+                "cpu_tier_gb": g,
+                "hit_ratio": d["summary"]["hit_ratio"],
+                "pooled_lru_same_capacity_hit_ratio": (
+                    pl := same_capacity_ratio(trace_arg, replace(base, data_plane=replace(dp, cpu_tier_gb=g)))
+                ),
+                "of_pooled_lru": d["summary"]["hit_ratio"] / max(pl, 1e-12),
+            }
+            for g, d in zip(sweep, done, strict=True)
+        ]
+    return extra
+
+
+def data_plane_section(results: dict[str, Any], pols: list[str]) -> str:
+    """Markdown appended to report.md for a --data-plane run."""
+    dp = results["data_plane"]
+    pooled = results["pooled_lru_same_capacity_hit_ratio"]
+    disk = f", disk tier {dp['disk_tier_gb']:g} GB" if dp["disk_tier_gb"] else ""
+    lines = [
+        "",
+        "## Data plane",
+        "",
+        f"Every worker has a CPU tier of {dp['cpu_tier_gb']:g} GB ({dp['cpu_tier_blocks_per_worker']} blocks"
+        f"{disk}) next to its "
+        f"{dp['gpu_blocks_per_worker']} GPU blocks; kvmesh also pulls from peers (margin {dp['pull_margin']:g}). "
+        f"Links: {dp['links']['host_to_gpu_bytes_per_s'] / 1e9:g} GB/s host→GPU, "
+        f"{dp['links']['network_bytes_per_s'] / 1e9:.2f} GB/s network per GPU, RTT "
+        f"{dp['links']['network_rtt_s'] * 1e3:g} ms (docs/engine-model.md). Pooled LRU of the same total capacity "
+        f"({dp['fleet_capacity_blocks']} blocks): **{pooled:.4f}**.",
+        "",
+        "| policy | slo_capacity | hit ratio | of same-capacity pooled LRU | tier loads | pulled blocks |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for p in pols:
+        r = results[p]
+        d = r.get("data_plane", {})
+        loads = d.get("loaded_cpu_blocks", 0) + d.get("loaded_disk_blocks", 0)
+        lines.append(
+            f"| {p} | {r['slo_capacity']:.3f} | {r['hit_ratio']:.4f} | {r['hit_ratio'] / max(pooled, 1e-12):.0%} "
+            f"| {loads:,.0f} | {d.get('pulled_blocks', 0):,.0f} |"
+        )
+    off = results.get("kvmesh_data_plane_off")
+    if off:
+        lines.append(f"| kvmesh, data plane off | {off['slo_capacity']:.3f} | {off['hit_ratio']:.4f} | | | |")
+    sweep = results.get("tier_sweep")
+    if sweep:
+        lines += ["", "| CPU tier GB | kvmesh hit ratio | pooled LRU, same capacity | ratio |", "|---:|---:|---:|---:|"]
+        lines += [
+            f"| {t['cpu_tier_gb']:g} | {t['hit_ratio']:.4f} | {t['pooled_lru_same_capacity_hit_ratio']:.4f} "
+            f"| {100 * t['of_pooled_lru']:.0f} % |"
+            for t in sweep
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _jsonable(o: Any) -> Any:
@@ -85,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
         slo=Slo(a.ttft_slo_s, a.itl_slo_s, a.ttft_mode),
         gpu_hour_price=a.gpu_hour_price,
+        data_plane=DataPlane(a.cpu_tier_gb, a.disk_tier_gb, pull_margin=a.pull_margin) if a.data_plane else None,
     )
     t0 = time.perf_counter()
     trace_arg = a.trace + ("+spread" if a.spread_arrivals else "")
@@ -104,9 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         print("studies: 32 concurrent long requests, warming", file=sys.stderr)
         ev["concurrent"] = concurrent_long_study(pols, base, a.study_workers, 32, a.jobs, a.kvmesh_profile)
         ev["warming"] = warming_study(base, a.jobs, a.kvmesh_profile)
+    write_report(ev, out)
+    if base.data_plane is not None:
+        sweep = [float(g) for g in a.tier_sweep_gb.split(",") if g.strip()]
+        for p in pols:
+            ev["results"][p]["data_plane"] = ev["runs"][p]["summary"].get("data_plane", {})
+        extra = data_plane_extras(trace_arg, base, ev, a.jobs, a.kvmesh_profile, sweep, not a.no_off_baseline)
+        ev["results"].update(extra)  # after write_report: its tables iterate the policies of results
+        with (out / "report.md").open("a") as f:
+            f.write(data_plane_section(ev["results"], pols))
     ev["wall_s"] = time.perf_counter() - t0
     (out / "results.json").write_text(json.dumps(ev["results"], indent=2, sort_keys=True) + "\n")
-    write_report(ev, out)
     (out / "raw.json").write_text(json.dumps(compact(ev), default=_jsonable) + "\n")
     r = ev["results"]
     line = {
@@ -118,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_p99_ms": {p: round(r[p]["ttft_ms"]["p99"], 1) for p in pols},
         "hit_ratio": {p: round(r[p]["hit_ratio"], 4) for p in pols},
         "pooled_lru_hit_ratio": ev["reference"]["pooled_lru_hit_ratio"],
+        **({k: r[k] for k in ("pooled_lru_same_capacity_hit_ratio",) if k in r}),
         "wall_s": round(ev["wall_s"], 1),
     }
     print(json.dumps(line))

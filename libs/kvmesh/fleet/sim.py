@@ -15,6 +15,17 @@ The index is fed the engines' hashes: the simulated engine hashes tokens with ``
 same salt as the requests, so they equal the index hashes the cache-manager derives from token ids (a unit
 test checks this). Nothing reads a wall clock; the same seed gives the same run. Loops are bounded by
 ``max_events`` and, optionally, ``max_wall_s`` (a run cut short is flagged ``truncated``).
+With a KV data plane (``FleetConfig.data_plane``, :mod:`kvmesh.fleet.tiers`) every worker also has a CPU tier
+(and optionally a disk tier) that keeps the blocks its GPU pool evicts. At its arrival a request routed to
+worker w is given, beyond w's GPU hit, the following blocks of its prefix that w's tiers hold (a host→GPU copy
+over PCIe, or a disk read), then — for a policy with ``peer_pulls`` (kvmesh), when it beats recomputing with
+the margin (``kvmesh.routing.dataplane.pull_pays``) — the blocks the best peer holds in its GPU or tiers (bytes
+over the inter-node network into w's host memory plus a round trip, then host→GPU over PCIe). Links are FIFO
+per worker (PCIe in, NIC in, NIC out, disk), so transfers queue behind each other. Blocks already on their
+way to w are not fetched twice: a second request for them waits for the same transfer (in-flight dedup).
+When its transfers are done (event READY) the blocks enter w's pool as cached and the request is queued on
+w; the engine then counts them as cached tokens,
+so ``hit_ratio`` = prompt tokens not recomputed (GPU hits + tier loads + pulls).
 With ``stop_when_slo_lost`` a run stops as soon as more requests violated TTFT (or ITL) than the p99 allows
 (``> n − ⌈0.99 n⌉``): the SLO verdict is then certain (used by the capacity bisection).
 """
@@ -32,16 +43,18 @@ import numpy as np
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
-from kvmesh.engine.sim.perf import chunked_prefill_time
+from kvmesh.engine.sim.perf import block_bytes, chunked_prefill_time
 from kvmesh.errors import InvalidArgument, ResourceExhausted
 from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
 from kvmesh.fleet.policies.base import Policy
+from kvmesh.fleet.tiers import DataPlane, WorkerTiers
 from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
 from kvmesh.hashing import compute_block_hashes
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvmesh.routing.dataplane import load_pays, pull_pays
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
-_STEP_END, _ARRIVAL, _WARM = 0, 1, 2
+_STEP_END, _ARRIVAL, _WARM, _READY = 0, 1, 2, 3
 
 
 class Index(Protocol):
@@ -76,6 +89,19 @@ class FleetConfig:
     max_events: int = 200_000_000
     max_wall_s: float | None = None
     vocab_size: int = DEFAULT_VOCAB
+    data_plane: DataPlane | None = None
+
+    def gpu_blocks_per_worker(self) -> int:
+        """KV blocks of one worker's engine pool."""
+        return self.engine_config().resolved_num_blocks()
+
+    def fleet_capacity_blocks(self) -> int:
+        """Blocks the whole fleet can hold: workers · (GPU pool + CPU tier + disk tier)."""
+        per = self.gpu_blocks_per_worker()
+        if self.data_plane is not None:
+            spec = self.data_plane.spec(self.block_size)
+            per += spec.cpu_blocks + spec.disk_blocks
+        return self.workers * per
 
     def engine_config(self) -> SimConfig:
         return SimConfig(
@@ -195,6 +221,30 @@ class FleetSim:
         self._itl_bad = 0
         n = len(trace)
         self._allowed_bad = n - math.ceil(0.99 * n)
+        self._init_data_plane()
+
+    def _init_data_plane(self) -> None:
+        dp = self.cfg.data_plane
+        n = self.cfg.workers
+        self.dp = dp
+        self.pulls = dp is not None and self.policy.peer_pulls
+        self.tiers: list[WorkerTiers] = []
+        self.gpu_held: list[set[int]] = [set() for _ in range(n)]  # what the index says each GPU pool holds
+        self._incoming: list[dict[int, float]] = [{} for _ in range(n)]  # block → arrival time of its transfer
+        self._link_free: dict[tuple[str, int], float] = {}
+        self.dp_stats: dict[str, float] = dict.fromkeys(
+            ("loaded_cpu_blocks", "loaded_disk_blocks", "pulled_blocks", "pull_bytes", "pulls", "deduped_blocks",
+             "pulls_refused", "tier_saved_blocks", "tier_dropped_blocks", "delayed_requests"),
+            0,
+        )  # fmt: skip
+        if dp is None:
+            self.transfer_costs = None
+            return
+        spec = dp.spec(self.cfg.block_size)
+        self.tiers = [WorkerTiers(spec) for _ in range(n)]
+        self.transfer_costs = dp.transfer_costs(self.cfg.block_size)
+        self._block_bytes = block_bytes(self.cfg.block_size)
+        self._loads_pay = load_pays(1, self.cfg.block_size, self.transfer_costs)
 
     # ---------------------------------------------------------------- scheduling helpers
     def _push(self, t: float, kind: int, arg: Any) -> None:
@@ -204,7 +254,7 @@ class FleetSim:
     def view(self, slot: int) -> WorkerView:
         v = self._views[slot]
         if v is None:
-            v = WorkerView(id=self.ids[slot])
+            v = WorkerView(id=self.ids[slot], transfer=self.transfer_costs)
             v.apply_report(self.engines[slot].load_report(self.now))
             self._views[slot] = v
         return v
@@ -261,15 +311,17 @@ class FleetSim:
         hs = self.hc.hashes(i, toks)
         hl = hs.tolist()
         matches = self.index.find_matches(hs) if hl else {}
-        rid = str(i)
+        tier_matches = self._tier_matches(hl) if self.pulls and hl else {}
         rr = RoutingQuery(
-            request_id=rid,
+            request_id=str(i),
             prompt_tokens=r.input_len,
             block_hashes=hl,
             matches=matches,
             block_size=self.cfg.block_size,
             session_id=r.session or "",
             max_tokens=r.output_len,
+            tier_matches=tier_matches,
+            peer_pulls=self.pulls,
         )
         wid = self.policy.choose(rr, self.views(), self.now)
         slot = self.slot[wid]
@@ -277,9 +329,25 @@ class FleetSim:
         if self.cfg.slo.ttft_mode == "excess":
             rec.ttft_allow = self.hc.isolated_ttft(i, self.cfg.prefill_chunk_tokens)
         self.records[i] = rec
+        fetch = self._fetch(slot, i, hl, tier_matches) if self.dp is not None and hl else None
+        if fetch is not None and fetch[0] > self.now:  # wait for the transfers, then queue on the engine
+            self.policy.on_routed(rr, wid, self.now)
+            self.dp_stats["delayed_requests"] += 1
+            self._push(fetch[0], _READY, (slot, i, fetch[1]))
+        else:
+            if fetch is not None:
+                self._insert_blocks(slot, i, fetch[1])
+            self._submit(slot, i, rr)
+        if self.warmer is not None:
+            self.warmer.on_arrival(self, hs, toks, self.now)
+
+    def _submit(self, slot: int, i: int, rr: RoutingQuery | None) -> None:
+        """Queue request i on engine ``slot``; ``rr`` None: the policy was told at routing time (data plane)."""
+        r = self.trace.requests[i]
+        rid = str(i)
         req = EngineRequest(
             rid,
-            prompt_token_ids=tuple(toks.tolist()),
+            prompt_token_ids=tuple(self.hc.tokens(i).tolist()),
             sampling=SamplingParams(max_tokens=r.output_len, ignore_eos=True, seed=i),
         )
         try:
@@ -288,22 +356,143 @@ class FleetSim:
             self.rejected += 1  # never served: counts as an SLO violation (first_token stays NaN)
             self._ttft_bad += 1
             self._itl_bad += 1
+            if rr is None:
+                self.policy.on_finish(rid, self.ids[slot], self.now)
             return
-        self.policy.on_routed(rr, wid, self.now)
+        if rr is not None:
+            self.policy.on_routed(rr, self.ids[slot], self.now)
         self._views[slot] = None
         self._kick(slot)
-        if self.warmer is not None:
-            self.warmer.on_arrival(self, hs, toks, self.now)
+
+    # ---------------------------------------------------------------- data plane
+    def _tier_matches(self, hl: Sequence[int]) -> dict[str, int]:
+        """Per worker, the leading blocks of ``hl`` its GPU pool (as the index knows it) or tiers hold."""
+        out: dict[str, int] = {}
+        for v, w in enumerate(self.ids):
+            held, tiers = self.gpu_held[v], self.tiers[v]
+            k = 0
+            for h in hl:
+                if h not in held and h not in tiers:
+                    break
+                k += 1
+            if k:
+                out[w] = k
+        return out
+
+    def _transfer(
+        self, link: tuple[str, int], seconds: float, also: tuple[str, int] | None = None, after: float = 0.0
+    ) -> float:
+        """Queue ``seconds`` of transfer on a FIFO link (and ``also``, a second one it occupies), starting no
+        earlier than ``after``; its end time."""
+        start = max(self.now, after, self._link_free.get(link, 0.0), self._link_free.get(also, 0.0) if also else 0.0)
+        end = start + seconds
+        self._link_free[link] = end
+        if also is not None:
+            self._link_free[also] = end
+        return end
+
+    def _fetch(
+        self, slot: int, i: int, hl: Sequence[int], tier_matches: dict[str, int]
+    ) -> tuple[float, list[tuple[int, int, int | None]]] | None:
+        """Start the transfers that give worker ``slot`` the prefix of request i beyond its GPU hit (module
+        docstring); returns (time they are all done, [(block index, hash, parent)]) or None if nothing moves."""
+        dp, costs = self.dp, self.transfer_costs
+        assert dp is not None and costs is not None
+        bs = self.cfg.block_size
+        hs = hl[: (self.trace.requests[i].input_len - 1) // bs]  # the engine always computes the last token
+        j = len(self.engines[slot].pool.match_prefix(hs))
+        if j >= len(hs):
+            return None
+        now, ready = self.now, self.now
+        incoming, tiers, st = self._incoming[slot], self.tiers[slot], self.dp_stats
+        take: list[tuple[int, int, int | None]] = []
+        local: dict[str, list[int]] = {"cpu": [], "disk": []}
+        while j < len(hs):
+            h = hs[j]
+            t = incoming.get(h)
+            if t is not None:  # already on its way here: wait for that transfer, move nothing
+                ready = max(ready, t)
+                st["deduped_blocks"] += 1
+            else:
+                m = tiers.medium(h) if self._loads_pay else None
+                if m is None:
+                    break
+                local[m].append(h)
+                tiers.touch(h, now)
+            take.append((j, h, hs[j - 1] if j else None))
+            j += 1
+        links = dp.links
+        local_links = (("cpu", links.host_to_gpu_bytes_per_s, "pcie"), ("disk", links.disk_bytes_per_s, "disk"))
+        for medium, bw, link in local_links:
+            blocks = local[medium]
+            if blocks:
+                end = self._transfer((link, slot), len(blocks) * self._block_bytes / bw)
+                ready = max(ready, end)
+                incoming.update(dict.fromkeys(blocks, end))
+                st[f"loaded_{medium}_blocks"] += len(blocks)
+        if self.pulls and j < len(hs):
+            src = max((v for v in tier_matches if v != self.ids[slot]), key=lambda v: tier_matches[v], default=None)
+            k = min(tier_matches[src], len(hs)) - j if src is not None else 0
+            if src is not None and k > 0:
+                if pull_pays(k, bs, costs, dp.pull_margin):
+                    s_slot = self.slot[src]
+                    # peer → this host's memory over the network, then host → GPU over PCIe
+                    net = self._transfer(
+                        ("nic_in", slot), costs.pull_rtt_s + k * costs.block_pull_s, ("nic_out", s_slot)
+                    )
+                    end = self._transfer(("pcie", slot), k * costs.block_load_s, after=net)
+                    ready = max(ready, end)
+                    for jj in range(j, j + k):
+                        incoming[hs[jj]] = end
+                        self.tiers[s_slot].touch(hs[jj], now)
+                        take.append((jj, hs[jj], hs[jj - 1] if jj else None))
+                    st["pulls"] += 1
+                    st["pulled_blocks"] += k
+                    st["pull_bytes"] += k * self._block_bytes
+                else:
+                    st["pulls_refused"] += 1
+        return (ready, take) if take else None
+
+    def _insert_blocks(self, slot: int, i: int, take: Sequence[tuple[int, int, int | None]]) -> None:
+        """The fetched blocks enter worker ``slot``'s pool as cached (chain order); their events are applied."""
+        bs = self.cfg.block_size
+        toks = self.hc.tokens(i)
+        pool, incoming = self.engines[slot].pool, self._incoming[slot]
+        for j, h, parent in take:
+            if incoming.get(h, math.inf) <= self.now:
+                del incoming[h]
+            pool.insert_cached(h, parent, toks[j * bs : (j + 1) * bs].tolist(), j)
+        ev = self.engines[slot].drain_events()
+        if ev:
+            self._apply_events(self.ids[slot], ev)
+        self._views[slot] = None
+
+    def _ready(self, slot: int, i: int, take: Sequence[tuple[int, int, int | None]]) -> None:
+        self._insert_blocks(slot, i, take)
+        self._submit(slot, i, None)
 
     def _apply_events(self, w: str, events: Sequence[KvEvent]) -> None:
         idx = self.index
+        dp = self.dp is not None
+        slot = self.slot[w]
+        held = self.gpu_held[slot]
         for ev in events:
             if isinstance(ev, BlockStored):
                 idx.store(w, ev.parent_block_hash, ev.block_hashes)
+                if dp:
+                    held.update(ev.block_hashes)
             elif isinstance(ev, BlockRemoved):
                 idx.remove(w, ev.block_hashes)
+                if dp:  # the GPU pool evicted them: they go to the worker's CPU tier
+                    held.difference_update(ev.block_hashes)
+                    tiers = self.tiers[slot]
+                    before = tiers.dropped
+                    tiers.save_evicted(ev.block_hashes, self.now)
+                    self.dp_stats["tier_saved_blocks"] += len(ev.block_hashes)
+                    self.dp_stats["tier_dropped_blocks"] += tiers.dropped - before
             elif isinstance(ev, AllBlocksCleared):
                 idx.clear(w)
+                held.clear()
 
     def _step_end(self, slot: int, res: Any) -> None:
         w = self.ids[slot]
@@ -359,6 +548,8 @@ class FleetSim:
             events += 1
             if kind == _STEP_END:
                 self._step_end(*arg)
+            elif kind == _READY:
+                self._ready(*arg)
             else:
                 self._arrival(arg)
                 arrived += 1
@@ -387,6 +578,8 @@ class FleetSim:
         res.summary.update(
             rejected=self.rejected, stopped_early=stopped, truncated=truncated, warm_requests=self.warm_requests
         )
+        if self.dp is not None:
+            res.summary["data_plane"] = {"peer_pulls": self.pulls, **self.dp_stats}
         return res
 
 

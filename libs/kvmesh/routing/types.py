@@ -26,6 +26,23 @@ class CircuitState(enum.StrEnum):
     HALF_OPEN = "half_open"
 
 
+@dataclass(frozen=True, slots=True)
+class TransferCosts:
+    """What it costs worker w to obtain a KV block other than by prefill, in seconds (see
+    `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
+    router would fill it from the worker's registration (its links) and load report (its prefill rate).
+
+    `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier
+    into its engine pool (bytes / host→GPU bandwidth); `block_pull_s`: one block from a peer (bytes /
+    network bandwidth); `pull_rtt_s`: the round trip a pull pays once before its bytes flow.
+    """
+
+    prefill_s_per_token: float
+    block_load_s: float
+    block_pull_s: float
+    pull_rtt_s: float
+
+
 @dataclass(slots=True)
 class WorkerView:
     """The router's view of one worker. Latencies in ms, usage in [0, 1], token counts in tokens.
@@ -34,7 +51,8 @@ class WorkerView:
     (maintained by `kvmesh.routing.inflight.InflightTracker`); `inflight_requests` counts all of this
     router's outstanding requests on the worker (used by the anti-herding tie-break); `ended_requests` those of
     this router's requests in the last report that have ended since (the report's counts still hold them).
-    `pool` is "" (any prompt), "long" or "short" (see `filters.pool`).
+    `pool` is "" (any prompt), "long" or "short" (see `filters.pool`). `transfer` is None unless the fleet has
+    a KV data plane (tiers, peer pulls): then the cost prices loads and pulls with it.
     """
 
     id: str
@@ -67,6 +85,8 @@ class WorkerView:
     inflight_kv_blocks: int = 0
     inflight_requests: int = 0
     ended_requests: int = 0
+    # the KV data plane's link costs (None: no data plane, prefix hits come from the GPU pool only)
+    transfer: TransferCosts | None = None
 
     @property
     def routable(self) -> bool:
@@ -96,6 +116,9 @@ class RoutingQuery:
 
     `matches[w]` is the number of leading blocks of `block_hashes` that worker w already caches (from
     the prefix index); the cached overlap in tokens is `min(matches[w] * block_size, prompt_tokens)`.
+    With a KV data plane, `tier_matches[w]` (≥ `matches[w]`) counts the leading blocks w holds in its GPU pool
+    or its own CPU/disk tier (the index's per-(worker, block) medium), and `peer_pulls` says whether w may pull
+    the blocks it lacks from the peer holding the longest prefix (see `kvmesh.routing.dataplane`).
     """
 
     request_id: str
@@ -105,6 +128,8 @@ class RoutingQuery:
     block_size: int = 16
     session_id: str = ""
     max_tokens: int = 256
+    tier_matches: Mapping[str, int] = field(default_factory=dict)
+    peer_pulls: bool = False
 
     def overlap_tokens(self, worker_id: str) -> int:
         """Prompt tokens already cached on `worker_id`: min(matched_blocks * block_size, prompt_tokens)."""

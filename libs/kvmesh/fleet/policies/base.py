@@ -18,6 +18,9 @@ class Policy:
     """Base class: no-op hooks; subclasses implement :meth:`choose`."""
 
     name = "policy"
+    # With a KV data plane: route on tier contents (RoutingQuery.tier_matches) and pull from peers (kvmesh).
+    # Without it a policy's workers still load from their own tiers, routing as their router does.
+    peer_pulls = False
 
     def reset(self, worker_ids: Sequence[str], seed: int) -> None:
         """Forget all state before a run over ``worker_ids``."""

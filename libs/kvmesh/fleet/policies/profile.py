@@ -42,7 +42,7 @@ class ProfilePolicy(Policy):
         return d.worker_id
 
     def on_routed(self, req: RoutingQuery, worker_id: str, now: float) -> None:
-        new = max(req.prompt_tokens - req.matches.get(worker_id, 0) * req.block_size, 0)
+        new = max(req.prompt_tokens - covered_blocks(req, worker_id) * req.block_size, 0)
         self.tracker.assign(req.request_id, worker_id, new, req.prompt_tokens, req.block_size, now)
 
     def on_first_token(self, request_id: str, worker_id: str, now: float) -> None:
@@ -52,12 +52,26 @@ class ProfilePolicy(Policy):
         self.tracker.finish(request_id)
 
 
+def covered_blocks(req: RoutingQuery, worker_id: str) -> int:
+    """Leading blocks ``worker_id`` will not prefill: its GPU hit, or with a data plane what its tiers hold and,
+    with peer pulls, the longest prefix any worker holds (the in-flight estimate; the sim decides the pull)."""
+    m = req.matches.get(worker_id, 0)
+    if not req.tier_matches:
+        return m
+    m = max(m, req.tier_matches.get(worker_id, 0))
+    return max(m, *req.tier_matches.values()) if req.peer_pulls else m
+
+
 def kvmesh_policy(profile_path: str | Path | None = None) -> ProfilePolicy:
-    """The kvmesh default profile, or the YAML profile at ``profile_path``."""
+    """The kvmesh default profile, or the YAML profile at ``profile_path``; it pulls from peers when the fleet
+    has a KV data plane."""
     if profile_path is None:
-        return ProfilePolicy("kvmesh", lambda seed: Profile.default(seed=seed))
-    text = Path(profile_path).read_text()
-    return ProfilePolicy("kvmesh", lambda seed: Profile.from_yaml(text, seed=seed))
+        pol = ProfilePolicy("kvmesh", lambda seed: Profile.default(seed=seed))
+    else:
+        text = Path(profile_path).read_text()
+        pol = ProfilePolicy("kvmesh", lambda seed: Profile.from_yaml(text, seed=seed))
+    pol.peer_pulls = True
+    return pol
 
 
 def baseline_policy(name: str) -> ProfilePolicy:

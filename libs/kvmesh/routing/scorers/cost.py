@@ -43,12 +43,15 @@ request added to w raises D(w) by its prompt length, so w stops winning once (1-
 another worker saves: at most about alpha/(1-alpha) · (prompt saved / prompt) extra requests per worker.
 With g = e = 0 and k = 0 this is the earlier cost alpha·P + (1-alpha)·D, P = n + Q. `set_weights` changes
 alpha. Only load-report and in-flight fields of `WorkerView` are used, so the live router computes the same.
+With a KV data plane (`req.tier_matches` and `w.transfer` set) n(w) is `kvmesh.routing.dataplane.plan_prefix`'s
+time in prefill tokens: blocks w can load from its own tier or pull from a peer cost their transfer time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvmesh.routing.dataplane import plan_prefix, top_sources
 from kvmesh.routing.plugin import SCORERS, register
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
@@ -96,15 +99,20 @@ class CostScorer:
         prompt = req.prompt_tokens
         bs = req.block_size
         matches = req.matches
-        ts: list[int] = []
+        ts: list[float] = []
         xs: list[float] = []
         ds: list[int] = []
         scale: float = 1.0
+        sources = top_sources(req.tier_matches) if req.tier_matches else ()
+        n: float
         for w in candidates:
-            m = matches.get(w.id, 0)
-            n = prompt - m * bs if m else prompt
-            if n < 0:
-                n = 0
+            if sources and w.transfer is not None:  # KV data plane: loads and pulls priced in prefill tokens
+                n = plan_prefix(req, w, sources).prefill_tokens(w.transfer)
+            else:
+                m = matches.get(w.id, 0)
+                n = prompt - m * bs if m else prompt
+                if n < 0:
+                    n = 0
             q = w.prefill_tokens_queued + w.inflight_prefill_tokens
             t = n + (q if k == 0 or q < k * n else k * n)
             x = g * (q - n) if q > n else 0.0
