@@ -19,8 +19,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, block_bytes, tier_blocks
-from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN
+from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, tier_blocks
+from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN, transfer_costs
 from kvmesh.routing.types import TransferCosts
 
 DEFAULT_HALF_LIFE_S = 120.0
@@ -109,14 +109,8 @@ class DataPlane:
         )
 
     def transfer_costs(self, block_size: int, model: PerfModel = H200_LLAMA70B_FP8) -> TransferCosts:
-        """Per-block link times and the prefill time per token (2·P / effective FLOP/s), in seconds."""
-        nbytes = block_bytes(block_size, model)
-        return TransferCosts(
-            prefill_s_per_token=2.0 * model.n_params / model.effective_flops,
-            block_load_s=nbytes / self.links.host_to_gpu_bytes_per_s,
-            block_pull_s=nbytes / self.links.network_bytes_per_s,
-            pull_rtt_s=self.links.network_rtt_s,
-        )
+        """Per-block link times and the prefill time per token, in seconds (`dataplane.transfer_costs`)."""
+        return transfer_costs(block_size, model, self.links)
 
 
 class WorkerTiers:

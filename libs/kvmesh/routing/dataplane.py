@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, block_bytes
 from kvmesh.routing.types import RoutingQuery, TransferCosts, WorkerView
 
 DEFAULT_PULL_MARGIN = 2.0
@@ -66,6 +67,19 @@ def pull_pays(blocks: int, block_size: int, costs: TransferCosts, margin: float 
     if blocks <= 0:
         return False
     return margin * pull_seconds(blocks, costs) < blocks * block_size * costs.prefill_s_per_token
+
+
+def transfer_costs(
+    block_size: int, model: PerfModel = H200_LLAMA70B_FP8, links: LinkModel = H200_NODE_LINKS
+) -> TransferCosts:
+    """Per-block link times of the perf model's block and its prefill time per token (2·P / FLOP/s)."""
+    nbytes = block_bytes(block_size, model)
+    return TransferCosts(
+        prefill_s_per_token=2.0 * model.n_params / model.effective_flops,
+        block_load_s=nbytes / links.host_to_gpu_bytes_per_s,
+        block_pull_s=nbytes / links.network_bytes_per_s,
+        pull_rtt_s=links.network_rtt_s,
+    )
 
 
 def pull_seconds(blocks: int, costs: TransferCosts) -> float:

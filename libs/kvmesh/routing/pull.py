@@ -5,7 +5,7 @@ For the worker the profile chose, w, holding `matches[w]` leading blocks, and a 
 With n = (min(matches[p], cap) − matches[w]) · block_size tokens (cap: every block but the one holding the
 prompt's last token, which the engine always computes), in seconds of the perf model:
 
-    pull_s      = RTT + KV_tok·n / B_net + KV_tok·n / B_pcie        (peer host memory → here → GPU)
+    pull_s      = RTT + KV_tok·n / B_net + KV_tok·n / B_pcie        (`dataplane.pull_seconds`: peer → here → GPU)
     recompute_s = chunked prefill of n tokens on top of matches[w] cached blocks
 
 A pull is chosen only when `pull_s · margin ≤ recompute_s`; of several peers, the one with the longest
@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill_time, kv_load_time, kv_pull_time
+from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill_time
+from kvmesh.routing.dataplane import pull_seconds, transfer_costs
 from kvmesh.routing.types import CircuitState, RoutingQuery, WorkerView
 
 DEFAULT_MARGIN = 2.0
@@ -56,7 +57,7 @@ def choose_pull(
     tokens = (blocks - have) * bs
     if tokens <= 0:
         return None
-    pull_s = kv_pull_time(tokens, perf) + kv_load_time(tokens, 0, perf)
+    pull_s = pull_seconds(blocks - have, transfer_costs(bs, perf))
     recompute_s = chunked_prefill_time(tokens, have * bs, chunk, perf)
     if pull_s * margin > recompute_s:
         return None
