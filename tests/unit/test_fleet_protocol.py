@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,11 +46,11 @@ def small_trace_with_overlong(path: Path, overlong: int = 3) -> Path:
     return write_mooncake(path, rows)
 
 
-def run_bench(trace: Path, out: Path, *extra: str) -> dict[str, object]:
+def run_bench(trace: Path, out: Path, *extra: str) -> dict[str, Any]:
     argv = ["--trace", str(trace), "--workers", "2", "--policies", "round_robin,kvmesh", "--out", str(out)]
     argv += ["--skip-studies", "--bisect-window-s", "0", "--jobs", "1", *extra]
     assert fleet_main(argv) == 0
-    res: dict[str, object] = json.loads((out / "results.json").read_text())
+    res: dict[str, Any] = json.loads((out / "results.json").read_text())
     return res
 
 
@@ -58,8 +59,8 @@ def test_a_trace_with_prompts_beyond_the_context_gives_a_report(tmp_path: Path) 
     trace = small_trace_with_overlong(tmp_path / "t.jsonl")
     res = run_bench(trace, tmp_path / "out")
     assert (tmp_path / "out" / "report.md").is_file()
-    assert res["round_robin"]["slo_capacity"] > 0  # type: ignore[index]
-    assert res["load_scale"] > 0  # type: ignore[operator]
+    assert res["round_robin"]["slo_capacity"] > 0
+    assert res["load_scale"] > 0
     gone = res["trace_unservable"]
     assert gone == {
         "count": 3,
@@ -68,14 +69,14 @@ def test_a_trace_with_prompts_beyond_the_context_gives_a_report(tmp_path: Path) 
         "dropped_followups": 0,
         "indices": [4, 12, 20],
     }
-    assert res["load_scale_rule"] == res["protocol"]["load_scale_rule"]  # type: ignore[index]
+    assert res["load_scale_rule"] == res["protocol"]["load_scale_rule"]
     for p in ("round_robin", "kvmesh"):
         x = res[p]
-        ex, abs_ = x["ttft_excess_ms"], x["ttft_ms"]  # type: ignore[index]
+        ex, abs_ = x["ttft_excess_ms"], x["ttft_ms"]
         assert 0 <= ex["p50"] <= ex["p90"] <= ex["p99"]
         assert all(ex[q] <= abs_[q] for q in ("p50", "p90", "p99"))  # the ideal TTFT is > 0
-        assert x["slo_probes"][0] == {"scale": 0.5, "meets": True}  # type: ignore[index]
-        assert x["goodput"] > 0.5  # type: ignore[operator]  # the 3 removed requests do not count against it
+        assert x["slo_probes"][0] == {"scale": 0.5, "meets": True}
+        assert x["goodput"] > 0.5  # the 3 removed requests do not count against it
     md = (tmp_path / "out" / "report.md").read_text()
     assert "3 of the trace's 27 requests can never be served" in md
     assert "TTFT excess p99" in md and "by the rule: 1.25 x round_robin" in md
@@ -88,10 +89,10 @@ def test_a_slo_no_policy_meets_gives_capacity_0_and_the_fallback_load(tmp_path: 
     assert "no baseline meets the SLO" in str(res["load_scale_rule"])
     for p in ("round_robin", "kvmesh"):
         x = res[p]
-        assert x["slo_capacity"] == 0.0  # type: ignore[index]
-        scales = [q["scale"] for q in x["slo_probes"]]  # type: ignore[index]
-        assert not any(q["meets"] for q in x["slo_probes"]) and min(scales) == pytest.approx(1 / 64)  # type: ignore[index]
-        assert x["ttft_ms"]["p99"] > 0  # type: ignore[index]  # still measured at the fallback load
+        assert x["slo_capacity"] == 0.0
+        scales = [q["scale"] for q in x["slo_probes"]]
+        assert not any(q["meets"] for q in x["slo_probes"]) and min(scales) == pytest.approx(1 / 64)
+        assert x["ttft_ms"]["p99"] > 0  # still measured at the fallback load
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| round_robin | 0.000 |" in md and "no baseline meets the SLO" in md
 

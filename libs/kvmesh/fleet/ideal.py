@@ -28,7 +28,7 @@ from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.perf import PerfModel, chunked_prefill_time
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import InvalidArgument
-from kvmesh.fleet.trace import Trace
+from kvmesh.fleet.trace import Trace, TraceRequest
 
 INDICES_SHOWN = 50  # trace indices of unservable requests listed in results.json (the first ones)
 # InvalidArgument field of the engine's own checks -> reason reported for the request
@@ -98,7 +98,7 @@ def servable_trace(trace: Trace, engine: SimConfig) -> tuple[Trace, Unservable]:
     if not drop:
         return trace, gone
     new_index: dict[int, int] = {}
-    reqs = []
+    reqs: list[TraceRequest] = []
     for r in trace.requests:
         if r.index in drop:
             continue

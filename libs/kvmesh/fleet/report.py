@@ -217,6 +217,7 @@ def _protocol_lines(ev: dict[str, Any]) -> list[str]:
         "whole-trace runs at that scale.",
         f"* Reference hit ratios: pooled LRU (one LRU with the fleet's {ref['fleet_kv_blocks']:,} blocks) "
         f"**{ref['pooled_lru_hit_ratio']:.4f}**, infinite cache {ref['ideal_hit_ratio']:.4f}.",
+        "* The protocol in full: `docs/fleet-report/protocol.md` and `kvmesh/fleet/evaluate.py`.",
     ]
     return lines
 
