@@ -136,3 +136,13 @@ def test_report_policies_ignore_the_run_keys_and_targets_need_kvmesh() -> None:
     assert got["lowest TTFT excess p99 at load_scale"] is False  # dynamo's is lower
     assert got["slo_capacity ≥ 1.5× round_robin"] is True  # round_robin's capacity is 0
     assert targets({"results": {p: res[p] for p in ("round_robin", "dynamo")}}) == []
+
+
+def test_a_trace_with_nothing_servable_still_gives_a_report(tmp_path: Path) -> None:
+    n = CONTEXT + 8192
+    k = -(-n // 512)
+    trace = write_mooncake(tmp_path / "t.jsonl", [(0, n, 10, list(range(k))), (1000, n, 10, list(range(k, 2 * k)))])
+    res = run_bench(trace, tmp_path / "out")
+    assert res["trace_unservable"]["count"] == 2 and res["round_robin"]["slo_capacity"] == 0.0
+    assert res["load_scale"] == FALLBACK_LOAD_SCALE
+    assert "2 of the trace's 2 requests can never be served" in (tmp_path / "out" / "report.md").read_text()

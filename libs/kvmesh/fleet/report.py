@@ -160,12 +160,12 @@ def _plots(ev: dict[str, Any], out: Path) -> None:
     mats = []
     for p in show:
         series = runs[p]["util_series"]
-        width = max(len(s) for s in series.values())
+        width = max(1, *(len(s) for s in series.values()))  # 1: a run with no step (nothing servable)
         m = np.zeros((len(series), width))
         for i, w in enumerate(sorted(series)):
             m[i, : len(series[w])] = series[w]
         mats.append(m)
-    vmax = max(0.05, max(float(np.percentile(m, 99.5)) for m in mats))
+    vmax = max(0.05, *(float(np.percentile(m, 99.5)) for m in mats))
     for ax, p, m in zip(axes[:, 0], show, mats, strict=True):
         width = m.shape[1]
         im = ax.imshow(
