@@ -510,7 +510,7 @@ class FleetSim:
             if math.isnan(rec.first_token):
                 rec.first_token = self.now
                 self.policy.on_first_token(rid, w, self.now)
-                if rec.ttft_excess > slo.ttft_s:
+                if rec.ttft_over_allowance > slo.ttft_s:
                     self._ttft_bad += 1
             if out.finished:
                 rec.finish = self.now
