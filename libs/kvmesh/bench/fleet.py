@@ -119,7 +119,7 @@ def data_plane_extras(
     if not todo:
         return extra
     print(f"data plane: {len(todo)} more jobs (kvmesh without it, tier sweep)", file=sys.stderr)
-    done = run_jobs(trace_arg, base.block_size, todo, jobs)
+    done = run_jobs(trace_arg, base, todo, jobs)
     if off:
         cap, run = done[0], done[1]["summary"]
         extra["kvmesh_data_plane_off"] = {
