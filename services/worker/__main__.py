@@ -7,10 +7,11 @@ from collections.abc import Sequence
 
 from kvmesh.cpus import parse_cpu_list, pin_process
 from kvmesh.engine.sim.driver import SimEngine
+from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
-from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, PeerPulls
+from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, PeerPulls, VllmPulls, vllm_tier_server
 from kvmesh.services.worker.openai_http import OpenAIApi
 from kvmesh.services.worker.pusher import CacheManagerPusher
 from kvmesh.services.worker.servicer import WorkerServicer
@@ -30,6 +31,9 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
     tiers = engine.core.tiers if isinstance(engine, SimEngine) else None
     kvsync = KvSyncServer(tiers.cpu, settings) if tiers is not None and tiers.cpu is not None else None
+    if isinstance(engine, VllmEngine) and engine.config.kv_connector:
+        kvsync = vllm_tier_server(engine.config.tier_shm_name, settings)
+        app.vllm_pulls = VllmPulls(engine, pulls)
     if kvsync is not None:
         app.kvsync_address = await kvsync.start()
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name

@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvmesh.engine.base import Engine
 from kvmesh.errors import Unavailable
@@ -14,6 +15,9 @@ from kvmesh.kvevents import AllBlocksCleared, KvEvent, KvEventBatch, LoadReport
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.kvlog import KvEventLog
 from kvmesh.tasks import stop_task
+
+if TYPE_CHECKING:
+    from kvmesh.services.worker.kvpull import VllmPulls
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,7 @@ class WorkerApp:
         self.tier_region = ""
         self.tier_shm_name = ""
         self.tier_blocks_total = 0
+        self.vllm_pulls: VllmPulls | None = None  # a vLLM worker's pull hints -> its KV connector
         self._pump_task: asyncio.Task[None] | None = None
 
     @property

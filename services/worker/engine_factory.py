@@ -7,6 +7,7 @@ import shlex
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from kvmesh.engine.base import Engine
 from kvmesh.engine.clock import Clock, RealClock, VirtualClock
@@ -44,6 +45,13 @@ def build_tiers(s: WorkerSettings) -> HostTiers | None:
     cpu = TierRegion.create(f"kvmesh-{uuid.uuid4().hex[:16]}", block_bytes, cpu_slots, layout) if cpu_slots else None
     disk = DiskTier(s.disk_tier_dir, block_bytes, disk_slots) if disk_slots else None
     return HostTiers(cpu, disk, layout, lease_clock_ns=time.monotonic_ns)
+
+
+def vllm_tier_fields(s: WorkerSettings) -> dict[str, Any]:
+    """VllmEngineConfig's KV connector fields: its CPU tier of `--cpu-tier-mb` (0 turns the connector off:
+    it would otherwise keep a one-slot tier) under shm name `kvmesh-<worker id>-<pid>`."""
+    tier_bytes = int(s.cpu_tier_mb * (1 << 20))
+    return {"worker_id": s.service_id or "worker", "kv_connector": tier_bytes > 0, "kv_tier_bytes": tier_bytes}
 
 
 def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None) -> Engine:
@@ -84,6 +92,7 @@ def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None)
                 dtype=s.vllm_dtype,
                 extra_args=tuple(shlex.split(s.vllm_args)),
                 cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
+                **vllm_tier_fields(s),
             )
         )
     raise InvalidArgument("engine", f"unknown engine {s.engine!r} (sim or vllm)")

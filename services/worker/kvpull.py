@@ -4,25 +4,40 @@
 port, so bulk KV streams never queue behind generation traffic); the address goes into GetInfo. `PeerPulls`
 is the simulated engine's `pull_transport`: one `KvSyncClient` per peer address, which reads the peer's
 shared memory when it attaches here and streams over gRPC otherwise; any failure raises `PullFailed`.
+
+On a vLLM worker the tier belongs to the KV connector in vLLM's engine-core process: the worker attaches it
+read-only (`RegionReader`) and serves it, this process being the lessor (`AcquireLease` writes the lease
+array). `VllmPulls` turns a Generate's pull hint into the connector's `kv_transfer_params`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
-from kvmesh.kvsync.client import KvSyncClient
-from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
-from kvmesh.kvsync.tier import TierRegion
+from kvmesh.errors import NotFound
+from kvmesh.kvsync.client import KvSyncClient, Lease
+from kvmesh.kvsync.service import MAX_BLOCKS, REQUEST_BOUNDS, KvSyncServicer, add_to_server
+from kvmesh.kvsync.tier import RegionReader, TierRegion
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import worker_pb2
+from kvmesh.vllm_connector.layout import KvLayout, block_digests
+from kvmesh.vllm_connector.plan import PULL_KEY
+
+if TYPE_CHECKING:
+    from kvmesh.engine.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
 TIER_REGION = "cpu"
@@ -33,9 +48,9 @@ _SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
 
 
 class KvSyncServer:
-    """KvSyncService over one CPU tier region, on its own port."""
+    """KvSyncService over one CPU tier region (owned here, or a vLLM connector's attached), on its own port."""
 
-    def __init__(self, region: TierRegion, settings: WorkerSettings) -> None:
+    def __init__(self, region: TierRegion | RegionReader, settings: WorkerSettings) -> None:
         self.region = region
         self.settings = settings
         self.server = grpc.aio.server(options=list(_SERVER_OPTIONS))
@@ -59,6 +74,18 @@ class KvSyncServer:
 
     async def stop(self) -> None:
         await self.server.stop(grace=1.0)
+        if isinstance(self.region, RegionReader):  # an owner's region is closed by its owner
+            self.region.close()
+
+
+def vllm_tier_server(shm_name: str, settings: WorkerSettings) -> KvSyncServer | None:
+    """KvSyncServer over the vLLM connector's tier (attached read-only once vLLM registered its KV caches);
+    None when there is no such region (connector off, or its layout unsupported)."""
+    try:
+        return KvSyncServer(RegionReader.attach(shm_name), settings)
+    except NotFound:
+        log.warning("no vLLM connector tier %r: kv-sync not served", shm_name)
+        return None
 
 
 class PeerPulls:
@@ -68,7 +95,12 @@ class PeerPulls:
         self.settings = settings
         self._clients: dict[str, tuple[grpc.aio.Channel, KvSyncClient]] = {}
 
-    def _client(self, address: str) -> KvSyncClient:
+    def timeout_ms(self, hint: PullHint) -> int:
+        """The pull's deadline: the hint's, capped by this worker's own."""
+        cap = self.settings.pull_timeout_ms
+        return min(hint.timeout_ms or cap, cap)
+
+    def client(self, address: str) -> KvSyncClient:
         entry = self._clients.get(address)
         if entry is None:
             channel = open_channel(address, self.settings, propagate=False)
@@ -77,8 +109,8 @@ class PeerPulls:
 
     async def __call__(self, hint: PullHint, digests: Sequence[bytes], outs: Sequence[memoryview], layout: str) -> int:
         s = self.settings
-        timeout_ms = min(hint.timeout_ms or s.pull_timeout_ms, s.pull_timeout_ms)
-        stats = await self._client(hint.source_address).pull(
+        timeout_ms = self.timeout_ms(hint)
+        stats = await self.client(hint.source_address).pull(
             hint.region or TIER_REGION,
             digests,
             outs,
@@ -110,3 +142,88 @@ def hint_from_proto(h: worker_pb2.KvPullHint) -> PullHint:
         expires_unix_ms=h.expires_unix_ms,
         timeout_ms=h.timeout_ms,
     )
+
+
+def leased_prefix(lease: Lease) -> list[bytes]:
+    """The digests of the lease's leading held blocks (what a pull can load)."""
+    return lease.digests[: lease.prefix]
+
+
+def vllm_pull_params(shm_name: str, lease: Lease) -> dict[str, Any] | None:
+    """The vLLM connector's `kv_transfer_params` for a leased peer region (digests hex-encoded, JSON-safe:
+    the connector claims only the leased blocks); None when the lease holds no leading block."""
+    digests = leased_prefix(lease)
+    if not digests:
+        return None
+    hint = {"shm_name": shm_name, "lease_until_ns": lease.lease_until_ns, "digests": [d.hex() for d in digests]}
+    return {PULL_KEY: hint}
+
+
+def region_on_host(shm_name: str) -> bool:
+    """Whether a kv-sync region of that name attaches on this host."""
+    try:
+        RegionReader.attach(shm_name).close()
+    except NotFound:
+        return False
+    return True
+
+
+class VllmPulls:
+    """A vLLM worker's pull hints -> `kv_transfer_params` for kvmesh's connector, one lease per request.
+
+    The lease comes from the source's KvSyncService (`acquire_lease` over the hint's source address, within
+    the hint's deadline); the connector then reads the leased blocks one-sided from the source's shared
+    memory. Any failure (dead peer, timeout, nothing held, an expired hint) means no pull: the request is
+    computed. A source whose region does not attach on this host is not pulled either (outcome
+    `remote_unsupported`): the connector reads only same-host shared memory; a cross-host pull streamed
+    over gRPC into vLLM's paged cache is not built yet. Outcomes are counted in `outcomes`.
+    """
+
+    def __init__(self, engine: VllmEngine, peers: PeerPulls) -> None:
+        self.engine = engine
+        self.peers = peers
+        self.outcomes: Counter[str] = Counter()
+        self._kv_layout: KvLayout | None = None
+
+    async def params(self, req: EngineRequest, hint: PullHint) -> dict[str, Any] | None:
+        """The request's `kv_transfer_params`, or None (no pull; `m.observe_pull` counts it either way)."""
+        if hint.expires_unix_ms and hint.expires_unix_ms <= time.time() * 1000:
+            return self._outcome("expired", None)
+        if not hint.shm_name or not region_on_host(hint.shm_name):
+            return self._outcome("remote_unsupported", None)
+        try:
+            async with asyncio.timeout(self.peers.timeout_ms(hint) / 1000.0):
+                limit = min(hint.num_blocks or MAX_BLOCKS, MAX_BLOCKS)  # the hint's prefix, one lease call
+                digests = (list(hint.digests) or await self._digests(req))[:limit]
+                if not digests:
+                    return self._outcome("missing", None)
+                lease = await self.peers.client(hint.source_address).acquire_lease(
+                    hint.region or TIER_REGION,
+                    digests,
+                    ttl_ms=hint.lease_ms or self.peers.settings.pull_lease_ms,
+                    timeout_s=self.peers.timeout_ms(hint) / 1000.0,
+                )
+        except Exception as e:  # any failure is a recompute, never an error of the request
+            log.warning("lease from %s failed, computing instead: %s", hint.source_address, e)
+            return self._outcome("failed", None)
+        params = vllm_pull_params(hint.shm_name, lease)
+        return self._outcome("leased" if params else "missing", params, len(leased_prefix(lease)))
+
+    async def _digests(self, req: EngineRequest) -> list[bytes]:
+        """The prompt's block identities as the connector computes them (hints without digests)."""
+        ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else None
+        if ids is None:
+            ids = await self.engine.tokenize(req.prompt or "")
+        return block_digests(ids, self._layout(), req.lora_name, req.tenant)
+
+    def _layout(self) -> KvLayout:
+        from kvmesh.vllm_connector.connector import layout_of
+
+        if self._kv_layout is None:  # the front end's config: the same model, dtype and block size as the core's
+            self._kv_layout = layout_of(self.engine._llm.vllm_config)
+        return self._kv_layout
+
+    def _outcome(self, outcome: str, params: dict[str, Any] | None, blocks: int = 0) -> dict[str, Any] | None:
+        self.outcomes[outcome] += 1
+        m.observe_pull(blocks)
+        return params

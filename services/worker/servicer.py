@@ -88,9 +88,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         req = request_from_proto(request)
         timer = m.StreamTimer(time.monotonic())
         engine = self.app.engine
+        vllm = self.app.vllm_pulls
+        params = None
         if request.HasField("kv_pull") and isinstance(engine, SimEngine):
             m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
-        stream = engine.generate(req)
+        elif request.HasField("kv_pull") and vllm is not None:
+            params = await vllm.params(req, hint_from_proto(request.kv_pull))  # None: computed
+        stream = engine.generate(req) if vllm is None or params is None else vllm.engine.generate(req, params)
         try:
             async for out in stream:
                 timer.tokens(time.monotonic(), len(out.token_ids))

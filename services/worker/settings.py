@@ -28,7 +28,9 @@ class WorkerSettings(ServerSettings):
     max_num_seqs: int = setting(256, "sim engine: concurrently running requests")
     vllm_cpu_kvcache_gib: float = setting(1.0, "vllm-cpu: KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB")
     vllm_dtype: str = setting("auto", "vLLM --dtype")
-    cpu_tier_mb: float = setting(16.0, "sim engine: CPU tier (a kv-sync shared-memory region), MiB; 0 = none")
+    cpu_tier_mb: float = setting(
+        16.0, "CPU tier (a kv-sync shared-memory region), MiB; 0 = none (vLLM: its KV connector off)"
+    )
     disk_tier_dir: str = setting("", "sim engine: directory of a disk tier below the CPU tier (empty = none)")
     disk_tier_mb: float = setting(256.0, "sim engine: disk tier size, MiB")
     tier_block_bytes: int = setting(0, "sim engine: bytes per KV block in the tiers (0 = the tiny model's size)")
