@@ -16,7 +16,7 @@ from kvmesh.engine.sim.driver import PullTransport, SimEngine
 from kvmesh.engine.sim.tiers import DiskTier, HostTiers, sim_layout, tiny_block_bytes
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
-from kvmesh.kvsync.tier import TierRegion
+from kvmesh.kvsync.tier import TierRegion, region_name
 from kvmesh.services.worker.settings import WorkerSettings
 
 SIM_MODEL_NAME = "sim-llama-3.1-70b-fp8"
@@ -42,7 +42,7 @@ def build_tiers(s: WorkerSettings) -> HostTiers | None:
     if cpu_slots < 1 and disk_slots < 1:
         return None
     layout = sim_layout(model_name(s), s.block_size, block_bytes)
-    cpu = TierRegion.create(f"kvmesh-{uuid.uuid4().hex[:16]}", block_bytes, cpu_slots, layout) if cpu_slots else None
+    cpu = TierRegion.create(region_name(uuid.uuid4().hex[:16]), block_bytes, cpu_slots, layout) if cpu_slots else None
     disk = DiskTier(s.disk_tier_dir, block_bytes, disk_slots) if disk_slots else None
     return HostTiers(cpu, disk, layout, lease_clock_ns=time.monotonic_ns)
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvmesh.kvsync import tier
 from kvmesh.kvsync.tier import (
     CorruptBlock,
     RegionReader,
@@ -207,3 +211,22 @@ def test_reader_cache_follows_epoch(region: TierRegion, reader: RegionReader) ->
     region.evict(_digest(0))
     assert reader.epoch > epoch
     assert reader.locate([_digest(0)]) == [None]
+
+
+def test_a_dead_owners_region_is_removed_when_a_region_is_created(tmp_path: Path) -> None:
+    """An owner killed with SIGKILL cannot unlink its region: the next create on the host removes it."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(child.stdout)  # exited: its pid names no process (unless reused in between, then kept: safe)
+    orphan = tmp_path / tier.region_name("abc", pid=dead)
+    mine = tmp_path / tier.region_name("def")
+    other = tmp_path / "psm_1234"  # not a kvmesh region: never touched
+    for f in (orphan, mine, other):
+        f.write_bytes(b"x")
+    removed = tier.remove_orphans(str(tmp_path))
+    assert removed == [orphan.name] or (removed == [] and tier._alive(dead))
+    assert mine.exists() and other.exists()
+    region = TierRegion.create(tier.region_name("new"), 64, 2, "layout")  # create sweeps /dev/shm
+    try:
+        assert region.shm_name.startswith(f"kvmesh-{os.getpid()}-")
+    finally:
+        region.close()

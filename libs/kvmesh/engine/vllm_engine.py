@@ -42,6 +42,7 @@ from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from kvmesh.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.kvsync.tier import region_name
 from kvmesh.tasks import stop_task
 from kvmesh.wire.vllm_events import VllmTranslator
 from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
@@ -74,12 +75,12 @@ class VllmEngineConfig:
     latency_window: int = 512
     kv_connector: bool = True  # kvmesh's KV connector (kvmesh.vllm_connector): a CPU tier, peer pulls
     kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
-    kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<worker_id>-<pid>
+    kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<pid>-<worker_id>
 
     @property
     def tier_shm_name(self) -> str:
         """The shared-memory name of the connector's CPU tier."""
-        return self.kv_tier_name or f"kvmesh-{self.worker_id}-{os.getpid()}"
+        return self.kv_tier_name or region_name(self.worker_id)
 
     def kv_transfer_config(self) -> dict[str, Any]:
         """vLLM's `--kv-transfer-config` loading kvmesh's connector (recompute on a failed load)."""

@@ -28,6 +28,7 @@ import contextlib
 import heapq
 import mmap
 import os
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,39 @@ DIGEST_BYTES = 32
 MAX_LAYOUT_BYTES = 256
 PAGE = 4096
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory
+_OWNED_NAME = re.compile(r"kvmesh-(\d+)-[\w.-]+")  # region_name(): the owner's pid, then a tag
+
+
+def region_name(tag: str, pid: int | None = None) -> str:
+    """`kvmesh-<pid>-<tag>`: a region name that says which process owns it, so that a region left behind by
+    an owner killed with SIGKILL (which cannot unlink it) is found and removed by `remove_orphans`."""
+    return f"kvmesh-{os.getpid() if pid is None else pid}-{tag}"
+
+
+def remove_orphans(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlinks the regions named by `region_name` whose owner process no longer exists; returns their names.
+    (A process in another PID namespace sharing this /dev/shm would look dead: such hosts name regions
+    otherwise.) Readers that still map an orphan keep their mapping; new attaches get NOT_FOUND."""
+    removed: list[str] = []
+    for name in os.listdir(shm_dir) if os.path.isdir(shm_dir) else ():
+        m = _OWNED_NAME.fullmatch(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        return True
+    return True
+
 
 _HEAD = struct.Struct("<4sIQQQI")  # magic, version, block_bytes, num_slots, epoch, layout_len
 _EPOCH_OFFSET = 24
@@ -221,7 +255,8 @@ class TierRegion(_Mapped):
 
     @classmethod
     def create(cls, shm_name: str, block_bytes: int, num_slots: int, layout: str) -> TierRegion:
-        """Creates the segment `shm_name` (it must not exist) and formats it."""
+        """Creates the segment `shm_name` (it must not exist) and formats it, first removing the regions of
+        owners that died without unlinking theirs (`remove_orphans`)."""
         if block_bytes <= 0:
             raise InvalidArgument("block_bytes", f"must be > 0, got {block_bytes}")
         if num_slots <= 0:
@@ -229,6 +264,7 @@ class TierRegion(_Mapped):
         raw = layout.encode()
         if not raw or len(raw) > MAX_LAYOUT_BYTES:
             raise InvalidArgument("layout", f"must be 1..{MAX_LAYOUT_BYTES} bytes of UTF-8, got {len(raw)}")
+        remove_orphans()
         shm = shared_memory.SharedMemory(name=shm_name, create=True, size=segment_bytes(block_bytes, num_slots))
         assert shm.buf is not None
         shm.buf[: _HEAD.size] = _HEAD.pack(MAGIC, VERSION, block_bytes, num_slots, 0, len(raw))

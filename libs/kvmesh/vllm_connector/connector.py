@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvmesh.errors import FailedPrecondition, KvmeshError
-from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion
+from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion, region_name
 from kvmesh.vllm_connector.blocks import PagedKv, byte_tensor
 from kvmesh.vllm_connector.layout import KvLayout, block_salt
 from kvmesh.vllm_connector.plan import (
@@ -78,7 +78,7 @@ class ConnectorSettings:
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ConnectorSettings:
-        name = str(extra.get("shm_name") or f"kvmesh-tier-{os.getpid()}")
+        name = str(extra.get("shm_name") or region_name("tier"))
         return cls(name, int(extra.get("tier_bytes", DEFAULT_TIER_BYTES)), bool(extra.get("verify", True)))
 
 
