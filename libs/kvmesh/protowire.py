@@ -22,7 +22,7 @@ def length_delimited(number: int, payload: bytes) -> bytes:
     return varint((number << 3) | 2) + varint(len(payload)) + payload
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     """(value, next position) of the varint at `pos`; IndexError when `buf` ends inside it."""
     value = shift = 0
     while True:
@@ -47,14 +47,14 @@ def field_payload(buf: bytes, number: int, oneof_siblings: frozenset[int] = froz
     pos, end = 0, len(buf)
     try:
         while pos < end:
-            key, pos = _read_varint(buf, pos)
+            key, pos = read_varint(buf, pos)
             if key >> 3 in oneof_siblings:
                 return None
             wire = key & 7
             if wire == 0:
-                _, pos = _read_varint(buf, pos)
+                _, pos = read_varint(buf, pos)
             elif wire == 2:
-                size, pos = _read_varint(buf, pos)
+                size, pos = read_varint(buf, pos)
                 if pos + size > end:
                     return None
                 if key >> 3 == number:

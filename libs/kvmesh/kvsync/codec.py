@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.protowire import varint
+from kvmesh.protowire import read_varint, varint
 
 # field numbers of BlockChunk (kvsync.proto)
 _INDEX, _OFFSET, _DATA, _LAST, _CRC = 1, 2, 3, 4, 5
@@ -64,24 +64,11 @@ def encode_chunks(chunks: Sequence[Chunk]) -> bytes:
     return b"".join(parts)
 
 
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-
-
 def _skip(buf: memoryview, pos: int, wire: int) -> int:
     if wire == 0:
-        return _varint(buf, pos)[1]
+        return read_varint(buf, pos)[1]
     if wire == 2:
-        size, pos = _varint(buf, pos)
+        size, pos = read_varint(buf, pos)
         return pos + size
     if wire == 1:
         return pos + 8
@@ -96,10 +83,10 @@ def _decode_chunk(buf: memoryview) -> Chunk:
     data = buf[0:0]
     pos = 0
     while pos < len(buf):
-        key, pos = _varint(buf, pos)
+        key, pos = read_varint(buf, pos)
         number, wire = key >> 3, key & 7
         if wire == 0 and number in (_INDEX, _OFFSET, _LAST, _CRC):
-            value, pos = _varint(buf, pos)
+            value, pos = read_varint(buf, pos)
             if number == _INDEX:
                 index = value
             elif number == _OFFSET:
@@ -109,7 +96,7 @@ def _decode_chunk(buf: memoryview) -> Chunk:
             else:
                 crc = value
         elif wire == 2 and number == _DATA:
-            size, pos = _varint(buf, pos)
+            size, pos = read_varint(buf, pos)
             if pos + size > len(buf):
                 raise ValueError("data runs past the chunk")
             data = buf[pos : pos + size]
@@ -129,9 +116,9 @@ def decode_chunks(raw: bytes) -> list[Chunk]:
     pos = 0
     try:
         while pos < len(buf):
-            key, pos = _varint(buf, pos)
+            key, pos = read_varint(buf, pos)
             if key == (_CHUNKS << 3) | 2:
-                size, pos = _varint(buf, pos)
+                size, pos = read_varint(buf, pos)
                 if pos + size > len(buf):
                     raise ValueError("chunk runs past the message")
                 out.append(_decode_chunk(buf[pos : pos + size]))
