@@ -8,11 +8,8 @@ file only after every worker sent its first load report. Token ids stay below th
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Generator, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,9 +26,9 @@ from kvmesh.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from tests.support.models import tiny_model
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 BS = 32
 KEY = "sk-test-key"
 ENGINE = {"name": "sim"}
@@ -42,17 +39,6 @@ def engine(request: pytest.FixtureRequest) -> Iterator[str]:
     ENGINE["name"] = request.param
     yield request.param
     ENGINE["name"] = "sim"
-
-
-def tiny_model() -> str:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def toks(n: int, start: int = 0) -> list[int]:

@@ -30,7 +30,7 @@ from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from kvmesh.kvsync.tier import SHM_DIR, RegionReader, data_offset
 from kvmesh.vllm_connector.layout import block_digests
 from kvmesh.vllm_connector.plan import loadable_blocks
-from tests.integration.test_vllm_engine import tiny_model
+from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 BS = 32

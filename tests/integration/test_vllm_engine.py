@@ -4,10 +4,7 @@ with KV events that describe exactly the cached blocks, abort, invalid arguments
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -16,22 +13,11 @@ from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from kvmesh.errors import InvalidArgument
 from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent
+from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 BS = 32
 MAX_LEN = 512
-
-
-def tiny_model() -> str:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -5,38 +5,24 @@ connector reads it from A's tier, B reports it as cached tokens and its greedy o
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 BS = 32
 PROMPT_LEN = 2048
 VOCAB = 1000  # the tiny model's tokenizer has 1024 ids; stay clear of the specials at the top
 
 
-def _tiny_model() -> str:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return out.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
-    model = _tiny_model()
+    model = tiny_model()
     flags = ["--engine", "vllm", "--model", model, "--block-size", str(BS), "--max-model-len", "4096"]
     flags += ["--vllm-dtype", "bfloat16", "--cpu-tier-mb", "64"]
     procs: list[ServiceProcess] = []
