@@ -179,7 +179,6 @@ async def test_pull_over_grpc_and_over_shm(peer: Peer) -> None:
     stats = await peer.client.pull("cpu", digests, outs, LAYOUT)
     assert (stats.transport, stats.blocks) == ("shm", 4)
     assert [bytes(o) for o in outs[:4]] == [data for _, data in blocks[:4]]
-    assert stats.integrity_s == 0  # over shm the CRC is checked in the copy's pass (the corrupt-byte test)
 
 
 async def test_pull_refuses_a_layout_mismatch(peer: Peer) -> None:
@@ -189,16 +188,20 @@ async def test_pull_refuses_a_layout_mismatch(peer: Peer) -> None:
 
 
 @pytest.mark.parametrize("prefer_shm", [False, True])
-async def test_pull_detects_a_corrupt_byte(peer: Peer, prefer_shm: bool) -> None:
-    digest, data = _blocks(1)[0]
-    peer.region.put(digest, data, now_ns=0)
-    view = peer.region.get(digest, now_ns=0)
+@pytest.mark.parametrize("at", [1000, 40_000, BLOCK - 1])  # over gRPC: in the first, middle and last chunk
+async def test_pull_detects_a_corrupt_byte(peer: Peer, prefer_shm: bool, at: int) -> None:
+    blocks = _blocks(2)
+    for digest, data in blocks:
+        peer.region.put(digest, data, now_ns=0)
+    view = peer.region.get(blocks[1][0], now_ns=0)
     assert view is not None
-    view[1000] ^= 0x01  # a bit flips in the owner's memory after the CRC was written
+    view[at] ^= 0x01  # a bit flips in the owner's memory after the CRC was written
     del view
+    outs = _outs(2)
     with pytest.raises(PullFailed) as err:
-        await peer.client.pull("cpu", [digest], _outs(1), LAYOUT, prefer_shm=prefer_shm)
+        await peer.client.pull("cpu", [d for d, _ in blocks], outs, LAYOUT, prefer_shm=prefer_shm)
     assert err.value.reason == "corrupt"
+    assert bytes(outs[0]) == blocks[0][1]  # the block before it arrived whole and checked
 
 
 async def test_pull_maps_an_unknown_region(peer: Peer) -> None:

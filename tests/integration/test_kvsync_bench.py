@@ -45,7 +45,12 @@ def test_kvsync_bench_quick_prints_one_json_line_per_the_contract() -> None:
     for ref in ("memcpy", "socket"):
         assert {r["block_bytes"] for r in res[ref]} == {tiny, 1 << 20}
         assert all(r["gbps"] > 0 for r in res[ref])
-    assert 0 < res["integrity_share"] < 1
+    assert 0 <= res["integrity_share"] < 1
+    assert set(res["integrity_share_by_transport"]) == {"shm", "grpc", "link"}
+    for path in ("shm_check_128_blocks", "grpc_check_128_blocks"):
+        assert {r["block_bytes"] for r in res[path]} == {tiny, 1 << 20}
+        for r in res[path]:
+            assert r["copy_ms"] > 0 and r["checked_copy_ms"] > 0 and r["extra_ms"] >= 0
     assert res["link_mode"].startswith(("netns+proxy", "loopback+proxy"))
     # the link adds a 1 ms round trip: no pull over it (at least one call) can take less
     assert min(r["p50_ms"] for r in res["results"] if r["transport"] == "link") > 1.0

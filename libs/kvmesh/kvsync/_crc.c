@@ -5,7 +5,8 @@
  * three equal lanes whose CRCs run in lockstep, then joined with the GF(2) shift of zlib's crc32_combine
  * (crc(A||B) = crc(A) * x^(8|B|) mod P  xor  crc(B), on the finished CRCs). `copy_crc32c` stores each
  * 8-byte word it has just loaded for the CRC, so a verified copy reads the source once: checking costs the
- * CRC instructions, not a second pass over memory. Both release the GIL. x86-64 with SSE4.2 only; elsewhere
+ * CRC instructions, not a second pass over memory. Both take the CRC `value` of the bytes before (a block
+ * arriving in pieces: crc(A||B) from crc(A) and B, by the same combine). Both release the GIL. x86-64 with SSE4.2 only; elsewhere
  * the module exports `available = False` and Python uses the `crc32c` package.
  */
 #define PY_SSIZE_T_CLEAN
@@ -138,9 +139,14 @@ static PyObject *py_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 static PyObject *py_copy_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "copy_crc32c(dst, src)");
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "copy_crc32c(dst, src, value=0)");
         return NULL;
+    }
+    unsigned long value = 0;
+    if (nargs == 3) {
+        value = PyLong_AsUnsignedLong(args[2]);
+        if (PyErr_Occurred()) return NULL;
     }
     Py_buffer dst, src;
     if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0) return NULL;
@@ -157,6 +163,7 @@ static PyObject *py_copy_crc32c(PyObject *self, PyObject *const *args, Py_ssize_
     uint32_t crc;
     Py_BEGIN_ALLOW_THREADS
     crc = crc_copy((const uint8_t *)src.buf, (uint8_t *)dst.buf, (size_t)src.len);
+    if (nargs == 3) crc = combine((uint32_t)value, crc, (uint64_t)src.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&dst);
     PyBuffer_Release(&src);
@@ -169,7 +176,8 @@ static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))py_crc32c, METH_FASTCALL,
      "crc32c(data, value=0) -> CRC32C of data, continuing the CRC `value` of what came before"},
     {"copy_crc32c", (PyCFunction)(void (*)(void))py_copy_crc32c, METH_FASTCALL,
-     "copy_crc32c(dst, src) -> copies src into dst (equal lengths) and returns src's CRC32C, in one pass"},
+     "copy_crc32c(dst, src, value=0) -> copies src into dst (equal lengths) and returns src's CRC32C, "
+     "continuing the CRC `value` of what came before, in one pass"},
 #endif
     {NULL, NULL, 0, NULL},
 };

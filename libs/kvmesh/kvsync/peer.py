@@ -5,6 +5,8 @@
 Prints one JSON line once it serves: {"port", "shm_name", "region", "layout"}. The blocks are
 `peer_digests(N)` with data `peer_block(i, B)`, so a client knows what it should receive. `--stall-after K`
 makes every ReadBlocks stream stop after K messages and print "stalled" (a test kills the peer then).
+SIGTERM stops it cleanly: the server stops and the region is unlinked (a SIGKILLed peer leaves its segment to
+`multiprocessing`'s resource tracker, which removes it with a "leaked shared_memory objects" warning).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -82,8 +85,11 @@ async def serve(args: argparse.Namespace) -> None:
         add_to_server(servicer, InstrumentedServer(server, "kvsync-peer", MessageBounds(per_method=REQUEST_BOUNDS)))
         port = server.add_insecure_port(f"{args.host}:0")
         await server.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         print(json.dumps({"port": port, "shm_name": shm_name, "region": REGION, "layout": LAYOUT}), flush=True)
-        await server.wait_for_termination()
+        await stop.wait()
+        await server.stop(None)
     finally:
         region.close()
 

@@ -105,13 +105,15 @@ def checksum(data: bytes | memoryview) -> int:
     return int(crc32c.crc32c(data))
 
 
-def copy_checksum(dest: memoryview, src: memoryview) -> int:
-    """Copies `src` into `dest` (equal lengths) and returns the CRC32C of the bytes copied. With the kernel
-    it is one pass: each word is checked from the register it was loaded into, so the source is read once."""
+def copy_checksum(dest: memoryview, src: memoryview, value: int = 0) -> int:
+    """Copies `src` into `dest` (equal lengths) and returns the CRC32C of the bytes copied, continuing `value`
+    (the CRC32C of the bytes before them, for a block copied in pieces). With the kernel it is one pass: each
+    word is checked from the register it was loaded into, so the source is read once; without, a copy and
+    then a CRC over the copy."""
     if _kernel is not None:
-        return int(_kernel.copy_crc32c(dest, src))
+        return int(_kernel.copy_crc32c(dest, src, value))
     dest[:] = src
-    return int(crc32c.crc32c(dest))
+    return int(crc32c.crc32c(dest, value))
 
 
 @dataclass(frozen=True)
