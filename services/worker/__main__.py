@@ -11,7 +11,14 @@ from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
-from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, PeerPulls, VllmPulls, vllm_tier_server
+from kvmesh.services.worker.kvpull import (
+    TIER_REGION,
+    KvSyncServer,
+    PeerPulls,
+    PullStaging,
+    VllmPulls,
+    vllm_tier_server,
+)
 from kvmesh.services.worker.openai_http import OpenAIApi
 from kvmesh.services.worker.pusher import CacheManagerPusher
 from kvmesh.services.worker.servicer import WorkerServicer
@@ -33,7 +40,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     kvsync = KvSyncServer(tiers.cpu, settings) if tiers is not None and tiers.cpu is not None else None
     if isinstance(engine, VllmEngine) and engine.config.kv_connector:
         kvsync = vllm_tier_server(engine.config.tier_shm_name, settings)
-        app.vllm_pulls = VllmPulls(engine, pulls)
+        app.vllm_pulls = VllmPulls(engine, pulls, PullStaging(int(settings.pull_staging_mb * (1 << 20))))
     if kvsync is not None:
         app.kvsync_address = await kvsync.start()
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
@@ -68,6 +75,8 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         if kvsync is not None:
             await kvsync.stop()
         await pulls.close()
+        if app.vllm_pulls is not None:
+            app.vllm_pulls.close()
         for pub in zpub:
             await pub.close()
         await engine.stop()

@@ -7,7 +7,9 @@ shared memory when it attaches here and streams over gRPC otherwise; any failure
 
 On a vLLM worker the tier belongs to the KV connector in vLLM's engine-core process: the worker attaches it
 read-only (`RegionReader`) and serves it, this process being the lessor (`AcquireLease` writes the lease
-array). `VllmPulls` turns a Generate's pull hint into the connector's `kv_transfer_params`.
+array). `VllmPulls` turns a Generate's pull hint into the connector's `kv_transfer_params`: a lease on a
+same-host source's region, or, for a source on another host, blocks streamed over gRPC into this worker's
+`PullStaging` region and leased there; either way the connector reads one-sided shared memory.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from kvmesh.engine.sim.tiers import PullHint
 from kvmesh.errors import NotFound
 from kvmesh.kvsync.client import KvSyncClient, Lease
 from kvmesh.kvsync.service import MAX_BLOCKS, REQUEST_BOUNDS, KvSyncServicer, add_to_server
-from kvmesh.kvsync.tier import RegionReader, TierRegion
+from kvmesh.kvsync.tier import RegionReader, TierRegion, region_name
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TIER_REGION = "cpu"
+STAGING_TAG = "pull-staging"  # the staging region is kvmesh-<pid>-pull-staging (orphans are found by pid)
 _SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -152,11 +155,14 @@ def leased_prefix(lease: Lease) -> list[bytes]:
 def vllm_pull_params(shm_name: str, lease: Lease) -> dict[str, Any] | None:
     """The vLLM connector's `kv_transfer_params` for a leased peer region (digests hex-encoded, JSON-safe:
     the connector claims only the leased blocks); None when the lease holds no leading block."""
-    digests = leased_prefix(lease)
+    return connector_params(shm_name, lease.lease_until_ns, leased_prefix(lease))
+
+
+def connector_params(shm_name: str, lease_until_ns: int, digests: Sequence[bytes]) -> dict[str, Any] | None:
+    """`{PULL_KEY: {shm_name, lease_until_ns, digests (hex)}}`, or None when there are no digests."""
     if not digests:
         return None
-    hint = {"shm_name": shm_name, "lease_until_ns": lease.lease_until_ns, "digests": [d.hex() for d in digests]}
-    return {PULL_KEY: hint}
+    return {PULL_KEY: {"shm_name": shm_name, "lease_until_ns": lease_until_ns, "digests": [d.hex() for d in digests]}}
 
 
 def region_on_host(shm_name: str) -> bool:
@@ -168,46 +174,144 @@ def region_on_host(shm_name: str) -> bool:
     return True
 
 
+class PullStaging:
+    """A vLLM worker's staging region for cross-host pulls (a kv-sync `TierRegion` this process owns).
+
+    Blocks streamed from a peer over gRPC (each verified by `KvSyncClient`) are stored here and leased at
+    once, so the connector reads them one-sided like a same-host peer's region, and no later pull evicts them
+    before the lease ends. Slots = `capacity_bytes // block_bytes` (at least 1); created on first use (the
+    block size is the engine's layout), unlinked by `close`.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.region: TierRegion | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity_bytes > 0
+
+    def open(self, layout: KvLayout) -> TierRegion:
+        if self.region is None:
+            slots = max(1, self.capacity_bytes // layout.block_bytes)
+            name = region_name(STAGING_TAG)
+            self.region = TierRegion.create(name, layout.block_bytes, slots, layout.describe())
+            log.info("pull staging region %s: %d slots of %d B", name, slots, layout.block_bytes)
+        return self.region
+
+    def stage(self, digests: Sequence[bytes], blocks: Sequence[memoryview], until_ns: int) -> list[bytes]:
+        """Stores and leases `blocks[i]` under `digests[i]` in order, until `until_ns`; returns the digests of
+        the leading run stored (a region whose every slot is leased ends it)."""
+        region = self.region
+        assert region is not None, "open() first"
+        now = time.monotonic_ns()
+        staged: list[bytes] = []
+        for digest, data in zip(digests, blocks, strict=True):
+            if not region.put(digest, data, now):
+                break
+            (ref,) = region.locate([digest])
+            assert ref is not None
+            region.lease([ref], until_ns)  # before the next put: it must not evict this pull's own blocks
+            staged.append(digest)
+        return staged
+
+    def close(self) -> None:
+        if self.region is not None:
+            self.region.close(unlink=True)
+            self.region = None
+
+
 class VllmPulls:
     """A vLLM worker's pull hints -> `kv_transfer_params` for kvmesh's connector, one lease per request.
 
-    The lease comes from the source's KvSyncService (`acquire_lease` over the hint's source address, within
-    the hint's deadline); the connector then reads the leased blocks one-sided from the source's shared
-    memory. Any failure (dead peer, timeout, nothing held, an expired hint) means no pull: the request is
-    computed. A source whose region does not attach on this host is not pulled either (outcome
-    `remote_unsupported`): the connector reads only same-host shared memory; a cross-host pull streamed
-    over gRPC into vLLM's paged cache is not built yet. Outcomes are counted in `outcomes`.
+    Same host (the hint's region attaches here and `pull_over_shm`): one `AcquireLease` on the source's
+    KvSyncService, and the connector reads the leased blocks one-sided from the source's shared memory.
+    Otherwise (another host, or `pull_over_shm` false): the blocks are streamed over gRPC (`ReadBlocks`,
+    each CRC32C-verified) within the hint's deadline into `staging`, leased there, and the connector reads
+    them from the staging region. All network I/O happens here, on the worker's event loop, before vLLM sees
+    the request: the connector's scheduler side never waits on the network.
+
+    Any failure (dead peer, timeout, corrupt block, nothing held, an expired hint) means no pull: the request
+    is computed. A stream that fails part-way is dropped whole, even its verified leading blocks (the client
+    raises without saying how many arrived). Outcomes (`leased`, `remote`, `missing`, `failed`, `expired`,
+    `remote_unsupported` when staging is off) are counted in `outcomes` and the outcome metric.
     """
 
-    def __init__(self, engine: VllmEngine, peers: PeerPulls) -> None:
+    def __init__(
+        self, engine: VllmEngine, peers: PeerPulls, staging: PullStaging, layout: KvLayout | None = None
+    ) -> None:
         self.engine = engine
         self.peers = peers
+        self.staging = staging
         self.outcomes: Counter[str] = Counter()
-        self._kv_layout: KvLayout | None = None
+        self._kv_layout = layout
 
     async def params(self, req: EngineRequest, hint: PullHint) -> dict[str, Any] | None:
-        """The request's `kv_transfer_params`, or None (no pull; `m.observe_pull` counts it either way)."""
+        """The request's `kv_transfer_params`, or None (no pull; counted either way)."""
         if hint.expires_unix_ms and hint.expires_unix_ms <= time.time() * 1000:
             return self._outcome("expired", None)
-        if not hint.shm_name or not region_on_host(hint.shm_name):
+        same_host = self.peers.settings.pull_over_shm and bool(hint.shm_name) and region_on_host(hint.shm_name)
+        if not same_host and not self.staging.enabled:
             return self._outcome("remote_unsupported", None)
+        timeout_s = self.peers.timeout_ms(hint) / 1000.0
         try:
-            async with asyncio.timeout(self.peers.timeout_ms(hint) / 1000.0):
-                limit = min(hint.num_blocks or MAX_BLOCKS, MAX_BLOCKS)  # the hint's prefix, one lease call
+            async with asyncio.timeout(timeout_s):
+                limit = min(hint.num_blocks or MAX_BLOCKS, MAX_BLOCKS)  # the hint's prefix, one call
                 digests = (list(hint.digests) or await self._digests(req))[:limit]
                 if not digests:
                     return self._outcome("missing", None)
-                lease = await self.peers.client(hint.source_address).acquire_lease(
-                    hint.region or TIER_REGION,
-                    digests,
-                    ttl_ms=hint.lease_ms or self.peers.settings.pull_lease_ms,
-                    timeout_s=self.peers.timeout_ms(hint) / 1000.0,
-                )
+                if same_host:
+                    return self._leased(hint.shm_name, await self._lease(hint, digests, timeout_s))
+                return self._staged(*await self._pull_into_staging(hint, digests, timeout_s))
         except Exception as e:  # any failure is a recompute, never an error of the request
-            log.warning("lease from %s failed, computing instead: %s", hint.source_address, e)
+            log.warning("pull from %s failed, computing instead: %s", hint.source_address, e)
             return self._outcome("failed", None)
-        params = vllm_pull_params(hint.shm_name, lease)
+
+    async def _lease(self, hint: PullHint, digests: list[bytes], timeout_s: float) -> Lease:
+        return await self.peers.client(hint.source_address).acquire_lease(
+            hint.region or TIER_REGION, digests, ttl_ms=self._lease_ms(hint), timeout_s=timeout_s
+        )
+
+    async def _pull_into_staging(
+        self, hint: PullHint, digests: list[bytes], timeout_s: float
+    ) -> tuple[list[bytes], int]:
+        """Streams the leading held blocks of `digests` from the source over gRPC (one ReadBlocks, leasing by
+        digest there), then stages and leases them here; returns (the staged digests, their lease's end)."""
+        layout = self._layout()
+        region = self.staging.open(layout)
+        digests = digests[: region.num_slots]
+        size = layout.block_bytes
+        buf = memoryview(bytearray(len(digests) * size))
+        outs = [buf[i * size : (i + 1) * size] for i in range(len(digests))]
+        lease_ms = self._lease_ms(hint)
+        stats = await self.peers.client(hint.source_address).pull(
+            hint.region or TIER_REGION,
+            digests,
+            outs,
+            layout.describe(),
+            ttl_ms=lease_ms,
+            timeout_s=timeout_s,
+            prefer_shm=False,  # the shared-memory case is the same-host lease above
+        )
+        blocks = [outs[i][:n] for i, n in enumerate(stats.lengths)]
+        until_ns = time.monotonic_ns() + lease_ms * 1_000_000
+        staged = self.staging.stage(digests[: len(blocks)], blocks, until_ns)
+        log.info(
+            "pulled %d blocks (%d B) from %s over gRPC into staging", len(staged), stats.bytes, hint.source_address
+        )
+        return staged, until_ns
+
+    def _leased(self, shm_name: str, lease: Lease) -> dict[str, Any] | None:
+        params = vllm_pull_params(shm_name, lease)
         return self._outcome("leased" if params else "missing", params, len(leased_prefix(lease)))
+
+    def _staged(self, digests: list[bytes], until_ns: int) -> dict[str, Any] | None:
+        assert self.staging.region is not None
+        params = connector_params(self.staging.region.shm_name, until_ns, digests)
+        return self._outcome("remote" if params else "missing", params, len(digests))
+
+    def _lease_ms(self, hint: PullHint) -> int:
+        return hint.lease_ms or self.peers.settings.pull_lease_ms
 
     async def _digests(self, req: EngineRequest) -> list[bytes]:
         """The prompt's block identities as the connector computes them (hints without digests)."""
@@ -226,4 +330,9 @@ class VllmPulls:
     def _outcome(self, outcome: str, params: dict[str, Any] | None, blocks: int = 0) -> dict[str, Any] | None:
         self.outcomes[outcome] += 1
         m.observe_pull(blocks)
+        m.KV_PULL_OUTCOMES.labels(outcome).inc()
         return params
+
+    def close(self) -> None:
+        """Unlinks the staging region."""
+        self.staging.close()

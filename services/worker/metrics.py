@@ -23,6 +23,11 @@ RUNNING = Gauge("kvmesh_worker_running_requests", "Requests running")
 PREFIX_HIT_RATE = Gauge("kvmesh_worker_prefix_hit_rate", "Prompt tokens hit in the prefix cache / prompt tokens")
 KV_EVENT_SEQ = Gauge("kvmesh_worker_kv_event_sequence", "Last KV event batch sequence number")
 KV_PULL_HINTS = Counter("kvmesh_worker_kv_pull_hints_total", "Pull hints followed, by whether blocks came", ["pulled"])
+KV_PULL_OUTCOMES = Counter(
+    "kvmesh_worker_kv_pull_outcomes_total",
+    "vLLM worker: pull hints by outcome (leased, remote, missing, failed, expired, remote_unsupported)",
+    ["outcome"],
+)
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
 TIER_LOADED_TOKENS = Gauge("kvmesh_worker_tier_loaded_tokens", "Prompt tokens loaded back from the host tiers")
 TIER_PULLED_BLOCKS = Gauge("kvmesh_worker_tier_pulled_blocks", "KV blocks pulled from peers into the CPU tier")

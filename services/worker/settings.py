@@ -38,6 +38,11 @@ class WorkerSettings(ServerSettings):
     pull_timeout_ms: int = setting(2000, "deadline of a peer pull, milliseconds (a hint may give a shorter one)")
     pull_lease_ms: int = setting(5000, "lease a peer pull asks for, milliseconds")
     pull_over_shm: bool = setting(True, "read a same-host peer's tier from its shared memory (false: always gRPC)")
+    pull_staging_mb: float = setting(
+        64.0,
+        "vLLM worker: staging region (shared memory) for blocks pulled over gRPC from a peer on another host,"
+        " held until the KV connector copies them, MiB; 0 = no cross-host pulls",
+    )
     cpu_affinity: str = setting(
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )

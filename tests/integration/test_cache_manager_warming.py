@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from kvmesh.launcher import ServiceProcess
 from kvmesh.v1 import cache_manager_pb2 as cm
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.support.scrape import metric
 
 pytestmark = pytest.mark.integration
 BS = 16
@@ -41,13 +40,6 @@ async def wait_for(what: str, probe: Callable[[], Awaitable[bool]], timeout: flo
         if loop.time() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)  # bounded poll of another process's eventual state
-
-
-def metric(port: int, name: str, label: str = "") -> float:
-    """Sum of the samples of `name` (optionally with `label` in its label set) on a /metrics page."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    pat = re.compile(rf"^{name}(\{{[^}}]*\}})? ([0-9.eE+-]+)$", re.M)
-    return sum(float(v) for lab, v in pat.findall(body) if label in lab)
 
 
 async def test_static_dynamic_and_manual_warming(services: Callable[..., ServiceProcess], tmp_path: Path) -> None:

@@ -96,3 +96,41 @@ def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact() -> None
         proxy.kill()
         proxy.wait(timeout=30)
         server.close()
+
+
+def test_delay_proxy_caps_the_rate_reports_progress_and_drops_in_flight_bytes_on_close() -> None:
+    """1 MB sent through `--rate 2e6 --report-every 100000 --drop-on-close`, then the target closes at once
+    (its kernel flushes the bytes to the proxy): the client gets the bytes paced, sees `forwarded` reports
+    match what it received, and loses the tail the proxy still held when the target's FIN arrived."""
+    server = socket.create_server(("127.0.0.1", 0))
+    payload = os.urandom(1_000_000)
+
+    def blast() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1)
+            conn.sendall(payload)
+
+    threading.Thread(target=blast, daemon=True).start()
+    cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", f"127.0.0.1:{server.getsockname()[1]}"]
+    cmd += ["--rate", "2000000", "--report-every", "100000", "--drop-on-close"]
+    proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proxy.stdout is not None
+        port = int(proxy.stdout.readline())
+        got = bytearray()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            start = time.monotonic()
+            sock.sendall(b"x")
+            while chunk := sock.recv(65536):  # bounded: the proxy closes once the target did
+                got += chunk
+            elapsed = time.monotonic() - start
+        proxy.kill()
+        reports = [int(line.split()[1]) for line in proxy.stdout.read().splitlines()]
+    finally:
+        proxy.kill()
+        proxy.wait(timeout=30)
+        server.close()
+    assert 0 < len(got) < len(payload) and bytes(got) == payload[: len(got)]  # a prefix: the tail was dropped
+    assert elapsed >= 0.8 * len(got) / 2_000_000  # paced at the cap (the first piece goes at once)
+    assert reports and reports == sorted(reports) and reports[-1] <= len(got)

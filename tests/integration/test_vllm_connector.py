@@ -27,10 +27,11 @@ import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
 from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
-from kvmesh.kvsync.tier import SHM_DIR, RegionReader, data_offset
+from kvmesh.kvsync.tier import RegionReader
 from kvmesh.vllm_connector.layout import block_digests
 from kvmesh.vllm_connector.plan import loadable_blocks
 from tests.support.models import tiny_model
+from tests.support.regions import corrupt_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 BS = 32
@@ -74,22 +75,6 @@ def delta(before: dict[str, float], after: dict[str, float], key: str) -> float:
 def pull_hint(eng: VllmEngine, lease_s: float = 60.0) -> dict[str, Any]:
     until = time.monotonic_ns() + int(lease_s * 1e9)
     return {"kvmesh_pull": {"shm_name": eng.config.tier_shm_name, "lease_until_ns": until}}
-
-
-def corrupt_block(shm_name: str, digest: bytes) -> None:
-    """Flips one byte of the block's data in the owner's region (TIER_API.md's slot layout)."""
-    reader = RegionReader.attach(shm_name)
-    try:
-        (ref,) = reader.locate([digest])
-        assert ref is not None, "block not in the region"
-        pos = data_offset(reader.num_slots) + ref.slot * reader.block_bytes + 100
-    finally:
-        reader.close()
-    with open(os.path.join(SHM_DIR, shm_name), "r+b") as f:
-        f.seek(pos)
-        byte = f.read(1)[0]
-        f.seek(pos)
-        f.write(bytes([byte ^ 0xFF]))
 
 
 def read_block(shm_name: str, digest: bytes, verify: bool = True) -> bytes:

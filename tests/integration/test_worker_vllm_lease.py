@@ -1,7 +1,8 @@
 """A vLLM worker's pull hint, without vLLM: the source worker serves its connector's tier attached read-only
 (`vllm_tier_server`) over loopback gRPC; `VllmPulls` leases the prefix there and returns the connector's
-params; the lease lands in the region's lease array, where the owner sees it. A region not on this host, a
-dead source and an expired hint are no pull."""
+params; the lease lands in the region's lease array, where the owner sees it. A source whose region is not on
+this host is streamed over gRPC into the worker's staging region, leased there, and the params name it; a
+corrupted block, a full staging region, a dead source and an expired hint are no pull."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
-from kvmesh.kvsync.tier import TierRegion
-from kvmesh.services.worker.kvpull import KvSyncServer, PeerPulls, VllmPulls, vllm_tier_server
+from kvmesh.kvsync.tier import RegionReader, TierRegion
+from kvmesh.services.worker.kvpull import KvSyncServer, PeerPulls, PullStaging, VllmPulls, vllm_tier_server
 from kvmesh.services.worker.settings import WorkerSettings
+from kvmesh.vllm_connector.layout import KvLayout
 from kvmesh.vllm_connector.plan import parse_pull_hint
+from tests.support.regions import corrupt_block
 
 pytestmark = pytest.mark.integration
-BLOCK = 4096
+LAYOUT = KvLayout("test-model", "torch.bfloat16", block_size=32, num_layers=1, num_kv_heads=1, head_size=32)
+BLOCK = LAYOUT.block_bytes  # 4096
+ELSEWHERE = "kvmesh-it-not-on-this-host"
 REQ = EngineRequest("r1", (1, 2, 3))
 
 
@@ -32,7 +37,7 @@ def _digest(i: int) -> bytes:
 
 @pytest_asyncio.fixture
 async def source() -> AsyncIterator[tuple[TierRegion, KvSyncServer, str]]:
-    owner = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, "test-layout")
+    owner = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, LAYOUT.describe())
     for i in range(3):
         assert owner.put(_digest(i), bytes([i]) * BLOCK, time.monotonic_ns())
     server = vllm_tier_server(owner.shm_name, WorkerSettings())
@@ -46,7 +51,9 @@ async def source() -> AsyncIterator[tuple[TierRegion, KvSyncServer, str]]:
 @pytest_asyncio.fixture
 async def pulls() -> AsyncIterator[VllmPulls]:
     peers = PeerPulls(WorkerSettings(pull_timeout_ms=2000))
-    yield VllmPulls(cast(Any, None), peers)  # hints with digests never need the engine
+    vp = VllmPulls(cast(Any, None), peers, PullStaging(64 * BLOCK), LAYOUT)  # hints with digests need no engine
+    yield vp
+    vp.close()
     await peers.close()
 
 
@@ -78,7 +85,6 @@ async def test_no_pull_when_the_source_is_elsewhere_dead_or_expired(
 ) -> None:
     owner, _, address = source
     digests = [_digest(0)]
-    assert await pulls.params(REQ, _hint(address, "kvmesh-it-not-on-this-host", digests)) is None
     t0 = time.monotonic()
     dead = _hint("127.0.0.1:1", owner.shm_name, digests, timeout_ms=500)
     assert await pulls.params(REQ, dead) is None
@@ -86,5 +92,62 @@ async def test_no_pull_when_the_source_is_elsewhere_dead_or_expired(
     expired = _hint(address, owner.shm_name, digests, expires_unix_ms=int(time.time() * 1000) - 1)
     assert await pulls.params(REQ, expired) is None
     assert await pulls.params(REQ, _hint(address, owner.shm_name, [_digest(7)])) is None
-    assert pulls.outcomes == {"remote_unsupported": 1, "failed": 1, "expired": 1, "missing": 1}
+    dead_remote = _hint("127.0.0.1:1", ELSEWHERE, digests, timeout_ms=500)
+    assert await pulls.params(REQ, dead_remote) is None
+    assert pulls.outcomes == {"failed": 2, "expired": 1, "missing": 1}
     assert not owner.leased(_digest(0), time.monotonic_ns())  # nothing was leased
+    no_staging = VllmPulls(cast(Any, None), pulls.peers, PullStaging(0), LAYOUT)
+    assert await no_staging.params(REQ, _hint(address, ELSEWHERE, digests)) is None
+    assert no_staging.outcomes == {"remote_unsupported": 1}
+
+
+def _staged(params: dict[str, Any] | None) -> tuple[str, frozenset[bytes] | None, int]:
+    hint = parse_pull_hint(params)
+    assert hint is not None
+    return hint.shm_name, hint.digests, hint.lease_until_ns
+
+
+async def test_a_source_on_another_host_is_streamed_into_staging(
+    source: tuple[TierRegion, KvSyncServer, str], pulls: VllmPulls
+) -> None:
+    owner, _, address = source
+    wanted = [_digest(0), _digest(1), _digest(2), _digest(9)]
+    name, offered, until = _staged(await pulls.params(REQ, _hint(address, ELSEWHERE, wanted, lease_ms=10_000)))
+    staging = pulls.staging.region
+    assert staging is not None and name == staging.shm_name != owner.shm_name
+    assert offered == frozenset(wanted[:3])
+    now = time.monotonic_ns()
+    assert until > now + 5_000_000_000
+    reader = RegionReader.attach(name, expect_layout=LAYOUT.describe())  # as the connector attaches it
+    try:
+        for i, ref in enumerate(reader.locate(wanted[:3])):
+            assert ref is not None and staging.lease_until(ref.slot) == until
+            out = bytearray(BLOCK)
+            assert reader.read_into(ref, _digest(i), memoryview(out)) == BLOCK
+            assert bytes(out) == bytes([i]) * BLOCK
+    finally:
+        reader.close()
+    assert pulls.outcomes == {"remote": 1}
+    pulls.close()
+    assert not os.path.exists(f"/dev/shm/{name}")  # unlinked on close
+
+
+async def test_a_forced_grpc_pull_a_corrupt_block_and_a_full_staging_region(
+    source: tuple[TierRegion, KvSyncServer, str],
+) -> None:
+    owner, _, address = source
+    peers = PeerPulls(WorkerSettings(pull_timeout_ms=2000, pull_over_shm=False))
+    pulls = VllmPulls(cast(Any, None), peers, PullStaging(2 * BLOCK), LAYOUT)  # two slots
+    try:
+        wanted = [_digest(0), _digest(1), _digest(2)]
+        name, offered, _ = _staged(await pulls.params(REQ, _hint(address, owner.shm_name, wanted)))
+        assert pulls.staging.region is not None and name == pulls.staging.region.shm_name  # not the source's
+        assert offered == frozenset(wanted[:2])  # as many as the staging region holds
+        assert await pulls.params(REQ, _hint(address, ELSEWHERE, [_digest(2)])) is None  # both slots leased
+        corrupt_block(owner.shm_name, _digest(2))
+        pulls.staging.close()  # a fresh, empty staging region: only the corrupt block stops this one
+        assert await pulls.params(REQ, _hint(address, ELSEWHERE, [_digest(2)])) is None
+        assert pulls.outcomes == {"remote": 1, "missing": 1, "failed": 1}
+    finally:
+        pulls.close()
+        await peers.close()

