@@ -447,3 +447,35 @@ def test_peer_pull_kept_in_own_tier_is_announced_evictions_too(engines: tuple[En
     ingest(ing, 0, events)  # CPU events only: every block held is tier-only
     st = ing.workers[WORKER]
     assert len(st.tier_only) == len(ing.index.blocks_of(WORKER)) == 80 - len(removed) + 5
+
+
+def test_worker_mirror_keeps_a_blocks_gpu_and_tier_copies_apart(engines: tuple[Engine, Engine]) -> None:
+    """The worker's CacheMirror (its dumps, its cached-blocks gauge) follows both copies of a block under one
+    hash: vLLM's pool dropping its copy leaves the tier's, and the other way round."""
+    from vllm.distributed.kv_events import BlockRemoved
+
+    from kvmesh.engine.mirror import CacheMirror
+    from kvmesh.wire.vllm_events import engine_hash, events_from_vllm
+
+    a, _ = engines
+    req = vllm_request("a1", PROMPT, cache_salt="t")
+    a.schedule(req)
+    a.step("a1", list(range(6)), 0, len(PROMPT))
+    a.finish_step()
+    _pool, gpu = gpu_pool_events(req, 5)
+    hashes = [engine_hash(h) for h in ext(req, 5)]
+    m = CacheMirror()
+    for e in events_from_vllm([*gpu, *tier_events(a)]):
+        m.apply(m.with_chain_tenant(e))
+    assert len(m) == 5 and len(m.dump()) == 10  # 5 blocks, each on the GPU and in the tier
+    gpu_gone = BlockRemoved(block_hashes=gpu[0].block_hashes[3:], medium="GPU", group_idx=0)
+    for e in events_from_vllm([gpu_gone]):
+        m.apply(e)
+    assert len(m) == 3 and m.hashes() == set(hashes)
+    assert {(e.block_hashes[0], e.medium) for e in m.dump()} >= {(h, "CPU") for h in hashes}
+    assert all(e.tenant == "t" for e in m.dump())
+    a.worker._region.evict(a.sched._trackers["a1"].digests[0])  # type: ignore[union-attr]
+    a.worker._log.evicted(a.worker._region.drain_evicted())  # type: ignore[union-attr]
+    for e in events_from_vllm(tier_events(a)):
+        m.apply(e)
+    assert [e.medium for e in m.dump() if e.block_hashes[0] == hashes[0]] == ["GPU"]
