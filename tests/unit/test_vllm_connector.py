@@ -474,6 +474,14 @@ def test_worker_mirror_keeps_a_blocks_gpu_and_tier_copies_apart(engines: tuple[E
     assert len(m) == 3 and m.hashes() == set(hashes)
     assert {(e.block_hashes[0], e.medium) for e in m.dump()} >= {(h, "CPU") for h in hashes}
     assert all(e.tenant == "t" for e in m.dump())
+    # a resync from this dump rebuilds the cache-manager's view: blocks 3, 4 tier-only, 0-2 on both media
+    ing = ingestor()
+    ing.begin_dump(WORKER, "i0")
+    assert ing.apply_dump(WORKER, m.dump()).resync is None
+    ing.end_dump(WORKER, 0)
+    index_hashes = ing.hasher.chain(None, tuple(PROMPT[:20]), BS, None, "t")
+    assert ing.workers[WORKER].tier_only == set(index_hashes[3:])
+    assert ing.gpu_run(WORKER, index_hashes, 5) == 3
     a.worker._region.evict(a.sched._trackers["a1"].digests[0])  # type: ignore[union-attr]
     a.worker._log.evicted(a.worker._region.drain_evicted())  # type: ignore[union-attr]
     for e in events_from_vllm(tier_events(a)):
