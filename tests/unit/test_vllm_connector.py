@@ -359,11 +359,16 @@ def gpu_pool_events(req: Any, n: int) -> tuple[Any, list[Any]]:
 
 
 def ingest(ing: Any, seq: int, events: list[Any]) -> None:
-    """vLLM events through kvmesh's translation (as the worker relays them) into the cache-manager's ingestor."""
+    """vLLM events the way a kvmesh worker relays them (translated, then a proto batch on its stream to the
+    cache-manager) into the cache-manager's ingestor."""
     from kvmesh.kvevents import KvEventBatch
+    from kvmesh.wire.proto import batch_from_proto, batch_to_proto
     from kvmesh.wire.vllm_events import events_from_vllm
 
-    res = ing.apply(KvEventBatch(WORKER, "i0", seq, float(seq), events_from_vllm(events)))
+    sent = KvEventBatch(WORKER, "i0", seq, float(seq), events_from_vllm(events))
+    got = batch_from_proto(batch_to_proto(sent), WORKER, "i0")
+    assert [getattr(e, "medium", None) for e in got.events] == [e.medium for e in events]
+    res = ing.apply(got)
     assert res.resync is None and res.applied == [seq]
 
 
