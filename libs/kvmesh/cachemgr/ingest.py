@@ -23,7 +23,8 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
   rebuild the worker from a dump taken at `next_sequence - 1`; live batches that arrive meanwhile are
   buffered and drained after `end_dump`. Dump events have set semantics (no copy counting): a held block
   whose ancestors are not held is dumped as a `BlockStored` of the whole chain from the root followed by a
-  `BlockRemoved` of the ancestors that are not held. While a dump is needed, a batch that contains
+  `BlockRemoved` of the ancestors that are not held (a block held on the GPU and in a host tier is dumped
+  once per medium: two copies). While a dump is needed, a batch that contains
   `AllBlocksCleared` (an engine cache reset, e.g. requested by the transport of an engine that cannot
   dump) is a resync point too: the worker's state after it is fully known, so ingestion resumes there.
 
@@ -336,7 +337,8 @@ class Ingestor:
         run_parent = prev = parent
         tier = _is_tier(ev.medium)
         for eh, ih in zip(ev.block_hashes, ihs, strict=True):
-            added = st.hashes.add(eh & MASK64, ih, count=not dump)
+            # a dump has set semantics per medium: a block dumped on the GPU and in a tier is two copies
+            added = st.hashes.add(eh & MASK64, ih, count=not dump or tier != (ih in st.tier_copies))
             if added is None:
                 raise InconsistentEvent(f"engine block {eh:#x} maps to two index hashes")
             if tier or ih in st.tier_copies:

@@ -16,18 +16,22 @@ Loaded by vLLM from `--kv-transfer-config`::
   pulled from a peer is also kept in the own tier. `wait_for_save` stores the full blocks (prompt or
   generated) computed in the step in the own tier, which this process creates (`TierRegion.create`, name
   from the extra config).
+- Tier events (`events.py`): when vLLM publishes KV events, each block the worker side puts in (or the tier
+  evicts from) its own tier comes back in the step's connector output as `BlockStored` / `BlockRemoved`
+  with medium "CPU" under vLLM's own block hashes; `take_events` hands them to vLLM's publisher.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -40,9 +44,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from kvmesh.errors import FailedPrecondition, KvmeshError
 from kvmesh.kvsync.tier import SHM_DIR, RegionReader, SlotRef, TierRegion, region_name
 from kvmesh.vllm_connector.blocks import PagedKv, byte_tensor
+from kvmesh.vllm_connector.events import KvmeshKVEvents, TierEventLog, block_key
 from kvmesh.vllm_connector.layout import KvLayout, block_salt
 from kvmesh.vllm_connector.plan import (
     OWN,
+    BlockKey,
     ConnectorMetadata,
     LoadOp,
     RequestTracker,
@@ -54,14 +60,17 @@ from kvmesh.vllm_connector.plan import (
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_events import KVCacheEvent
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
+_Op = TypeVar("_Op", LoadOp, SaveOp)
 DEFAULT_TIER_BYTES = 256 << 20
 # what a failed load can raise: the tier's own (StaleBlock, CorruptBlock, NotFound, a foreign format), the OS's
 LOAD_ERRORS = (KvmeshError, OSError, ValueError, IndexError)
@@ -141,14 +150,20 @@ class KvmeshConnector(KVConnectorBase_V1):
         self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config or {})
         self.layout = layout_of(vllm_config)
         self._bs = self.layout.block_size
+        self._hash_bs = int(getattr(vllm_config.cache_config, "hash_block_size", None) or self._bs)
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        self._events_on = bool(kv_events is not None and kv_events.enable_kv_cache_events)
         self._readers: dict[str, RegionReader] = {}
         # scheduler side
         self._trackers: dict[str, RequestTracker] = {}
+        self._requests: dict[str, Request] = {}  # the tracked requests (their vLLM block hashes)
+        self._tier_events: list[KVCacheEvent] = []
         # worker side
         self._region: TierRegion | None = None
         self._kv: PagedKv | None = None
         self._staging: bytearray = bytearray()
         self._failed: set[int] = set()
+        self._log = TierEventLog(self._bs)
         self.counts: dict[str, int] = defaultdict(int)
 
     @property
@@ -173,7 +188,21 @@ class KvmeshConnector(KVConnectorBase_V1):
             lora = request.lora_request.lora_name if request.lora_request is not None else None
             salt = block_salt(self.layout, lora, request.cache_salt)
             tr = self._trackers[request.request_id] = RequestTracker(request.all_token_ids, salt, self._bs)
+            self._requests[request.request_id] = request
         return tr
+
+    def _keyed(self, req_id: str, ops: list[_Op]) -> list[_Op]:
+        """`ops` with the vLLM names of the blocks they put in the own tier (saves, loads from a peer), when
+        vLLM publishes KV events."""
+        request = self._requests.get(req_id)
+        if not self._events_on or request is None:
+            return ops
+        return [
+            op
+            if isinstance(op, LoadOp) and op.source == OWN
+            else dataclasses.replace(op, key=block_key(request, op.index, self._bs, self._hash_bs))
+            for op in ops
+        ]
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         if self.layout.tp_size > 1:
@@ -208,8 +237,8 @@ class KvmeshConnector(KVConnectorBase_V1):
             if tr is None:
                 continue
             tr.block_ids = list(new.block_ids[0])
-            meta.loads += tr.loads(new.req_id)
-            meta.saves += tr.step(new.num_computed_tokens, scheduled.get(new.req_id, 0))
+            meta.loads += self._keyed(new.req_id, tr.loads(new.req_id))
+            meta.saves += self._keyed(new.req_id, tr.step(new.num_computed_tokens, scheduled.get(new.req_id, 0)))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             tr = self._trackers.get(rid)
@@ -220,13 +249,25 @@ class KvmeshConnector(KVConnectorBase_V1):
                 tr.block_ids = list(added[0]) if added else []  # a resumed request's list is all its blocks
             elif added:
                 tr.block_ids.extend(added[0])
-            meta.loads += tr.loads(rid)
-            meta.saves += tr.step(cached.num_computed_tokens[i], scheduled.get(rid, 0))
+            meta.loads += self._keyed(rid, tr.loads(rid))
+            meta.saves += self._keyed(rid, tr.step(cached.num_computed_tokens[i], scheduled.get(rid, 0)))
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._trackers.pop(request.request_id, None)
+        self._requests.pop(request.request_id, None)
         return False, None
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        events = connector_output.kv_cache_events
+        if isinstance(events, KvmeshKVEvents):
+            self._tier_events.extend(events.get_all_events())
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """The tier's events the worker side reported since the last call (vLLM publishes them after its own
+        events of the step)."""
+        out, self._tier_events = self._tier_events, []
+        return out
 
     # -- worker side ----------------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -286,8 +327,19 @@ class KvmeshConnector(KVConnectorBase_V1):
                 return
             self._kv.scatter(op.block_id, tensor)
             self.counts["loaded_own" if op.source == OWN else "loaded_peer"] += 1
-            if op.source != OWN and self._region is not None:
-                self._region.put(op.digest, staging, time.monotonic_ns())
+            if op.source != OWN:
+                self._keep(op.digest, staging, op.key, time.monotonic_ns())
+
+    def _keep(self, digest: bytes, data: memoryview, key: BlockKey | None, now_ns: int) -> bool:
+        """Puts a block the tier does not hold yet in the own tier, logging the put and what it evicted."""
+        region = self._region
+        if region is None or region.locate([digest])[0] is not None:
+            return False
+        stored = region.put(digest, data, now_ns)
+        self._log.evicted(region.drain_evicted())
+        if stored:
+            self._log.stored(digest, key)
+        return stored
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads are synchronous, done in start_load_kv
@@ -313,7 +365,7 @@ class KvmeshConnector(KVConnectorBase_V1):
             if region.locate([op.digest])[0] is not None:
                 continue
             kv.gather(op.block_id, tensor)
-            if region.put(op.digest, memoryview(self._staging), now):
+            if self._keep(op.digest, memoryview(self._staging), op.key, now):
                 self.counts["saved"] += 1
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
@@ -322,6 +374,10 @@ class KvmeshConnector(KVConnectorBase_V1):
         stats = KvmeshStats(dict(self.counts))
         self.counts.clear()
         return stats
+
+    def get_kv_connector_kv_cache_events(self) -> KvmeshKVEvents | None:
+        events = self._log.take()
+        return KvmeshKVEvents(events) if events else None
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

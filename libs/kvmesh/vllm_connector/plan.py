@@ -5,6 +5,8 @@
   (the worker's own tier first, else the hinted peer's region), from slot lookups already made.
 - `RequestTracker`: per request, the block identities, vLLM block ids and how far its newly computed blocks
   were saved; `ConnectorMetadata` carries `LoadOp`s and `SaveOp`s for one engine step.
+- `BlockKey`: how vLLM's own KV events name a block (its hash, parent, tokens, extra keys, LoRA); it rides
+  in the ops that put a block in the own tier, so the tier's events use vLLM's names (`events.py`).
 Time enters as `now_ns`; nothing here touches shared memory, vLLM or torch.
 """
 
@@ -110,8 +112,23 @@ def plan_loads(
 
 
 @dataclass(frozen=True)
+class BlockKey:
+    """Block `index` of a request as vLLM's KV events name it: its hash and its parent's (vLLM's external
+    form, bytes or int), its token ids, its untagged `extra_keys` entry (LoRA name, cache salt, ...) and
+    its LoRA adapter (name, id)."""
+
+    block_hash: Any
+    parent_hash: Any
+    token_ids: tuple[int, ...]
+    extra_keys: tuple[Any, ...] | None = None
+    lora_name: str | None = None
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True)
 class LoadOp:
-    """Copy the block `digest` from `source` slot (`slot`, `generation`) into vLLM block `block_id`."""
+    """Copy the block `digest` (block `index` of the request) from `source` slot (`slot`, `generation`)
+    into vLLM block `block_id`; `key` names it in the tier's events when it is kept in the own tier."""
 
     req_id: str
     block_id: int
@@ -119,14 +136,19 @@ class LoadOp:
     source: str
     slot: int
     generation: int
+    index: int = -1
+    key: BlockKey | None = None
 
 
 @dataclass(frozen=True)
 class SaveOp:
-    """Store vLLM block `block_id` (just computed) in the own tier under `digest`."""
+    """Store vLLM block `block_id` (just computed; block `index` of its request) in the own tier under
+    `digest`; `key` names it in the tier's events (None: no events)."""
 
     block_id: int
     digest: bytes
+    index: int = -1
+    key: BlockKey | None = None
 
 
 @dataclass
@@ -162,7 +184,7 @@ class RequestTracker:
     def loads(self, req_id: str) -> list[LoadOp]:
         """The planned loads as ops on the allocated vLLM blocks (consumed: a plan is executed once)."""
         ops = [
-            LoadOp(req_id, self.block_ids[s.index], self.digests[s.index], s.source, s.slot, s.generation)
+            LoadOp(req_id, self.block_ids[s.index], self.digests[s.index], s.source, s.slot, s.generation, s.index)
             for s in self.planned
             if s.index < len(self.block_ids)
         ]
@@ -182,6 +204,6 @@ class RequestTracker:
             self.saved_upto = first
         want = min((num_computed + num_scheduled) // self.block_size, len(self.block_ids))
         done = len(self.digests_upto(want))
-        ops = [SaveOp(self.block_ids[i], self.digests[i]) for i in range(self.saved_upto, done)]
+        ops = [SaveOp(self.block_ids[i], self.digests[i], i) for i in range(self.saved_upto, done)]
         self.saved_upto = max(self.saved_upto, done)
         return ops
