@@ -12,7 +12,7 @@ import grpc
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import Phase
-from kvmesh.cachemgr.types import IngestResult
+from kvmesh.cachemgr.types import IngestResult, Media, Stored
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.rpc.validate import require
 from kvmesh.services.cache_manager import metrics as m
@@ -140,15 +140,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         m.WATCHERS.inc()
         stopper = asyncio.ensure_future(self.stopping.wait())
         try:
-            msgs = []
-            for s in snap:
-                hs = list(s.hashes)
-                for i in range(0, max(len(hs), 1), SNAPSHOT_CHUNK):
-                    msgs.append(pb.IndexDelta(worker_id=s.worker, cleared=(i == 0), stored=hs[i : i + SNAPSHOT_CHUNK]))
-            for i, d in enumerate(msgs):
-                yield pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=rev, snapshot_done=(i == len(msgs) - 1))
-            if not msgs:
-                yield pb.WatchIndexResponse(snapshot=True, snapshot_done=True, revision=rev)
+            for msg in snapshot_messages(snap, rev):
+                yield msg
             while not self.stopping.is_set():
                 get = asyncio.ensure_future(watcher.queue.get())
                 done, _ = await asyncio.wait({get, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -223,6 +216,26 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             block_size=core.block_size,
             model=core.model,
         )
+
+
+def snapshot_messages(snap: list[tuple[Stored, Media]], revision: int) -> list[pb.WatchIndexResponse]:
+    """A watch's snapshot: per worker `cleared` + its blocks, then its tier-only blocks, in chunks of
+    `SNAPSHOT_CHUNK` hashes, one delta a message, the last one `snapshot_done`."""
+    deltas = []
+    for stored, media in snap:
+        hs = list(stored.hashes)
+        for i in range(0, max(len(hs), 1), SNAPSHOT_CHUNK):
+            deltas.append(pb.IndexDelta(worker_id=stored.worker, cleared=(i == 0), stored=hs[i : i + SNAPSHOT_CHUNK]))
+        tier = list(media.tier_only)
+        for i in range(0, len(tier), SNAPSHOT_CHUNK):  # after the blocks: a replica applies stored first
+            deltas.append(pb.IndexDelta(worker_id=stored.worker, tier_only=tier[i : i + SNAPSHOT_CHUNK]))
+    if not deltas:
+        return [pb.WatchIndexResponse(snapshot=True, snapshot_done=True, revision=revision)]
+    last = len(deltas) - 1
+    return [
+        pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=revision, snapshot_done=i == last)
+        for i, d in enumerate(deltas)
+    ]
 
 
 def refresh_gauges(core: CacheCore) -> None:

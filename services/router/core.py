@@ -32,7 +32,7 @@ import numpy as np
 from kvmesh.errors import InvalidArgument, KvmeshError, Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
-from kvmesh.routing.pull import DEFAULT_MARGIN
+from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN
 from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
@@ -121,7 +121,7 @@ class RouterCore:
         limits: CoreLimits,
         salt_model: str = "",
         stall: StallConfig | None = None,
-        pull_margin: float = DEFAULT_MARGIN,
+        pull_margin: float = DEFAULT_PULL_MARGIN,
     ) -> None:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
         self.stall = stall or StallConfig()

@@ -2,6 +2,8 @@
 
 `WatchIndex` streams a snapshot (deltas flagged `snapshot`, ended by `snapshot_done`) and then live deltas;
 they are applied to a local `kvmesh.index.PrefixIndex`, so `matches(hashes)` is a local, microsecond call.
+Deltas also carry the medium (`tier_only` / `on_gpu`): per worker the replica keeps the blocks it holds only
+in a host tier, and `lookup` splits each match into its GPU run and the tier part (`kvmesh.cachemgr.media`).
 While the stream is down or the snapshot incomplete the replica is *stale* and `matches` asks the
 cache-manager with `FindMatches` (bounded by `fallback_timeout_s`; on failure routing continues without
 overlap). A new stream starts from a fresh snapshot, so a gap can never leave the replica silently wrong.
@@ -15,16 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 import numpy as np
 
+from kvmesh.cachemgr.media import PrefixMatches, split_matches
 from kvmesh.config import ServerSettings
 from kvmesh.errors import FailedPrecondition
 from kvmesh.index import PrefixIndex
 from kvmesh.rpc.agreement import Agreed, require_agreement
 from kvmesh.rpc.channel import open_channel
+from kvmesh.services.router import metrics as m
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 
@@ -46,6 +50,7 @@ class IndexReplica:
         self.disagreement = ""  # why the current cache-manager is not used ('' = it agrees or is unchecked)
         self.fallback_timeout_s = fallback_timeout_s
         self.index = PrefixIndex()
+        self.tier_only: dict[str, set[int]] = {}  # per worker, blocks it holds only in a host tier (CPU/disk)
         self.fresh = False
         self.revision = 0
         self.fallbacks = 0
@@ -60,6 +65,7 @@ class IndexReplica:
 
     async def start(self) -> None:
         self._started = True
+        m.INDEX_TIER_ONLY.set_function(lambda: sum(len(s) for s in self.tier_only.values()))  # at scrape time
         if self._stub is not None:
             self._task = asyncio.create_task(self._follow())
 
@@ -78,6 +84,7 @@ class IndexReplica:
         self.fresh = False
         self.disagreement = ""
         self.index = PrefixIndex()
+        self.tier_only = {}
         self.synced.clear()
         self._channel = open_channel(address, self._settings) if address else None
         self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
@@ -92,14 +99,20 @@ class IndexReplica:
             await self._channel.close()
 
     async def matches(self, hashes: Sequence[int] | np.ndarray, tenant: str = "", lora: str = "") -> dict[str, int]:
-        """{worker: matched leading blocks}; local when fresh, else FindMatches, else {}. `hashes` are already
-        salted with (model, lora, tenant); `tenant`/`lora` go to FindMatches for its per-tenant accounting."""
+        """{worker: matched leading blocks, GPU or host tier} (see `lookup`)."""
+        return (await self.lookup(hashes, tenant, lora)).total
+
+    async def lookup(self, hashes: Sequence[int] | np.ndarray, tenant: str = "", lora: str = "") -> PrefixMatches:
+        """Each worker's match and its leading GPU run (`kvmesh.cachemgr.media`); local when fresh, else
+        FindMatches (its `tier_blocks`), else empty. `hashes` are already salted with (model, lora, tenant);
+        `tenant`/`lora` go to FindMatches for its per-tenant accounting."""
         if len(hashes) == 0:
-            return {}
+            return PrefixMatches()
         if self.fresh:
-            return self.index.find_matches(hashes)
+            total = self.index.find_matches(hashes)
+            return PrefixMatches(split_matches(hashes, total, self.tier_only), total)
         if self._stub is None or self.disagreement:
-            return {}
+            return PrefixMatches()
         self.fallbacks += 1
         req = cache_manager_pb2.FindMatchesRequest(
             block_hashes=cache_manager_pb2.BlockHashes(hashes=[int(h) for h in hashes]), tenant=tenant, lora_name=lora
@@ -108,25 +121,38 @@ class IndexReplica:
             resp = await self._stub.FindMatches(req, timeout=self.fallback_timeout_s)
         except grpc.aio.AioRpcError as e:
             log.debug("FindMatches failed: %s", e.code().name)
-            return {}
-        return {m.worker_id: m.matched_blocks for m in resp.matches}
+            return PrefixMatches()
+        total = {m.worker_id: m.matched_blocks for m in resp.matches}
+        return PrefixMatches({m.worker_id: m.matched_blocks - m.tier_blocks for m in resp.matches}, total)
 
     def apply(self, msg: cache_manager_pb2.WatchIndexResponse) -> None:
-        """Apply one WatchIndex message to the local index."""
+        """Apply one WatchIndex message to the local index and the per-worker tier-only sets."""
         idx = self.index
         for d in msg.deltas:
+            w = d.worker_id
             if d.cleared:
-                idx.clear(d.worker_id)
+                idx.clear(w)
+                self.tier_only.pop(w, None)
             if d.removed:
-                idx.remove(d.worker_id, np.fromiter(d.removed, dtype=np.uint64, count=len(d.removed)))
+                idx.remove(w, np.fromiter(d.removed, dtype=np.uint64, count=len(d.removed)))
+                self._drop_tier(w, d.removed)
             if d.stored:
                 parent = d.parent if d.HasField("parent") else None
-                idx.store(d.worker_id, parent, np.fromiter(d.stored, dtype=np.uint64, count=len(d.stored)))
+                idx.store(w, parent, np.fromiter(d.stored, dtype=np.uint64, count=len(d.stored)))
+            if d.tier_only:
+                self.tier_only.setdefault(w, set()).update(d.tier_only)
+            if d.on_gpu:
+                self._drop_tier(w, d.on_gpu)
         self.revision = msg.revision or self.revision
         if msg.snapshot_done:
             self.fresh = True
             self.synced.set()
         self.updated.set()
+
+    def _drop_tier(self, worker: str, hashes: Iterable[int]) -> None:
+        only = self.tier_only.get(worker)
+        if only:
+            only.difference_update(hashes)
 
     def _pairs(self, stats: cache_manager_pb2.GetStatsResponse) -> list[Agreed]:
         assert self.expect is not None
@@ -166,6 +192,7 @@ class IndexReplica:
         while not self._stopping.is_set():
             self.fresh = False
             self.index = PrefixIndex()
+            self.tier_only = {}
             try:
                 if not await self._agrees():
                     raise FailedPrecondition(self.disagreement)

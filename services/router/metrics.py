@@ -28,6 +28,16 @@ STALLS = Counter("kvmesh_router_stalls_total", "Worker streams cancelled for sen
 HEDGES = Counter(
     "kvmesh_router_hedges_total", "Requests whose late first token was hedged to a second worker", ["winner"]
 )
+PULL_HINTS = Counter(
+    "kvmesh_router_kv_pull_hints_total",
+    "KV pull hints sent to workers: sent (a new pull) or joined (the same hint again, a pull already running)",
+    ["outcome"],
+)
+PREFIX_BLOCKS = Counter(
+    "kvmesh_router_prefix_blocks_total",
+    "Prompt blocks of routed requests by how the chosen worker obtains them (gpu, load from its tier, pull)",
+    ["source"],
+)
 REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
 
 
@@ -53,4 +63,7 @@ class QueueCollector:
 
 QUEUES = QueueCollector()  # RouterCore points it at its admission queues
 REGISTRY.register(QUEUES)
+INDEX_TIER_ONLY = Gauge(
+    "kvmesh_router_index_tier_only_blocks", "(worker, block) pairs the index replica knows are only in a host tier"
+)
 WORKERS_ROUTABLE = Gauge("kvmesh_router_workers_routable", "Workers healthy, not draining, circuit closed")

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvmesh.routing import Decision
 from kvmesh.routing.attempts import AttemptDecision
+from kvmesh.routing.dataplane import PrefixPlan
 from kvmesh.routing.stall import StallConfig, WorkerLatency, stall_check
 from kvmesh.services.router import metrics as m
 from kvmesh.telemetry.tracing import recording, tracer
@@ -27,6 +28,15 @@ def record_decision(rid: str, d: Decision, elapsed_s: float) -> None:
             span.set_attribute("kvmesh.request_id", rid)
             span.set_attribute("kvmesh.worker", d.worker_id or "")
             span.set_attribute("kvmesh.decision", json.dumps(d.to_log()))
+
+
+def record_prefix(plan: PrefixPlan, hint: str) -> None:
+    """The chosen worker's prefix plan: its blocks by source, and the pull hint's outcome ("" = none)."""
+    for source, n in (("gpu", plan.gpu_blocks), ("load", plan.load_blocks), ("pull", plan.pull_blocks)):
+        if n:
+            m.PREFIX_BLOCKS.labels(source).inc(n)
+    if hint:
+        m.PULL_HINTS.labels(hint).inc()
 
 
 def record_routed(worker_id: str, n_prompt: int, overlap: int) -> None:

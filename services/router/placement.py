@@ -1,10 +1,21 @@
 """Step 2 of the router's request path: hash a prompt and pick a worker for it.
 
 Block hashes are `compute_block_hashes(prompt, block_size, make_salt(salt_model, lora, tenant))`; the index
-replica gives each worker's cached prefix; the routing profile decides over the pool's views with the router's
-own in-flight work applied (the decision is timed and traced). When a peer that serves its CPU tier holds more
-of the prompt than the chosen worker and pulling it beats recomputing by `pull_margin`
-(`kvmesh.routing.pull.choose_pull`), the worker gets a pull hint; its terms are logged with the decision.
+replica gives each worker's match split by medium (its leading GPU run, and what it holds only in its host
+tiers); the routing profile decides over the pool's views with the router's own in-flight work applied (the
+decision is timed and traced). The query carries, per worker w (`kvmesh.routing.dataplane`):
+
+    matches[w]      = the GPU run                  tier_matches[w] = GPU run + tier blocks (+ a pending pull)
+    pull_sources[w] = tier_matches[w] for the workers that serve their tier (kvsync address), healthy, circuit
+                      not open (a draining one still serves)      peer_pulls = pull_margin > 0
+
+so the cost prices, for every candidate with transfer costs (its GetInfo), GPU hits, tier loads, a peer pull
+and the recompute in one unit. The chosen worker's `PrefixPlan` is the one pricer of the pull hint: when it
+pulls, the worker gets a `KvPullHint` for the prompt's leading `min(covered, (P − 1) // block_size)` blocks
+from the plan's source (the block holding the last token is always computed). A hinted pull is remembered
+(`PendingPulls`) until its hint expires: the next request for that prefix on that worker sees the blocks as
+the worker's own tier and gets the same hint again, so the worker joins the running pull (it pulls once).
+Every term of the plan is logged with the decision (`Decision.prefix`) and counted in the router's metrics.
 """
 
 from __future__ import annotations
@@ -15,17 +26,38 @@ import time
 import numpy as np
 
 from kvmesh import hashing
+from kvmesh.cachemgr.media import PrefixMatches
 from kvmesh.errors import ResourceExhausted, Unavailable
 from kvmesh.routing import InflightTracker, Profile, RoutingQuery
-from kvmesh.routing.pull import DEFAULT_MARGIN, choose_pull
-from kvmesh.routing.types import WorkerView
+from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN, PrefixPlan, plan_prefix, sources_of
+from kvmesh.routing.inflight import PendingPull, PendingPulls
+from kvmesh.routing.types import CircuitState, WorkerView
 from kvmesh.services.router.index_replica import IndexReplica
-from kvmesh.services.router.observe import record_decision, record_routed
+from kvmesh.services.router.observe import record_decision, record_prefix, record_routed
 from kvmesh.services.router.workers import WorkerPool
 from kvmesh.v1 import worker_pb2
 
 log = logging.getLogger(__name__)
 PULL_HINT_TTL_MS = 5_000  # a hint older than this is not followed (the index may have moved on)
+
+
+def _serves_pulls(v: WorkerView) -> bool:
+    """A peer may be pulled from: it serves its tier and is healthy with its circuit not open (draining is fine)."""
+    return bool(v.kvsync_address) and v.healthy and v.circuit is not CircuitState.OPEN
+
+
+def plan_terms(plan: PrefixPlan) -> dict[str, object]:
+    """The plan's terms for the decision log (blocks, source, seconds)."""
+    return {
+        "gpu_blocks": plan.gpu_blocks,
+        "load_blocks": plan.load_blocks,
+        "pull_blocks": plan.pull_blocks,
+        "source": plan.source or "",
+        "recompute_tokens": plan.recompute_tokens,
+        "load_s": round(plan.load_s, 9),
+        "pull_s": round(plan.pull_s, 9),
+        "recompute_s": round(plan.recompute_s, 9),
+    }
 
 
 class Placement:
@@ -39,12 +71,13 @@ class Placement:
         tracker: InflightTracker,
         block_size: int,
         salt_model: str = "",
-        pull_margin: float = DEFAULT_MARGIN,
+        pull_margin: float = DEFAULT_PULL_MARGIN,
     ) -> None:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
         self.block_size, self.salt_model = block_size, salt_model
         self.pull_margin = pull_margin  # 0: never hint a pull
         self.last_hint: worker_pb2.KvPullHint | None = None
+        self.pending = PendingPulls()
         self._salts: dict[tuple[str, str], int] = {}
 
     def salt_of(self, lora: str, tenant: str) -> int:
@@ -67,52 +100,107 @@ class Placement:
         lora: str = "",
         max_tokens: int = 256,
     ) -> tuple[str, int]:
-        """Picks a worker for `prompt` (uint32 token ids); returns (worker id, cached overlap tokens on it) and
-        leaves the pull hint for it, if any, in `last_hint` (read it before the next await).
-        Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks."""
-        bs = self.block_size
-        hashes = hashing.compute_block_hashes(prompt, bs, self.salt_of(lora, tenant))
-        matches = await self.index.matches(hashes, tenant=tenant, lora=lora)
+        """Picks a worker for `prompt` (uint32 token ids); returns (worker id, prompt tokens it need not compute:
+        GPU hit, tier load, pull) and leaves the pull hint for it, if any, in `last_hint` (read it before the
+        next await). Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches
+        another's blocks."""
+        hashes = hashing.compute_block_hashes(prompt, self.block_size, self.salt_of(lora, tenant))
+        found = await self.index.lookup(hashes, tenant=tenant, lora=lora)
         t0 = time.perf_counter()
-        views = self.pool.views(time.monotonic())
+        now = time.monotonic()
+        views = self.pool.views(now)
         if exclude:
             views = [v for v in views if v.id not in exclude]
         self.tracker.apply(views)
-        rr = RoutingQuery(rid, len(prompt), hashes, matches, bs, session_id=session, max_tokens=max_tokens)
+        rr = self.query(rid, len(prompt), hashes, found, views, now, session, max_tokens)
         d = self.profile.decide(rr, views)
-        record_decision(rid, d, time.perf_counter() - t0)
         if d.worker_id is None:
+            record_decision(rid, d, time.perf_counter() - t0)
             if d.rejected_by == "kv-headroom":
                 raise ResourceExhausted("every worker's KV cache is full", retry_after_s=1.0)
             raise Unavailable(f"no worker available (rejected by {d.rejected_by})")
-        overlap = rr.overlap_tokens(d.worker_id)
-        self.last_hint = self._pull_hint(rr, d.worker_id, views)
+        view = next(v for v in views if v.id == d.worker_id)
+        plan = plan_prefix(rr, view, sources_of(rr))
+        self.last_hint, outcome = self._hint(rr, plan, views, found, now)
+        d.prefix = {
+            **plan_terms(plan),
+            "hint": outcome,
+            "hint_blocks": self.last_hint.num_blocks if self.last_hint else 0,
+        }
+        record_decision(rid, d, time.perf_counter() - t0)
+        record_prefix(plan, outcome)
+        log.debug("request %s on %s: %s", rid, d.worker_id, d.prefix)
+        overlap = min(plan.covered_blocks * self.block_size, len(prompt))
         record_routed(d.worker_id, len(prompt), overlap)
         return d.worker_id, overlap
 
-    def _pull_hint(self, rr: RoutingQuery, wid: str, views: list[WorkerView]) -> worker_pb2.KvPullHint | None:
-        """The pull hint for `wid` when a peer's pull beats recomputing by the margin (terms logged)."""
-        if self.pull_margin <= 0:
-            return None
-        choice = choose_pull(rr, wid, views, margin=self.pull_margin)
-        if choice is None:
-            return None
-        src = next(v for v in views if v.id == choice.source)
-        log.debug(
-            "request %s: pull %d tokens (%d blocks) from %s to %s: pull %.2f ms vs recompute %.2f ms",
-            rr.request_id,
-            choice.tokens,
-            choice.blocks,
-            choice.source,
-            wid,
-            choice.pull_s * 1e3,
-            choice.recompute_s * 1e3,
+    def query(
+        self,
+        rid: str,
+        n_prompt: int,
+        hashes: np.ndarray,
+        found: PrefixMatches,
+        views: list[WorkerView],
+        now: float,
+        session: str = "",
+        max_tokens: int = 256,
+    ) -> RoutingQuery:
+        """The routing query of the module docstring: GPU runs, GPU + tier (+ pending pulls), pull sources."""
+        tier = dict(found.total)
+        for v in views:
+            p = self._pending(v.id, hashes, found, now)
+            if p is not None:
+                tier[v.id] = p.blocks
+        sources = {v.id: found.total[v.id] for v in views if v.id in found.total and _serves_pulls(v)}
+        return RoutingQuery(
+            rid,
+            n_prompt,
+            hashes,
+            found.gpu,
+            self.block_size,
+            session_id=session,
+            max_tokens=max_tokens,
+            tier_matches=tier,
+            peer_pulls=self.pull_margin > 0,
+            pull_sources=sources,
+            pull_margin=self.pull_margin,
         )
+
+    def _pending(self, wid: str, hashes: np.ndarray, found: PrefixMatches, now: float) -> PendingPull | None:
+        """A pull hinted to `wid` of a prefix of `hashes` whose blocks the index does not show there yet."""
+        p = self.pending.covering(wid, hashes, now)
+        return p if p is not None and found.total.get(wid, 0) < p.blocks else None
+
+    def _hint(
+        self, rr: RoutingQuery, plan: PrefixPlan, views: list[WorkerView], found: PrefixMatches, now: float
+    ) -> tuple[worker_pb2.KvPullHint | None, str]:
+        """(hint, "sent") for the plan's pull; (the running pull's hint, "joined") when the plan counts on a
+        pull already hinted to the worker; (None, "") otherwise."""
+        by_id = {v.id: v for v in views}
+        cap = max(0, (rr.prompt_tokens - 1) // rr.block_size)
+        blocks = min(plan.covered_blocks, cap)
+        hashes = np.asarray(rr.block_hashes, dtype=np.uint64)
+        pending = self._pending(plan.worker, hashes, found, now)
+        src = by_id.get(plan.source or "")
+        new = plan.pull_blocks and src is not None and blocks > plan.gpu_blocks + plan.load_blocks
+        if new and src is not None and (pending is None or blocks > pending.blocks):
+            expires = now + PULL_HINT_TTL_MS / 1000
+            self.pending.add(plan.worker, int(hashes[blocks - 1]), PendingPull(src.id, blocks, expires))
+            return self._hint_msg(src, blocks, expires, now), "sent"
+        if pending is not None and blocks >= pending.blocks:
+            src = by_id.get(pending.source)
+            if src is not None and src.kvsync_address:
+                return self._hint_msg(src, pending.blocks, pending.expires, now), "joined"
+        return None, ""
+
+    @staticmethod
+    def _hint_msg(src: WorkerView, blocks: int, expires: float, now: float) -> worker_pb2.KvPullHint:
+        """The hint for the prompt's `blocks` leading blocks from `src`, void at monotonic `expires`."""
         return worker_pb2.KvPullHint(
             source_worker_id=src.id,
             source_address=src.kvsync_address,
             region=src.tier_region,
             region_shm_name=src.tier_shm_name,
-            num_blocks=choice.blocks,
-            expires_unix_ms=int(time.time() * 1000) + PULL_HINT_TTL_MS,
+            num_blocks=blocks,
+            expires_unix_ms=int((time.time() + max(expires - now, 0.0)) * 1000),
         )

@@ -1,6 +1,7 @@
 """The router's worker pool: one gRPC channel per worker, its info, its load-report stream and breaker.
 
-Each worker is followed by one supervised task: `GetInfo` (identity, zone, version, KV capacity), then
+Each worker is followed by one supervised task: `GetInfo` (identity, zone, version, KV capacity, its tier
+service and KV transfer costs: `WorkerView.transfer`, None when it has no KV data plane), then
 `StreamLoad` at `load_interval_ms`; every report refreshes the worker's `WorkerView` and tells the in-flight
 tracker which assignments the report already includes. A broken stream marks the worker unhealthy and trips
 its breaker at once (a killed worker leaves rotation as soon as its connection breaks: well under a second
@@ -28,6 +29,7 @@ import grpc
 from kvmesh.config import ServerSettings
 from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
 from kvmesh.routing.stall import report_age_bound
+from kvmesh.routing.types import TransferCosts
 from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router import metrics as m
@@ -79,6 +81,11 @@ class WorkerHandle:
             return await self.stream.start(request_id, request_bytes, carrier.get("traceparent", ""))
         assert self.generate_raw is not None
         return self.generate_raw(request_bytes, metadata=tuple(carrier.items()))
+
+
+def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:
+    """The worker's GetInfo transfer costs as the routing cost prices them."""
+    return TransferCosts(t.prefill_s_per_token, t.block_load_s, t.block_pull_s, t.pull_rtt_s)
 
 
 GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
@@ -276,6 +283,7 @@ class WorkerPool:
         h.stream_offered = info.generate_stream
         h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
         h.view.tier_shm_name = info.tier_shm_name
+        h.view.transfer = transfer_from_proto(info.transfer) if info.HasField("transfer") else None
         self.by_id[wid] = h
 
     def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:

@@ -11,6 +11,7 @@ import grpc
 
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.validation import check_temperature, check_top_p
+from kvmesh.routing.dataplane import transfer_costs, vllm_cpu_costs
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
@@ -185,4 +186,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tier_region=self.app.tier_region,
             tier_shm_name=self.app.tier_shm_name,
             tier_blocks_total=self.app.tier_blocks_total,
+            transfer=self._transfer(),
+        )
+
+    def _transfer(self) -> worker_pb2.KvTransferCosts | None:
+        """The KV transfer costs the router prices this worker with; None without a served tier (no data
+        plane: it neither loads nor pulls). Sim: its perf model; vLLM: `dataplane.vllm_cpu_costs`."""
+        if not self.app.kvsync_address:
+            return None
+        eng = self.app.engine
+        if isinstance(eng, SimEngine):
+            c = transfer_costs(eng.block_size, eng.core.config.perf)
+        else:
+            c = vllm_cpu_costs(eng.block_size)
+        return worker_pb2.KvTransferCosts(
+            prefill_s_per_token=c.prefill_s_per_token,
+            block_load_s=c.block_load_s,
+            block_pull_s=c.block_pull_s,
+            pull_rtt_s=c.pull_rtt_s,
         )

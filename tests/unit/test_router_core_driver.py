@@ -14,6 +14,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from kvmesh.cachemgr.media import PrefixMatches
 from kvmesh.errors import InvalidArgument, Unavailable
 from kvmesh.routing import Admission, CircuitBreaker, CircuitState, InflightTracker, Profile, QueueLimits, WorkerView
 from kvmesh.routing.stall import StallConfig
@@ -114,8 +115,8 @@ class FakePool:
 
 
 class NoIndex:
-    async def matches(self, hashes: Any, tenant: str = "", lora: str = "") -> dict[str, int]:
-        return {}
+    async def lookup(self, hashes: Any, tenant: str = "", lora: str = "") -> PrefixMatches:
+        return PrefixMatches()
 
 
 def step(ids: list[int], finish: int = 0) -> worker_pb2.GenerateResponse:

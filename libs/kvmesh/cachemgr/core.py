@@ -18,7 +18,7 @@ from kvmesh.cachemgr.checkpoint import Recovery, recover, snapshot_state
 from kvmesh.cachemgr.fanout import FanOut, Watcher
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor
-from kvmesh.cachemgr.types import IngestResult, Stored
+from kvmesh.cachemgr.types import IngestResult, Media, Stored
 from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import KvEvent, KvEventBatch
 from kvmesh.store.base import CheckpointStore
@@ -146,12 +146,18 @@ class CacheCore:
         return {w: n - self.ingestor.gpu_run(w, hashes, n) for w, n in matches.items()}
 
     # ------------------------------------------------------------ watch
-    def watch(self, workers: Iterable[str]) -> tuple[Watcher, int, list[Stored]]:
-        """Register a watcher and return it with a consistent snapshot (same event-loop step)."""
+    def watch(self, workers: Iterable[str]) -> tuple[Watcher, int, list[tuple[Stored, Media]]]:
+        """Register a watcher and return it with a consistent snapshot (same event-loop step): per worker its
+        blocks and those of them it holds only in a host tier."""
         ws = frozenset(workers)
         watcher = self.fanout.add(ws)
         snap = [
-            Stored(w, None, tuple(self.index.blocks_of(w).tolist())) for w in self.index.workers() if not ws or w in ws
+            (
+                Stored(w, None, tuple(self.index.blocks_of(w).tolist())),
+                Media(w, tuple(self.ingestor.tier_only_of(w))),
+            )
+            for w in self.index.workers()
+            if not ws or w in ws
         ]
         return watcher, self.revision, snap
 

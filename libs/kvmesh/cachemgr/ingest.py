@@ -39,7 +39,9 @@ Media. Events carry the medium a block is stored in ("GPU" for the engine's pool
 worker can load a tier block); beside it, per worker, a side map counts the non-GPU copies of each block
 and keeps the set of blocks the worker holds *only* in a tier (`tier_only`, small: a tier block that is
 also on the GPU is not in it). `gpu_run(worker, hashes, matched)` splits a match into its leading GPU run
-and the rest (loadable from the worker's tiers).
+and the rest (loadable from the worker's tiers; `kvmesh.cachemgr.media`). Every event that changes a block's
+tier-only state adds one `Media` delta after its Stored/Removed ones (blocks now tier-only, blocks back on the
+GPU), so a watching replica keeps the same set.
 """
 
 from __future__ import annotations
@@ -49,12 +51,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kvmesh.cachemgr import media
 from kvmesh.cachemgr.enginemap import EngineHashMap
 from kvmesh.cachemgr.types import (
     BlockHasher,
     Cleared,
     IndexWriter,
     IngestResult,
+    Media,
     Removed,
     ResyncRequest,
     Stored,
@@ -94,6 +98,7 @@ class WorkerState:
     alive_at: float = -math.inf  # latest timestamp of the current instance (its batches and dumps)
     tier_copies: dict[int, int] = field(default_factory=dict)  # index hash -> copies in a host tier
     tier_only: set[int] = field(default_factory=set)  # index hashes held in a host tier and not on the GPU
+    moved: dict[int, bool] = field(default_factory=dict)  # this event's tier_only changes: hash -> was in it
 
 
 @dataclass(slots=True)
@@ -219,15 +224,15 @@ class Ingestor:
         return st is not None and st.phase is Phase.REPLAYING
 
     def gpu_run(self, worker_id: str, hashes: Sequence[int], matched: int) -> int:
-        """How many of the `matched` leading `hashes` of a worker's match are on its GPU (the rest: tiers)."""
+        """How many of the `matched` leading `hashes` of a worker's match are on its GPU (the rest: tiers;
+        `kvmesh.cachemgr.media.gpu_run`)."""
         st = self.workers.get(worker_id)
-        if st is None or not st.tier_only:
-            return matched
-        only = st.tier_only
-        for i in range(matched):
-            if hashes[i] in only:
-                return i
-        return matched
+        return matched if st is None else media.gpu_run(hashes, matched, st.tier_only)
+
+    def tier_only_of(self, worker_id: str) -> frozenset[int]:
+        """The blocks the worker holds only in a host tier (for a watch snapshot)."""
+        st = self.workers.get(worker_id)
+        return frozenset(st.tier_only) if st is not None else frozenset()
 
     def remove_worker(self, worker_id: str) -> IngestResult:
         """A worker left the fleet: forget its state and its entries."""
@@ -300,6 +305,24 @@ class Ingestor:
 
     def _apply_event(self, st: WorkerState, ev: KvEvent, res: IngestResult, dump: bool = False) -> None:
         self.counters.events += 1
+        try:
+            self._apply_one(st, ev, res, dump)
+        finally:
+            self._flush_media(st, res)
+
+    @staticmethod
+    def _flush_media(st: WorkerState, res: IngestResult) -> None:
+        """One `Media` delta for the blocks whose tier-only state this event changed (after its Stored/Removed)."""
+        if not st.moved:
+            return
+        only = st.tier_only
+        tier = tuple(h for h, was in st.moved.items() if not was and h in only)
+        gpu = tuple(h for h, was in st.moved.items() if was and h not in only)
+        st.moved.clear()
+        if tier or gpu:
+            res.deltas.append(Media(st.worker_id, tier, gpu))
+
+    def _apply_one(self, st: WorkerState, ev: KvEvent, res: IngestResult, dump: bool) -> None:
         if isinstance(ev, BlockStored):
             self._stored(st, ev, res, dump)
         elif isinstance(ev, BlockRemoved):
@@ -364,6 +387,7 @@ class Ingestor:
         n = st.tier_copies.get(ih, 0) + delta
         live = st.hashes.live.get(eh) == ih
         total = st.hashes.extra.get(eh, 1) if live else 0  # copies of any medium
+        st.moved.setdefault(ih, ih in st.tier_only)
         if not live or n <= 0:
             st.tier_copies.pop(ih, None)
             st.tier_only.discard(ih)
@@ -379,6 +403,7 @@ class Ingestor:
         st.hashes.clear()
         st.tier_copies.clear()
         st.tier_only.clear()
+        st.moved.clear()  # Cleared drops the replica's tier-only set too
         res.deltas.append(Cleared(st.worker_id))
 
     def _need_dump(self, st: WorkerState, reason: str, res: IngestResult) -> None:

@@ -57,7 +57,16 @@ class Cleared:
     worker: str
 
 
-IndexDelta = Stored | Removed | Cleared
+@dataclass(frozen=True, slots=True)
+class Media:
+    """Index delta: `worker` now holds `tier_only` only in a host tier, and `on_gpu` on its GPU again."""
+
+    worker: str
+    tier_only: tuple[int, ...] = ()
+    on_gpu: tuple[int, ...] = ()
+
+
+IndexDelta = Stored | Removed | Cleared | Media
 
 
 @dataclass(frozen=True, slots=True)

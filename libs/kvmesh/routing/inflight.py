@@ -14,6 +14,7 @@ estimate of what all replicas together added (the report then corrects it). `inf
 T_w is the timestamp of w's last load report (`on_report`): work assigned before it is already inside the
 report's `prefill_tokens_queued` / `decode_tokens_active`, so it is not counted twice. A request counts in
 decode load from its assignment on, because it will hold that KV while it decodes. Pure: times are passed in.
+`PendingPulls` is the same for KV pulls: the pulls hinted to each worker that may still run.
 
 A report can arrive after an assignment yet have been taken before the request reached the worker (the
 request is still on the wire, or in the worker's queue to its engine); it would then erase that request from
@@ -40,8 +41,11 @@ newer report) is taken off the report, never more than the report holds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from kvmesh.routing.types import WorkerView
 
@@ -187,3 +191,52 @@ class InflightTracker:
             v.inflight_kv_blocks = max(s.blocks * k - min(s.done_blocks, b), s.own_blocks - b)
             v.inflight_requests = s.requests
             v.ended_requests = min(s.done_requests, v.running + v.waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPull:
+    """A pull this router hinted to a worker: the prompt's `blocks` leading blocks from `source`, the hint void
+    after `expires` (the caller's clock)."""
+
+    source: str
+    blocks: int
+    expires: float
+
+
+class PendingPulls:
+    """Pulls hinted and possibly still running, per worker, keyed by the index hash of the last block pulled
+    (a chained hash names its whole prefix). A later request whose prompt has that hash at position
+    `blocks − 1` is priced on the worker as holding those blocks in its tier (the first request pays the
+    pull) and gets the same hint again, so the worker joins the running pull: one pull per prefix and worker.
+    Entries leave when their hint expires; at most `per_worker` are kept per worker (the oldest go)."""
+
+    def __init__(self, per_worker: int = 256) -> None:
+        self.per_worker = per_worker
+        self._by_worker: dict[str, dict[int, PendingPull]] = {}
+
+    def add(self, worker: str, last_hash: int, pull: PendingPull) -> None:
+        pulls = self._by_worker.setdefault(worker, {})
+        pulls.pop(last_hash, None)
+        pulls[last_hash] = pull
+        while len(pulls) > self.per_worker:
+            del pulls[next(iter(pulls))]
+
+    def covering(self, worker: str, hashes: Sequence[int] | npt.NDArray[np.uint64], now: float) -> PendingPull | None:
+        """The longest unexpired pull to `worker` of a prefix of `hashes` (None if none)."""
+        pulls = self._by_worker.get(worker)
+        if not pulls:
+            return None
+        best: PendingPull | None = None
+        for h, p in list(pulls.items()):
+            if p.expires <= now:
+                del pulls[h]
+            elif (
+                0 < p.blocks <= len(hashes)
+                and int(hashes[p.blocks - 1]) == h
+                and (best is None or p.blocks > best.blocks)
+            ):
+                best = p
+        return best
+
+    def forget_worker(self, worker: str) -> None:
+        self._by_worker.pop(worker, None)

@@ -17,6 +17,8 @@ import numpy.typing as npt
 
 from kvmesh.kvevents import LoadReport
 
+DEFAULT_PULL_MARGIN = 2.0  # a pull must beat recomputing its blocks by this factor (kvmesh.routing.dataplane)
+
 
 class CircuitState(enum.StrEnum):
     """Circuit-breaker state of a worker as the pipeline sees it (see `kvmesh.routing.circuit`)."""
@@ -29,12 +31,13 @@ class CircuitState(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class TransferCosts:
     """What it costs worker w to obtain a KV block other than by prefill, in seconds (see
-    `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
-    router would fill it from the worker's registration (its links) and load report (its prefill rate).
+        `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
+        router takes it from the worker's GetInfo (`KvTransferCosts`: a sim worker's perf model, a vLLM worker's
+    measured figures, `kvmesh.routing.dataplane.vllm_cpu_costs`).
 
-    `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier
-    into its engine pool (bytes / host→GPU bandwidth); `block_pull_s`: one block from a peer (bytes /
-    network bandwidth); `pull_rtt_s`: the round trip a pull pays once before its bytes flow.
+        `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier
+        into its engine pool (bytes / host→GPU bandwidth); `block_pull_s`: one block from a peer (bytes /
+        network bandwidth); `pull_rtt_s`: the round trip a pull pays once before its bytes flow.
     """
 
     prefill_s_per_token: float
@@ -52,7 +55,8 @@ class WorkerView:
     router's outstanding requests on the worker (used by the anti-herding tie-break); `ended_requests` those of
     this router's requests in the last report that have ended since (the report's counts still hold them).
     `pool` is "" (any prompt), "long" or "short" (see `filters.pool`). `transfer` is None unless the fleet has
-    a KV data plane (tiers, peer pulls): then the cost prices loads and pulls with it.
+    a KV data plane (tiers, peer pulls): then the cost prices loads and pulls with it (the live router takes it
+    from the worker's GetInfo).
     """
 
     id: str
@@ -62,7 +66,7 @@ class WorkerView:
     healthy: bool = True
     draining: bool = False
     circuit: CircuitState = CircuitState.CLOSED
-    # where the worker serves its CPU tier to peers (GetInfo; "" = none): `kvmesh.routing.pull` hints pulls from it
+    # where the worker serves its CPU tier to peers (GetInfo; "" = none): only such a worker is a pull source
     kvsync_address: str = ""
     tier_region: str = ""
     tier_shm_name: str = ""
@@ -118,7 +122,9 @@ class RoutingQuery:
     the prefix index); the cached overlap in tokens is `min(matches[w] * block_size, prompt_tokens)`.
     With a KV data plane, `tier_matches[w]` (≥ `matches[w]`) counts the leading blocks w holds in its GPU pool
     or its own CPU/disk tier (the index's per-(worker, block) medium), and `peer_pulls` says whether w may pull
-    the blocks it lacks from the peer holding the longest prefix (see `kvmesh.routing.dataplane`).
+    the blocks it lacks from the peer holding the longest prefix (see `kvmesh.routing.dataplane`): of
+    `pull_sources` (tier_matches of the workers that may serve a pull) when set, else of every worker.
+    A pull must beat recomputing by `pull_margin` (≤ 0: never pull).
     """
 
     request_id: str
@@ -130,6 +136,8 @@ class RoutingQuery:
     max_tokens: int = 256
     tier_matches: Mapping[str, int] = field(default_factory=dict)
     peer_pulls: bool = False
+    pull_sources: Mapping[str, int] | None = None
+    pull_margin: float = DEFAULT_PULL_MARGIN
 
     def overlap_tokens(self, worker_id: str) -> int:
         """Prompt tokens already cached on `worker_id`: min(matched_blocks * block_size, prompt_tokens)."""
@@ -142,8 +150,9 @@ class Decision:
     """The pipeline's answer. `worker_id` is None when a filter left no candidate (`rejected_by` names it).
 
     `candidates[i]` has combined cost `totals[i]` (lower is better) and per-scorer normalised terms
-    `terms[scorer][i]`; `removed` counts the workers each filter removed. Dict views are built lazily so the
-    hot path does not pay for them.
+    `terms[scorer][i]`; `removed` counts the workers each filter removed; `prefix` holds the chosen worker's
+    prefix plan (GPU, load and pull blocks, source, seconds; set by the live router). Dict views are built
+    lazily so the hot path does not pay for them.
     """
 
     request_id: str
@@ -154,6 +163,7 @@ class Decision:
     removed: dict[str, int] = field(default_factory=dict)
     rejected_by: str = ""
     picker: str = ""
+    prefix: dict[str, object] = field(default_factory=dict)  # the chosen worker's prefix plan, when priced
 
     def scores(self) -> dict[str, float]:
         """Combined cost per candidate worker."""
@@ -179,4 +189,5 @@ class Decision:
             "removed": dict(self.removed),
             "chosen": self.chosen_terms(),
             "scores": {w: round(t, 6) for w, t in self.scores().items()},
+            "prefix": dict(self.prefix),
         }

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvmesh.v1 import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dkvmesh/v1/cache_manager.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\x8e\x01\n\x16PublishKvEventsRequest\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.kvmesh.v1.KvStreamKind\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.KvEventBatch\x12%\n\x05hello\x18\x03 \x01(\x0b\x32\x16.kvmesh.v1.WorkerHello\"w\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\"Y\n\x17PublishKvEventsResponse\x12\x15\n\rnext_sequence\x18\x01 \x01(\x04\x12\x17\n\x0fresync_required\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa9\x01\n\x12\x46indMatchesRequest\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12.\n\x0c\x62lock_hashes\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHashesH\x00\x12\r\n\x05model\x18\x03 \x01(\t\x12\x11\n\tlora_name\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\tB\x07\n\x05query\"\x1d\n\x0b\x42lockHashes\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\"M\n\x0bWorkerMatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0ematched_blocks\x18\x02 \x01(\r\x12\x13\n\x0btier_blocks\x18\x03 \x01(\r\"h\n\x13\x46indMatchesResponse\x12\'\n\x07matches\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.WorkerMatch\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\r\x12\x12\n\nblock_size\x18\x03 \x01(\r\"\'\n\x11WatchIndexRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"q\n\nIndexDelta\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x03(\x04\x12\x13\n\x06parent\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07removed\x18\x04 \x03(\x04\x12\x0f\n\x07\x63leared\x18\x05 \x01(\x08\x42\t\n\x07_parent\"v\n\x12WatchIndexResponse\x12%\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x15.kvmesh.v1.IndexDelta\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x15\n\rsnapshot_done\x18\x03 \x01(\x08\x12\x10\n\x08revision\x18\x04 \x01(\x04\"M\n\x13WarmPrefixesRequest\x12$\n\x07prompts\x18\x01 \x03(\x0b\x32\x13.kvmesh.v1.TokenIds\x12\x10\n\x08replicas\x18\x02 \x01(\r\"/\n\x14WarmPrefixesResponse\x12\x17\n\x0frequests_issued\x18\x01 \x01(\r\"t\n\rWarmingPolicy\x12\x15\n\rhot_threshold\x18\x01 \x01(\r\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x14\n\x0cmax_replicas\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x12\n\nlfu_weight\x18\x05 \x01(\x01\"C\n\x17SetWarmingPolicyRequest\x12(\n\x06policy\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.WarmingPolicy\"D\n\x18SetWarmingPolicyResponse\x12(\n\x06policy\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.WarmingPolicy\"\x13\n\x11\x43heckpointRequest\"D\n\x12\x43heckpointResponse\x12\x10\n\x08location\x18\x01 \x01(\t\x12\r\n\x05pairs\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"\x10\n\x0eRestoreRequest\"J\n\x0fRestoreResponse\x12\r\n\x05pairs\x18\x01 \x01(\x04\x12\x17\n\x0f\x65vents_replayed\x18\x02 \x01(\x04\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x11\n\x0fGetStatsRequest\"\xd9\x01\n\x10GetStatsResponse\x12\x0f\n\x07workers\x18\x01 \x01(\r\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05pairs\x18\x03 \x01(\x04\x12\x15\n\rbatches_total\x18\x04 \x01(\x04\x12\x12\n\ngaps_total\x18\x05 \x01(\x04\x12\x15\n\rresyncs_total\x18\x06 \x01(\x04\x12\x11\n\thit_ratio\x18\x07 \x01(\x01\x12\x1d\n\x15warming_actions_total\x18\x08 \x01(\x04\x12\x12\n\nblock_size\x18\t \x01(\r\x12\r\n\x05model\x18\n \x01(\t2\x8e\x05\n\x13\x43\x61\x63heManagerService\x12\\\n\x0fPublishKvEvents\x12!.kvmesh.v1.PublishKvEventsRequest\x1a\".kvmesh.v1.PublishKvEventsResponse(\x01\x30\x01\x12L\n\x0b\x46indMatches\x12\x1d.kvmesh.v1.FindMatchesRequest\x1a\x1e.kvmesh.v1.FindMatchesResponse\x12K\n\nWatchIndex\x12\x1c.kvmesh.v1.WatchIndexRequest\x1a\x1d.kvmesh.v1.WatchIndexResponse0\x01\x12O\n\x0cWarmPrefixes\x12\x1e.kvmesh.v1.WarmPrefixesRequest\x1a\x1f.kvmesh.v1.WarmPrefixesResponse\x12[\n\x10SetWarmingPolicy\x12\".kvmesh.v1.SetWarmingPolicyRequest\x1a#.kvmesh.v1.SetWarmingPolicyResponse\x12I\n\nCheckpoint\x12\x1c.kvmesh.v1.CheckpointRequest\x1a\x1d.kvmesh.v1.CheckpointResponse\x12@\n\x07Restore\x12\x19.kvmesh.v1.RestoreRequest\x1a\x1a.kvmesh.v1.RestoreResponse\x12\x43\n\x08GetStats\x12\x1a.kvmesh.v1.GetStatsRequest\x1a\x1b.kvmesh.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dkvmesh/v1/cache_manager.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\x8e\x01\n\x16PublishKvEventsRequest\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.kvmesh.v1.KvStreamKind\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.KvEventBatch\x12%\n\x05hello\x18\x03 \x01(\x0b\x32\x16.kvmesh.v1.WorkerHello\"w\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\r\n\x05model\x18\x05 \x01(\t\x12\x0c\n\x04zone\x18\x06 \x01(\t\"Y\n\x17PublishKvEventsResponse\x12\x15\n\rnext_sequence\x18\x01 \x01(\x04\x12\x17\n\x0fresync_required\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa9\x01\n\x12\x46indMatchesRequest\x12(\n\ttoken_ids\x18\x01 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12.\n\x0c\x62lock_hashes\x18\x02 \x01(\x0b\x32\x16.kvmesh.v1.BlockHashesH\x00\x12\r\n\x05model\x18\x03 \x01(\t\x12\x11\n\tlora_name\x18\x04 \x01(\t\x12\x0e\n\x06tenant\x18\x05 \x01(\tB\x07\n\x05query\"\x1d\n\x0b\x42lockHashes\x12\x0e\n\x06hashes\x18\x01 \x03(\x04\"M\n\x0bWorkerMatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0ematched_blocks\x18\x02 \x01(\r\x12\x13\n\x0btier_blocks\x18\x03 \x01(\r\"h\n\x13\x46indMatchesResponse\x12\'\n\x07matches\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.WorkerMatch\x12\x14\n\x0ctotal_blocks\x18\x02 \x01(\r\x12\x12\n\nblock_size\x18\x03 \x01(\r\"\'\n\x11WatchIndexRequest\x12\x12\n\nworker_ids\x18\x01 \x03(\t\"\x94\x01\n\nIndexDelta\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06stored\x18\x02 \x03(\x04\x12\x13\n\x06parent\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x0f\n\x07removed\x18\x04 \x03(\x04\x12\x0f\n\x07\x63leared\x18\x05 \x01(\x08\x12\x11\n\ttier_only\x18\x06 \x03(\x04\x12\x0e\n\x06on_gpu\x18\x07 \x03(\x04\x42\t\n\x07_parent\"v\n\x12WatchIndexResponse\x12%\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32\x15.kvmesh.v1.IndexDelta\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x15\n\rsnapshot_done\x18\x03 \x01(\x08\x12\x10\n\x08revision\x18\x04 \x01(\x04\"M\n\x13WarmPrefixesRequest\x12$\n\x07prompts\x18\x01 \x03(\x0b\x32\x13.kvmesh.v1.TokenIds\x12\x10\n\x08replicas\x18\x02 \x01(\r\"/\n\x14WarmPrefixesResponse\x12\x17\n\x0frequests_issued\x18\x01 \x01(\r\"t\n\rWarmingPolicy\x12\x15\n\rhot_threshold\x18\x01 \x01(\r\x12\x10\n\x08window_s\x18\x02 \x01(\x01\x12\x14\n\x0cmax_replicas\x18\x03 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12\x12\n\nlfu_weight\x18\x05 \x01(\x01\"C\n\x17SetWarmingPolicyRequest\x12(\n\x06policy\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.WarmingPolicy\"D\n\x18SetWarmingPolicyResponse\x12(\n\x06policy\x18\x01 \x01(\x0b\x32\x18.kvmesh.v1.WarmingPolicy\"\x13\n\x11\x43heckpointRequest\"D\n\x12\x43heckpointResponse\x12\x10\n\x08location\x18\x01 \x01(\t\x12\r\n\x05pairs\x18\x02 \x01(\x04\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\"\x10\n\x0eRestoreRequest\"J\n\x0fRestoreResponse\x12\r\n\x05pairs\x18\x01 \x01(\x04\x12\x17\n\x0f\x65vents_replayed\x18\x02 \x01(\x04\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x11\n\x0fGetStatsRequest\"\xd9\x01\n\x10GetStatsResponse\x12\x0f\n\x07workers\x18\x01 \x01(\r\x12\x0e\n\x06\x62locks\x18\x02 \x01(\x04\x12\r\n\x05pairs\x18\x03 \x01(\x04\x12\x15\n\rbatches_total\x18\x04 \x01(\x04\x12\x12\n\ngaps_total\x18\x05 \x01(\x04\x12\x15\n\rresyncs_total\x18\x06 \x01(\x04\x12\x11\n\thit_ratio\x18\x07 \x01(\x01\x12\x1d\n\x15warming_actions_total\x18\x08 \x01(\x04\x12\x12\n\nblock_size\x18\t \x01(\r\x12\r\n\x05model\x18\n \x01(\t2\x8e\x05\n\x13\x43\x61\x63heManagerService\x12\\\n\x0fPublishKvEvents\x12!.kvmesh.v1.PublishKvEventsRequest\x1a\".kvmesh.v1.PublishKvEventsResponse(\x01\x30\x01\x12L\n\x0b\x46indMatches\x12\x1d.kvmesh.v1.FindMatchesRequest\x1a\x1e.kvmesh.v1.FindMatchesResponse\x12K\n\nWatchIndex\x12\x1c.kvmesh.v1.WatchIndexRequest\x1a\x1d.kvmesh.v1.WatchIndexResponse0\x01\x12O\n\x0cWarmPrefixes\x12\x1e.kvmesh.v1.WarmPrefixesRequest\x1a\x1f.kvmesh.v1.WarmPrefixesResponse\x12[\n\x10SetWarmingPolicy\x12\".kvmesh.v1.SetWarmingPolicyRequest\x1a#.kvmesh.v1.SetWarmingPolicyResponse\x12I\n\nCheckpoint\x12\x1c.kvmesh.v1.CheckpointRequest\x1a\x1d.kvmesh.v1.CheckpointResponse\x12@\n\x07Restore\x12\x19.kvmesh.v1.RestoreRequest\x1a\x1a.kvmesh.v1.RestoreResponse\x12\x43\n\x08GetStats\x12\x1a.kvmesh.v1.GetStatsRequest\x1a\x1b.kvmesh.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,32 +48,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FINDMATCHESRESPONSE']._serialized_end=811
   _globals['_WATCHINDEXREQUEST']._serialized_start=813
   _globals['_WATCHINDEXREQUEST']._serialized_end=852
-  _globals['_INDEXDELTA']._serialized_start=854
-  _globals['_INDEXDELTA']._serialized_end=967
-  _globals['_WATCHINDEXRESPONSE']._serialized_start=969
-  _globals['_WATCHINDEXRESPONSE']._serialized_end=1087
-  _globals['_WARMPREFIXESREQUEST']._serialized_start=1089
-  _globals['_WARMPREFIXESREQUEST']._serialized_end=1166
-  _globals['_WARMPREFIXESRESPONSE']._serialized_start=1168
-  _globals['_WARMPREFIXESRESPONSE']._serialized_end=1215
-  _globals['_WARMINGPOLICY']._serialized_start=1217
-  _globals['_WARMINGPOLICY']._serialized_end=1333
-  _globals['_SETWARMINGPOLICYREQUEST']._serialized_start=1335
-  _globals['_SETWARMINGPOLICYREQUEST']._serialized_end=1402
-  _globals['_SETWARMINGPOLICYRESPONSE']._serialized_start=1404
-  _globals['_SETWARMINGPOLICYRESPONSE']._serialized_end=1472
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1474
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1493
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1495
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1563
-  _globals['_RESTOREREQUEST']._serialized_start=1565
-  _globals['_RESTOREREQUEST']._serialized_end=1581
-  _globals['_RESTORERESPONSE']._serialized_start=1583
-  _globals['_RESTORERESPONSE']._serialized_end=1657
-  _globals['_GETSTATSREQUEST']._serialized_start=1659
-  _globals['_GETSTATSREQUEST']._serialized_end=1676
-  _globals['_GETSTATSRESPONSE']._serialized_start=1679
-  _globals['_GETSTATSRESPONSE']._serialized_end=1896
-  _globals['_CACHEMANAGERSERVICE']._serialized_start=1899
-  _globals['_CACHEMANAGERSERVICE']._serialized_end=2553
+  _globals['_INDEXDELTA']._serialized_start=855
+  _globals['_INDEXDELTA']._serialized_end=1003
+  _globals['_WATCHINDEXRESPONSE']._serialized_start=1005
+  _globals['_WATCHINDEXRESPONSE']._serialized_end=1123
+  _globals['_WARMPREFIXESREQUEST']._serialized_start=1125
+  _globals['_WARMPREFIXESREQUEST']._serialized_end=1202
+  _globals['_WARMPREFIXESRESPONSE']._serialized_start=1204
+  _globals['_WARMPREFIXESRESPONSE']._serialized_end=1251
+  _globals['_WARMINGPOLICY']._serialized_start=1253
+  _globals['_WARMINGPOLICY']._serialized_end=1369
+  _globals['_SETWARMINGPOLICYREQUEST']._serialized_start=1371
+  _globals['_SETWARMINGPOLICYREQUEST']._serialized_end=1438
+  _globals['_SETWARMINGPOLICYRESPONSE']._serialized_start=1440
+  _globals['_SETWARMINGPOLICYRESPONSE']._serialized_end=1508
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1510
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1529
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1531
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1599
+  _globals['_RESTOREREQUEST']._serialized_start=1601
+  _globals['_RESTOREREQUEST']._serialized_end=1617
+  _globals['_RESTORERESPONSE']._serialized_start=1619
+  _globals['_RESTORERESPONSE']._serialized_end=1693
+  _globals['_GETSTATSREQUEST']._serialized_start=1695
+  _globals['_GETSTATSREQUEST']._serialized_end=1712
+  _globals['_GETSTATSRESPONSE']._serialized_start=1715
+  _globals['_GETSTATSRESPONSE']._serialized_end=1932
+  _globals['_CACHEMANAGERSERVICE']._serialized_start=1935
+  _globals['_CACHEMANAGERSERVICE']._serialized_end=2589
 # @@protoc_insertion_point(module_scope)

@@ -292,6 +292,8 @@ class IndexDelta(_message.Message):
     PARENT_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
     CLEARED_FIELD_NUMBER: _builtins.int
+    TIER_ONLY_FIELD_NUMBER: _builtins.int
+    ON_GPU_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     parent: _builtins.int
@@ -306,6 +308,16 @@ class IndexDelta(_message.Message):
     def removed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Index hashes removed."""
 
+    @_builtins.property
+    def tier_only(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Index hashes the worker now holds only in its host tiers (CPU/disk), not on its GPU (applied after
+        stored); in a snapshot, every such block of the worker.
+        """
+
+    @_builtins.property
+    def on_gpu(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Index hashes held only in a host tier before, now on the worker's GPU again."""
+
     def __init__(
         self,
         *,
@@ -314,10 +326,12 @@ class IndexDelta(_message.Message):
         parent: _builtins.int | None = ...,
         removed: _abc.Iterable[_builtins.int] | None = ...,
         cleared: _builtins.bool = ...,
+        tier_only: _abc.Iterable[_builtins.int] | None = ...,
+        on_gpu: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_parent", b"_parent", "parent", b"parent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent", b"_parent", "cleared", b"cleared", "parent", b"parent", "removed", b"removed", "stored", b"stored", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parent", b"_parent", "cleared", b"cleared", "on_gpu", b"on_gpu", "parent", b"parent", "removed", b"removed", "stored", b"stored", "tier_only", b"tier_only", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__parent: _TypeAlias = _typing.Literal["parent"]  # noqa: Y015
     _WhichOneofArgType__parent: _TypeAlias = _typing.Literal["_parent", b"_parent"]  # noqa: Y015

@@ -434,6 +434,7 @@ class GetInfoResponse(_message.Message):
     TIER_REGION_FIELD_NUMBER: _builtins.int
     TIER_SHM_NAME_FIELD_NUMBER: _builtins.int
     TIER_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
+    TRANSFER_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -462,6 +463,10 @@ class GetInfoResponse(_message.Message):
     """POSIX shared-memory name of that region."""
     tier_blocks_total: _builtins.int
     """Blocks the CPU tier holds at most."""
+    @_builtins.property
+    def transfer(self) -> Global___KvTransferCosts:
+        """What it costs the worker to obtain a KV block other than by prefill; unset: no KV data plane."""
+
     def __init__(
         self,
         *,
@@ -479,11 +484,48 @@ class GetInfoResponse(_message.Message):
         tier_region: _builtins.str = ...,
         tier_shm_name: _builtins.str = ...,
         tier_blocks_total: _builtins.int = ...,
+        transfer: Global___KvTransferCosts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetInfoResponse: _TypeAlias = GetInfoResponse  # noqa: Y015
+
+@_typing.final
+class KvTransferCosts(_message.Message):
+    """A worker's KV transfer costs, seconds (kvmesh.routing.types.TransferCosts), for the router's pricing of
+    tier loads and peer pulls.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFILL_S_PER_TOKEN_FIELD_NUMBER: _builtins.int
+    BLOCK_LOAD_S_FIELD_NUMBER: _builtins.int
+    BLOCK_PULL_S_FIELD_NUMBER: _builtins.int
+    PULL_RTT_S_FIELD_NUMBER: _builtins.int
+    prefill_s_per_token: _builtins.float
+    """Prefill time per prompt token."""
+    block_load_s: _builtins.float
+    """One block from the worker's own CPU tier into its engine pool."""
+    block_pull_s: _builtins.float
+    """One block over the network from a peer."""
+    pull_rtt_s: _builtins.float
+    """The round trip a pull pays once before its bytes flow."""
+    def __init__(
+        self,
+        *,
+        prefill_s_per_token: _builtins.float = ...,
+        block_load_s: _builtins.float = ...,
+        block_pull_s: _builtins.float = ...,
+        pull_rtt_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_load_s", b"block_load_s", "block_pull_s", b"block_pull_s", "prefill_s_per_token", b"prefill_s_per_token", "pull_rtt_s", b"pull_rtt_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvTransferCosts: _TypeAlias = KvTransferCosts  # noqa: Y015

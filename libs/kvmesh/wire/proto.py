@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from kvmesh.cachemgr.types import Cleared, IndexDelta, Removed, Stored
+from kvmesh.cachemgr.types import Cleared, IndexDelta, Media, Removed, Stored
 from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.v1 import cache_manager_pb2, common_pb2, worker_pb2
@@ -210,5 +210,7 @@ def delta_to_proto(d: IndexDelta) -> cache_manager_pb2.IndexDelta:
         return msg
     if isinstance(d, Removed):
         return cache_manager_pb2.IndexDelta(worker_id=d.worker, removed=list(d.hashes))
+    if isinstance(d, Media):
+        return cache_manager_pb2.IndexDelta(worker_id=d.worker, tier_only=list(d.tier_only), on_gpu=list(d.on_gpu))
     assert isinstance(d, Cleared)
     return cache_manager_pb2.IndexDelta(worker_id=d.worker, cleared=True)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh.routing.dataplane import plan_prefix, top_sources
+from kvmesh.routing.dataplane import plan_prefix, sources_of
 from kvmesh.routing.plugin import SCORERS, register
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
@@ -103,10 +103,11 @@ class CostScorer:
         xs: list[float] = []
         ds: list[int] = []
         scale: float = 1.0
-        sources = top_sources(req.tier_matches) if req.tier_matches else ()
+        sources = sources_of(req)
+        plane = bool(req.tier_matches)
         n: float
         for w in candidates:
-            if sources and w.transfer is not None:  # KV data plane: loads and pulls priced in prefill tokens
+            if plane and w.transfer is not None:  # KV data plane: loads and pulls priced in prefill tokens
                 n = plan_prefix(req, w, sources).prefill_tokens(w.transfer)
             else:
                 m = matches.get(w.id, 0)
