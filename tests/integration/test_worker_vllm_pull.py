@@ -197,7 +197,9 @@ async def test_source_killed_mid_transfer_is_a_recompute(workers: tuple[ServiceP
         with contextlib.suppress(FileNotFoundError):  # A's tier, which its killed owner could not unlink
             os.unlink(os.path.join(SHM_DIR, a_info.tier_shm_name))
     assert got == want
-    assert b_cached == 0, b.log()[-3000:]  # nothing of the broken stream was used
+    # nothing of the broken stream was used: its first message (1 MiB, 64 blocks) never arrived whole, so
+    # no block was verified (a whole message's blocks would have been staged: outcome remote_partial)
+    assert b_cached == 0, b.log()[-3000:]
     assert metric(b.http_port, OUTCOMES, 'outcome="failed"') == failed + 1
     failure = [line for line in b.log().splitlines() if f"pull from {proxy.address} failed" in line]
     assert failure and "(timeout)" not in failure[-1], failure  # the dead peer ended it, not the deadline
