@@ -9,7 +9,9 @@ On a vLLM worker the tier belongs to the KV connector in vLLM's engine-core proc
 read-only (`RegionReader`) and serves it, this process being the lessor (`AcquireLease` writes the lease
 array). `VllmPulls` turns a Generate's pull hint into the connector's `kv_transfer_params`: a lease on a
 same-host source's region, or, for a source on another host, blocks streamed over gRPC into this worker's
-`PullStaging` region and leased there; either way the connector reads one-sided shared memory.
+`PullStaging` region and leased there; either way the connector reads one-sided shared memory. A pull that
+fails part-way keeps its leading verified blocks (`PullFailed.delivered`): the simulated engine stores
+them, a vLLM worker stages and leases them; the rest is computed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,9 +29,9 @@ import grpc
 from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
 from kvmesh.errors import NotFound
-from kvmesh.kvsync.client import KvSyncClient, Lease
+from kvmesh.kvsync.client import KvSyncClient, Lease, PullFailed, PullStats
 from kvmesh.kvsync.service import MAX_BLOCKS, REQUEST_BOUNDS, KvSyncServicer, add_to_server
-from kvmesh.kvsync.tier import RegionReader, TierRegion, region_name
+from kvmesh.kvsync.tier import RegionReader, Reservation, SlotRef, TierRegion, region_name
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 TIER_REGION = "cpu"
 STAGING_TAG = "pull-staging"  # the staging region is kvmesh-<pid>-pull-staging (orphans are found by pid)
+STREAM_MARGIN_S = 0.05  # a staging stream ends this long before the hint's deadline, to stage what it got
 _SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_receive_message_length", 8 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -111,6 +115,8 @@ class PeerPulls:
         return entry[1]
 
     async def __call__(self, hint: PullHint, digests: Sequence[bytes], outs: Sequence[memoryview], layout: str) -> int:
+        """The leading blocks copied and verified into `outs`; raises `PullFailed` (its `blocks`: the leading
+        ones verified before the failure, which the engine keeps)."""
         s = self.settings
         timeout_ms = self.timeout_ms(hint)
         stats = await self.client(hint.source_address).pull(
@@ -174,13 +180,27 @@ def region_on_host(shm_name: str) -> bool:
     return True
 
 
+@dataclass
+class StagingPlan:
+    """Where one pull's blocks land in the staging region, in digest order: a `Reservation` (the client's
+    receive copy writes straight into the slot) or, for a digest already staged, its held slot (leased at
+    once, so this pull's reservations cannot evict it) with a scratch buffer for the bytes the stream brings."""
+
+    digests: list[bytes] = field(default_factory=list)
+    outs: list[memoryview] = field(default_factory=list)
+    slots: list[Reservation | SlotRef] = field(default_factory=list)
+
+
 class PullStaging:
     """A vLLM worker's staging region for cross-host pulls (a kv-sync `TierRegion` this process owns).
 
-    Blocks streamed from a peer over gRPC (each verified by `KvSyncClient`) are stored here and leased at
-    once, so the connector reads them one-sided like a same-host peer's region, and no later pull evicts them
-    before the lease ends. Slots = `capacity_bytes // block_bytes` (at least 1); created on first use (the
-    block size is the engine's layout), unlinked by `close`.
+    `reserve` takes a slot per block before the stream (`TierRegion.reserve`: generation odd, unseen by
+    readers); `KvSyncClient.pull` assembles each block straight into its slot, the CRC32C computed in that
+    copy's pass; `commit` publishes the leading verified blocks with those CRCs (no second copy, no second
+    checksum) and leases them, so the connector reads them one-sided like a same-host peer's region and no
+    later pull evicts them before the lease ends; every other reservation is aborted. Slots =
+    `capacity_bytes // block_bytes` (at least 1); created on first use (the block size is the engine's
+    layout), unlinked by `close`.
     """
 
     def __init__(self, capacity_bytes: int) -> None:
@@ -199,20 +219,44 @@ class PullStaging:
             log.info("pull staging region %s: %d slots of %d B", name, slots, layout.block_bytes)
         return self.region
 
-    def stage(self, digests: Sequence[bytes], blocks: Sequence[memoryview], until_ns: int) -> list[bytes]:
-        """Stores and leases `blocks[i]` under `digests[i]` in order, until `until_ns`; returns the digests of
-        the leading run stored (a region whose every slot is leased ends it)."""
+    def reserve(self, digests: Sequence[bytes], until_ns: int) -> StagingPlan:
+        """A slot for each leading digest, in order, until one finds none (every slot leased or reserved);
+        digests already staged keep their slot, leased until `until_ns` first."""
         region = self.region
         assert region is not None, "open() first"
+        refs = region.locate(digests)
+        region.lease([r for r in refs if r is not None], until_ns)
         now = time.monotonic_ns()
-        staged: list[bytes] = []
-        for digest, data in zip(digests, blocks, strict=True):
-            if not region.put(digest, data, now):
+        plan = StagingPlan()
+        for digest, ref in zip(digests, refs, strict=True):
+            slot: Reservation | SlotRef | None = ref if ref is not None else region.reserve(digest, now)
+            if slot is None:
                 break
-            (ref,) = region.locate([digest])
-            assert ref is not None
-            region.lease([ref], until_ns)  # before the next put: it must not evict this pull's own blocks
-            staged.append(digest)
+            plan.digests.append(digest)
+            plan.slots.append(slot)
+            plan.outs.append(slot.data if isinstance(slot, Reservation) else memoryview(bytearray(region.block_bytes)))
+        return plan
+
+    def commit(self, plan: StagingPlan, delivered: PullStats, until_ns: int) -> list[bytes]:
+        """Publishes and leases (until `until_ns`) the plan's first `delivered.blocks` blocks with the CRCs
+        their copy computed, aborts every other reservation; returns the digests staged."""
+        region = self.region
+        assert region is not None
+        now = time.monotonic_ns()
+        keep = delivered.blocks
+        staged: list[bytes] = []
+        for i, (digest, slot) in enumerate(zip(plan.digests, plan.slots, strict=True)):
+            if i < keep and delivered.lengths[i] == 0:  # an empty block is no block: the prefix ends here
+                keep = i
+            if isinstance(slot, Reservation):
+                if i >= keep:
+                    region.abort(slot)
+                    continue
+                slot = region.publish(slot, delivered.lengths[i], delivered.crcs[i], now)
+            if i < keep:
+                region.lease([slot], until_ns)
+                staged.append(digest)
+        region.drain_evicted()  # nobody announces the staging region's evictions
         return staged
 
     def close(self) -> None:
@@ -232,8 +276,9 @@ class VllmPulls:
     the request: the connector's scheduler side never waits on the network.
 
     Any failure (dead peer, timeout, corrupt block, nothing held, an expired hint) means no pull: the request
-    is computed. A stream that fails part-way is dropped whole, even its verified leading blocks (the client
-    raises without saying how many arrived). Outcomes (`leased`, `remote`, `missing`, `failed`, `expired`,
+    is computed. A stream that fails part-way keeps its leading verified blocks (`PullFailed.delivered`):
+    those are staged and leased, the rest is computed by vLLM, and no block after the first failed one is
+    used. Outcomes (`leased`, `remote`, `remote_partial`, `missing`, `failed`, `expired`,
     `remote_unsupported` when staging is off) are counted in `outcomes` and the outcome metric.
     """
 
@@ -254,15 +299,19 @@ class VllmPulls:
         if not same_host and not self.staging.enabled:
             return self._outcome("remote_unsupported", None)
         timeout_s = self.peers.timeout_ms(hint) / 1000.0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(deadline):
                 limit = min(hint.num_blocks or MAX_BLOCKS, MAX_BLOCKS)  # the hint's prefix, one call
                 digests = (list(hint.digests) or await self._digests(req))[:limit]
                 if not digests:
                     return self._outcome("missing", None)
                 if same_host:
                     return self._leased(hint.shm_name, await self._lease(hint, digests, timeout_s))
-                return self._staged(*await self._pull_into_staging(hint, digests, timeout_s))
+                # the stream's own deadline comes first, so its verified prefix is kept (a cancel keeps none)
+                left = max(0.001, deadline - loop.time() - STREAM_MARGIN_S)
+                return self._staged(*await self._pull_into_staging(hint, digests, left))
         except Exception as e:  # any failure is a recompute, never an error of the request
             log.warning("pull from %s failed, computing instead: %s", hint.source_address, e)
             return self._outcome("failed", None)
@@ -274,41 +323,51 @@ class VllmPulls:
 
     async def _pull_into_staging(
         self, hint: PullHint, digests: list[bytes], timeout_s: float
-    ) -> tuple[list[bytes], int]:
+    ) -> tuple[list[bytes], int, bool]:
         """Streams the leading held blocks of `digests` from the source over gRPC (one ReadBlocks, leasing by
-        digest there), then stages and leases them here; returns (the staged digests, their lease's end)."""
+        digest there) straight into reserved staging slots, then publishes and leases the leading verified
+        ones; returns (the staged digests, their lease's end, whether the stream failed part-way)."""
         layout = self._layout()
-        region = self.staging.open(layout)
-        digests = digests[: region.num_slots]
-        size = layout.block_bytes
-        buf = memoryview(bytearray(len(digests) * size))
-        outs = [buf[i * size : (i + 1) * size] for i in range(len(digests))]
+        self.staging.open(layout)
         lease_ms = self._lease_ms(hint)
-        stats = await self.peers.client(hint.source_address).pull(
-            hint.region or TIER_REGION,
-            digests,
-            outs,
-            layout.describe(),
-            ttl_ms=lease_ms,
-            timeout_s=timeout_s,
-            prefer_shm=False,  # the shared-memory case is the same-host lease above
-        )
-        blocks = [outs[i][:n] for i, n in enumerate(stats.lengths)]
-        until_ns = time.monotonic_ns() + lease_ms * 1_000_000
-        staged = self.staging.stage(digests[: len(blocks)], blocks, until_ns)
+        plan = self.staging.reserve(digests, time.monotonic_ns() + lease_ms * 1_000_000)
+        if not plan.digests:  # every staging slot is leased: nothing to pull into
+            return [], 0, False
+        delivered, partial = PullStats("grpc"), False
+        try:
+            delivered = await self.peers.client(hint.source_address).pull(
+                hint.region or TIER_REGION,
+                plan.digests,
+                plan.outs,
+                layout.describe(),
+                ttl_ms=lease_ms,
+                timeout_s=timeout_s,
+                prefer_shm=False,  # the shared-memory case is the same-host lease above
+            )
+        except PullFailed as e:
+            if not e.blocks:
+                raise
+            delivered, partial = e.delivered, True
+            log.info(
+                "pull from %s failed after %d verified blocks, staging those: %s", hint.source_address, e.blocks, e
+            )
+        finally:  # on any exit, a cancellation too: publish only the verified prefix, free every other slot
+            until_ns = time.monotonic_ns() + lease_ms * 1_000_000
+            staged = self.staging.commit(plan, delivered, until_ns)
         log.info(
-            "pulled %d blocks (%d B) from %s over gRPC into staging", len(staged), stats.bytes, hint.source_address
+            "pulled %d blocks (%d B) from %s over gRPC into staging", len(staged), delivered.bytes, hint.source_address
         )
-        return staged, until_ns
+        return staged, until_ns, partial
 
     def _leased(self, shm_name: str, lease: Lease) -> dict[str, Any] | None:
         params = vllm_pull_params(shm_name, lease)
         return self._outcome("leased" if params else "missing", params, len(leased_prefix(lease)))
 
-    def _staged(self, digests: list[bytes], until_ns: int) -> dict[str, Any] | None:
+    def _staged(self, digests: list[bytes], until_ns: int, partial: bool) -> dict[str, Any] | None:
         assert self.staging.region is not None
         params = connector_params(self.staging.region.shm_name, until_ns, digests)
-        return self._outcome("remote" if params else "missing", params, len(digests))
+        outcome = ("remote_partial" if partial else "remote") if params else "missing"
+        return self._outcome(outcome, params, len(digests))
 
     def _lease_ms(self, hint: PullHint) -> int:
         return hint.lease_ms or self.peers.settings.pull_lease_ms
@@ -321,9 +380,9 @@ class VllmPulls:
         return block_digests(ids, self._layout(), req.lora_name, req.tenant)
 
     def _layout(self) -> KvLayout:
-        from kvmesh.vllm_connector.connector import layout_of
-
         if self._kv_layout is None:  # the front end's config: the same model, dtype and block size as the core's
+            from kvmesh.vllm_connector.connector import layout_of  # imports vLLM (seconds): only when needed
+
             self._kv_layout = layout_of(self.engine._llm.vllm_config)
         return self._kv_layout
 

@@ -25,7 +25,7 @@ KV_EVENT_SEQ = Gauge("kvmesh_worker_kv_event_sequence", "Last KV event batch seq
 KV_PULL_HINTS = Counter("kvmesh_worker_kv_pull_hints_total", "Pull hints followed, by whether blocks came", ["pulled"])
 KV_PULL_OUTCOMES = Counter(
     "kvmesh_worker_kv_pull_outcomes_total",
-    "vLLM worker: pull hints by outcome (leased, remote, missing, failed, expired, remote_unsupported)",
+    "vLLM worker: pull hints by outcome (leased, remote, remote_partial, missing, failed, expired, remote_unsupported)",
     ["outcome"],
 )
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")

@@ -202,6 +202,71 @@ async def test_pull_detects_a_corrupt_byte(peer: Peer, prefer_shm: bool, at: int
         await peer.client.pull("cpu", [d for d, _ in blocks], outs, LAYOUT, prefer_shm=prefer_shm)
     assert err.value.reason == "corrupt"
     assert bytes(outs[0]) == blocks[0][1]  # the block before it arrived whole and checked
+    assert err.value.blocks == 1 and err.value.delivered.lengths == [BLOCK]
+
+
+@pytest.mark.parametrize("prefer_shm", [False, True])
+@pytest.mark.parametrize("k", [0, 2, 4])
+async def test_a_corrupt_block_at_k_delivers_exactly_the_k_before_it(peer: Peer, prefer_shm: bool, k: int) -> None:
+    blocks = _blocks(5)
+    for digest, data in blocks:
+        peer.region.put(digest, data, now_ns=0)
+    view = peer.region.get(blocks[k][0], now_ns=0)
+    assert view is not None
+    view[BLOCK // 2] ^= 0x80
+    del view
+    outs = _outs(5)
+    with pytest.raises(PullFailed) as err:
+        await peer.client.pull("cpu", [d for d, _ in blocks], outs, LAYOUT, prefer_shm=prefer_shm)
+    got = err.value.delivered
+    assert (err.value.reason, got.blocks, got.bytes) == ("corrupt", k, k * BLOCK)
+    assert got.transport == ("shm" if prefer_shm else "grpc")
+    assert [bytes(o) for o in outs[:k]] == [data for _, data in blocks[:k]]
+    assert got.crcs == [checksum(data) for _, data in blocks[:k]]  # the copies' own CRCs, as written
+
+
+class _Dying(KvSyncServicer):
+    """ReadBlocks sends `messages` messages, then the stream dies (UNAVAILABLE, as a killed peer's does)."""
+
+    messages = 0
+
+    async def ReadBlocks(  # type: ignore[override]
+        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        sent = 0
+        async for raw in super().ReadBlocks(request, context):
+            if sent == self.messages:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "peer went away")
+            yield raw
+            sent += 1
+
+
+@pytest.mark.parametrize("messages", [0, 3, 7, 8])  # 3 messages a block: 0, 1, 2 (plus a chunk) and 2 (plus two)
+async def test_a_stream_that_dies_after_n_blocks_delivers_exactly_those_n(messages: int) -> None:
+    region = TierRegion.create(f"kvmesh-it-dy-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, LAYOUT)
+    servicer = _Dying({"cpu": region}, message_bytes=BLOCK // 3)
+    servicer.messages = messages
+    server = grpc.aio.server()
+    add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        blocks = _blocks(6)
+        for digest, data in blocks:
+            region.put(digest, data, now_ns=0)
+        outs = _outs(6)
+        with pytest.raises(PullFailed) as err:
+            await client.pull("cpu", [d for d, _ in blocks], outs, LAYOUT, prefer_shm=False)
+        n = messages // 3
+        assert (err.value.reason, err.value.blocks, err.value.delivered.lengths) == ("unavailable", n, [BLOCK] * n)
+        assert [bytes(o) for o in outs[:n]] == [data for _, data in blocks[:n]]
+    finally:
+        client.close()
+        await channel.close()
+        await server.stop(None)
+        region.close()
 
 
 async def test_pull_maps_an_unknown_region(peer: Peer) -> None:

@@ -142,11 +142,18 @@ async def test_peer_killed_mid_stream_is_a_typed_error_within_the_deadline(peers
         start = time.monotonic()
         pull = asyncio.create_task(client.pull(REGION, peer_digests(n), outs, LAYOUT, timeout_s=5.0, prefer_shm=False))
         assert await asyncio.to_thread(peer.readline) == "stalled"  # two messages sent, the stream is open
+        want = [peer_block(i, size) for i in range(2)]
+        for _ in range(400):  # bounded (4 s): both blocks copied here (the copy and its check are one call)
+            if [bytes(o) for o in outs[:2]] == want:
+                break
+            await asyncio.sleep(0.01)
         os.kill(peer.proc.pid, signal.SIGKILL)
         with pytest.raises(PullFailed) as err:
             await pull
         assert err.value.reason == "unavailable"
         assert time.monotonic() - start < 5.0
+        assert err.value.blocks == 2  # exactly the blocks that arrived whole and verified before the kill
+        assert [bytes(o) for o in outs[:2]] == want
     finally:
         client.close()
         await channel.close()

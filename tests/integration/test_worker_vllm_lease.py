@@ -6,20 +6,24 @@ corrupted block, a full staging region, a dead source and an expired hint are no
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
+import grpc
 import pytest
 import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
+from kvmesh.kvsync.service import KvSyncServicer, add_to_server
 from kvmesh.kvsync.tier import RegionReader, TierRegion
 from kvmesh.services.worker.kvpull import KvSyncServer, PeerPulls, PullStaging, VllmPulls, vllm_tier_server
 from kvmesh.services.worker.settings import WorkerSettings
+from kvmesh.v1 import kvsync_pb2
 from kvmesh.vllm_connector.layout import KvLayout
 from kvmesh.vllm_connector.plan import parse_pull_hint
 from tests.support.regions import corrupt_block
@@ -151,3 +155,138 @@ async def test_a_forced_grpc_pull_a_corrupt_block_and_a_full_staging_region(
     finally:
         pulls.close()
         await peers.close()
+
+
+async def test_a_corrupt_block_stages_only_the_verified_blocks_before_it(
+    source: tuple[TierRegion, KvSyncServer, str], pulls: VllmPulls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Block 1 of 0..2 is corrupt at the source: block 0 is staged and leased (received straight into its
+    reserved slot, published with the receive copy's CRC: no `put`, no second copy), block 1's and block 2's
+    reservations are aborted, and the connector is offered block 0 only."""
+    owner, _, address = source
+    corrupt_block(owner.shm_name, _digest(1))
+
+    def no_put(*args: object, **kwargs: object) -> bool:
+        raise AssertionError("the staging path copied a block through TierRegion.put")
+
+    monkeypatch.setattr(TierRegion, "put", no_put)
+    wanted = [_digest(0), _digest(1), _digest(2)]
+    name, offered, until = _staged(await pulls.params(REQ, _hint(address, ELSEWHERE, wanted, lease_ms=10_000)))
+    staging = pulls.staging.region
+    assert staging is not None and name == staging.shm_name
+    assert offered == frozenset(wanted[:1]) and pulls.outcomes == {"remote_partial": 1}
+    assert len(staging) == 1 and staging.contains_prefix(wanted) == 1
+    reader = RegionReader.attach(name, expect_layout=LAYOUT.describe())
+    try:
+        refs = reader.locate(wanted)
+        assert refs[1:] == [None, None]  # nothing after the first failed block is visible
+        assert refs[0] is not None and staging.lease_until(refs[0].slot) == until
+        out = bytearray(BLOCK)
+        assert reader.read_into(refs[0], _digest(0), memoryview(out)) == BLOCK and bytes(out) == bytes([0]) * BLOCK
+    finally:
+        reader.close()
+    now = time.monotonic_ns()  # the aborted slots are free: 63 more blocks fit beside the leased one
+    monkeypatch.undo()
+    assert all(staging.put(_digest(100 + i), bytes(BLOCK), now) for i in range(63))
+    assert len(staging) == 64 and staging.drain_evicted() == []
+    assert staging.put(_digest(200), bytes(BLOCK), now)  # full: evicts an unleased block, never block 0
+    (evicted,) = staging.drain_evicted()
+    assert staging.contains_prefix([_digest(0)]) == 1 and evicted in {_digest(100 + i) for i in range(63)}
+
+
+async def test_a_staged_block_is_leased_again_not_pulled_into_a_second_slot(
+    source: tuple[TierRegion, KvSyncServer, str], pulls: VllmPulls
+) -> None:
+    _, _, address = source
+    first = _staged(await pulls.params(REQ, _hint(address, ELSEWHERE, [_digest(0)], lease_ms=1_000)))
+    second = _staged(await pulls.params(REQ, _hint(address, ELSEWHERE, [_digest(0), _digest(1)], lease_ms=10_000)))
+    staging = pulls.staging.region
+    assert staging is not None and len(staging) == 2
+    assert second[1] == frozenset([_digest(0), _digest(1)]) and second[2] > first[2]
+    for ref in staging.locate([_digest(0), _digest(1)]):
+        assert ref is not None and staging.lease_until(ref.slot) == second[2]
+    assert pulls.outcomes == {"remote": 2}
+
+
+class _Stalling(KvSyncServicer):
+    """ReadBlocks sends `messages` messages (one block each), then stalls with the stream open."""
+
+    messages = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalled = asyncio.Event()
+
+    async def ReadBlocks(  # type: ignore[override]
+        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        sent = 0
+        async for raw in super().ReadBlocks(request, context):
+            if sent == self.messages:
+                self.stalled.set()
+                await asyncio.Event().wait()
+            yield raw
+            sent += 1
+
+
+@pytest_asyncio.fixture
+async def stalling() -> AsyncIterator[tuple[_Stalling, str]]:
+    owner = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, LAYOUT.describe())
+    for i in range(4):
+        assert owner.put(_digest(i), bytes([i]) * BLOCK, time.monotonic_ns())
+    servicer = _Stalling({"cpu": owner}, message_bytes=BLOCK)
+    server = grpc.aio.server()
+    add_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    await server.stop(None)
+    owner.close()
+
+
+async def test_a_stream_that_stalls_after_two_blocks_stages_those_two(
+    stalling: tuple[_Stalling, str], pulls: VllmPulls
+) -> None:
+    """The stream's deadline ends the pull (before the hint's): the two blocks that arrived verified are
+    staged and leased, the other two reservations aborted."""
+    _, address = stalling
+    wanted = [_digest(i) for i in range(4)]
+    t0 = time.monotonic()
+    name, offered, until = _staged(await pulls.params(REQ, _hint(address, ELSEWHERE, wanted, timeout_ms=500)))
+    assert time.monotonic() - t0 < 2.0
+    assert offered == frozenset(wanted[:2]) and pulls.outcomes == {"remote_partial": 1}
+    staging = pulls.staging.region
+    assert staging is not None and len(staging) == 2 and staging.contains_prefix(wanted) == 2
+    reader = RegionReader.attach(name)
+    try:
+        refs = reader.locate(wanted)
+        assert refs[2:] == [None, None]
+        for i, ref in enumerate(refs[:2]):
+            assert ref is not None and staging.lease_until(ref.slot) == until
+            out = bytearray(BLOCK)
+            assert reader.read_into(ref, _digest(i), memoryview(out)) == BLOCK and bytes(out) == bytes([i]) * BLOCK
+    finally:
+        reader.close()
+
+
+async def test_a_cancelled_staging_pull_publishes_nothing_and_frees_every_slot(
+    stalling: tuple[_Stalling, str], pulls: VllmPulls
+) -> None:
+    servicer, address = stalling
+    wanted = [_digest(i) for i in range(4)]
+    task = asyncio.create_task(pulls.params(REQ, _hint(address, ELSEWHERE, wanted, timeout_ms=10_000)))
+    await asyncio.wait_for(servicer.stalled.wait(), 5.0)  # two blocks sent, the stream open
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    staging = pulls.staging.region
+    assert staging is not None and len(staging) == 0
+    reader = RegionReader.attach(staging.shm_name)
+    try:
+        assert reader.locate(wanted) == [None] * 4
+        assert all(int(g) % 2 == 0 for g in reader._gen)  # no slot left half-written
+    finally:
+        reader.close()
+    now = time.monotonic_ns()
+    assert all(staging.put(_digest(100 + i), bytes(BLOCK), now) for i in range(64))  # every slot free
+    assert staging.drain_evicted() == []

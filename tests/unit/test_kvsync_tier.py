@@ -230,3 +230,96 @@ def test_a_dead_owners_region_is_removed_when_a_region_is_created(tmp_path: Path
         assert region.shm_name.startswith(f"kvmesh-{os.getpid()}-")
     finally:
         region.close()
+
+
+def _fill(res: tier.Reservation, data: bytes) -> int:
+    """Writes `data` into the reserved slot as a receive copy would, returning the CRC32C of its pass."""
+    return tier.copy_checksum(res.data[: len(data)], memoryview(data))
+
+
+def test_reserve_publish_round_trip(region: TierRegion, reader: RegionReader) -> None:
+    res = region.reserve(_digest(0), now_ns=1)
+    assert res is not None and len(res.data) == BLOCK
+    crc = _fill(res, _data(0, 1000))
+    epoch = region.epoch
+    ref = region.publish(res, 1000, crc, now_ns=2)
+    assert ref.generation % 2 == 0 and region.epoch > epoch
+    assert region.locate([_digest(0)]) == [ref] == reader.locate([_digest(0)])
+    out = bytearray(BLOCK)
+    assert reader.read_checked(ref, _digest(0), memoryview(out)) == (1000, tier.checksum(_data(0, 1000)))
+    assert bytes(out[:1000]) == _data(0, 1000)
+    assert len(region) == 1 and bytes(region.get(_digest(0), now_ns=3) or b"") == _data(0, 1000)
+    with pytest.raises(FailedPrecondition):  # a reservation is published once
+        region.publish(res, 1000, crc, now_ns=4)
+
+
+def test_published_crc_is_the_writers_so_a_wrong_one_is_caught(region: TierRegion, reader: RegionReader) -> None:
+    res = region.reserve(_digest(0), now_ns=1)
+    assert res is not None
+    crc = _fill(res, _data(0))
+    ref = region.publish(res, BLOCK, crc ^ 1, now_ns=2)  # stored as given, not recomputed
+    with pytest.raises(CorruptBlock):
+        reader.read_into(ref, _digest(0), memoryview(bytearray(BLOCK)))
+
+
+def test_a_reader_never_sees_a_reserved_unpublished_slot(region: TierRegion, reader: RegionReader) -> None:
+    assert region.put(_digest(0), _data(0), now_ns=1)
+    old = reader.locate([_digest(0)])[0]
+    assert old is not None
+    for i in range(1, 4):
+        assert region.put(_digest(i), _data(i), now_ns=1 + i)
+    res = region.reserve(_digest(9), now_ns=10)  # full: evicts block 0 (LRU), its slot now being written
+    assert res is not None and res.slot == old.slot
+    _fill(res, _data(9))  # the data is all there, but unpublished
+    assert reader.locate([_digest(9), _digest(0)]) == [None, None]
+    assert region.locate([_digest(9)]) == [None] and region.contains_prefix([_digest(9)]) == 0
+    with pytest.raises(StaleBlock):  # an old ref to the slot fails too
+        reader.read_into(old, _digest(0), memoryview(bytearray(BLOCK)))
+    with pytest.raises(StaleBlock):  # and a ref guessed at the odd generation
+        reader.read_into(SlotRef(res.slot, old.generation + 1), _digest(9), memoryview(bytearray(BLOCK)))
+    assert region.drain_evicted() == [_digest(0)]
+
+
+def test_abort_frees_the_slot_and_bumps_its_generation(region: TierRegion, reader: RegionReader) -> None:
+    assert region.put(_digest(0), _data(0), now_ns=1)
+    old = reader.locate([_digest(0)])[0]
+    assert old is not None and region.evict(_digest(0))
+    res = region.reserve(_digest(5), now_ns=2)
+    assert res is not None
+    _fill(res, _data(5))
+    region.abort(res)
+    assert reader.locate([_digest(5), _digest(0)]) == [None, None]
+    assert int(reader._gen[res.slot]) % 2 == 0 and int(reader._gen[res.slot]) > old.generation
+    with pytest.raises(FailedPrecondition):
+        region.publish(res, BLOCK, 0, now_ns=3)  # aborted: publishing it is refused
+    for i in range(4):  # every slot, the aborted one too, is free again
+        assert region.put(_digest(10 + i), _data(i), now_ns=4 + i)
+    assert region.contains_prefix([_digest(10 + i) for i in range(4)]) == 4
+
+
+def test_reserve_never_takes_a_leased_or_reserved_slot(region: TierRegion, reader: RegionReader) -> None:
+    for i in range(3):
+        assert region.put(_digest(i), _data(i), now_ns=1 + i)
+    refs = region.locate([_digest(i) for i in range(3)])
+    region.lease([r for r in refs if r is not None], until_ns=1_000)
+    first = region.reserve(_digest(7), now_ns=10)  # the one free slot
+    assert first is not None and first.slot not in {r.slot for r in refs if r is not None}
+    assert region.reserve(_digest(8), now_ns=10) is None  # three leased, one reserved
+    assert not region.put(_digest(8), _data(8), now_ns=10)
+    assert region.contains_prefix([_digest(i) for i in range(3)]) == 3
+    region.publish(first, BLOCK, _fill(first, _data(7)), now_ns=11)
+    second = region.reserve(_digest(8), now_ns=2_000)  # leases over: the LFU+LRU victim, block 0
+    assert second is not None and refs[0] is not None and second.slot == refs[0].slot
+    region.abort(second)
+
+
+def test_publish_of_a_digest_stored_meanwhile_keeps_the_stored_copy(region: TierRegion) -> None:
+    a = region.reserve(_digest(0), now_ns=1)
+    b = region.reserve(_digest(0), now_ns=1)  # two pulls of one block, concurrently
+    assert a is not None and b is not None and a.slot != b.slot
+    ref = region.publish(a, BLOCK, _fill(a, _data(0)), now_ns=2)
+    assert region.publish(b, BLOCK, _fill(b, _data(0)), now_ns=3) == ref
+    assert len(region) == 1
+    assert region.put(_digest(1), _data(1), now_ns=4) and region.put(_digest(2), _data(2), now_ns=5)
+    assert region.put(_digest(3), _data(3), now_ns=6)  # b's slot was freed: four blocks fit
+    assert len(region) == 4

@@ -17,6 +17,7 @@ from kvmesh.engine.clock import VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import PullTransport, SimEngine
 from kvmesh.engine.sim.tiers import HostTiers, PullHint, block_payload, sim_layout, tiny_block_bytes
+from kvmesh.kvsync.client import PullFailed, PullStats
 from kvmesh.kvsync.tier import TierRegion
 
 pytestmark = pytest.mark.unit
@@ -46,6 +47,12 @@ class FakePeer:
             out[:] = block_payload(d, len(out))
         if self.mode == "corrupt":
             outs[2][7] ^= 1
+        if self.mode == "partial":  # the stream died after 4 verified blocks; block 5 arrived half
+            outs[4][len(outs[4]) // 2 :] = bytes(len(outs[4]) - len(outs[4]) // 2)
+            delivered = PullStats("grpc")
+            for out in outs[:4]:
+                delivered.add(len(out), 0)
+            raise PullFailed("unavailable", "stream died", delivered)
         return len(digests)
 
 
@@ -122,6 +129,18 @@ async def test_a_failed_pull_ends_in_a_recompute(peer_and_engine: tuple[FakePeer
         assert got == 2 and cached == 2 * BS and eng.pulls["corrupt"] == 1  # blocks before the bad one kept
     else:
         assert got == 0 and cached == 0
+
+
+@pytest.mark.parametrize("peer_and_engine", ["partial"], indirect=True)
+async def test_a_pull_failing_part_way_keeps_its_verified_leading_blocks(
+    peer_and_engine: tuple[FakePeer, SimEngine],
+) -> None:
+    _, eng = peer_and_engine
+    assert await eng.pull_prefix(greq("a"), HINT) == 4  # blocks 0..3; block 4 (half there) and after: never
+    assert eng.pulls["partial"] == 1 and eng.pulls["pulled_blocks"] == 4
+    assert eng.pulls["failed"] == eng.pulls["corrupt"] == 0  # block 4 was never offered to the tier
+    toks, cached = await outputs(eng, greq("a"))
+    assert cached == 4 * BS and toks == await reference()
 
 
 async def test_a_void_or_mismatched_hint_is_not_followed(peer_and_engine: tuple[FakePeer, SimEngine]) -> None:

@@ -4,15 +4,18 @@
 buffers: straight from the peer's shared memory when its region attaches here (same host: the name opens
 and the region id matches), else over `ReadBlocks`. Each block is verified (CRC32C on the copy, generation,
 identity). Whatever goes wrong (dead peer, deadline, corrupt or stale block, expired lease, unknown
-region, layout mismatch) raises `PullFailed`, which the caller turns into a recompute. Every call has a
-deadline.
+region, layout mismatch) raises `PullFailed`, which the caller turns into a recompute; `PullFailed.delivered`
+says how many leading blocks had arrived whole and verified before the failure (the caller may keep those,
+never a block after them). Every call has a deadline.
 
 Copies of a block's bytes on the gRPC path, client side (server side: `kvmesh.kvsync.service`):
   4. kernel -> grpc-core slice (receive);
   5. slice -> the Python `bytes` grpc hands the deserialiser;
   6. `bytes` -> the caller's buffer (`codec.decode_chunks` slices memoryviews out of the message; the
      generated parser would copy each block into a field first), CRC32C computed in the same pass
-     (`tier.copy_checksum`, continued across a block's chunks), so verifying reads no byte twice.
+     (`tier.copy_checksum`, continued across a block's chunks), so verifying reads no byte twice. The
+     buffer may be a reserved slot of the caller's own region (`TierRegion.reserve`), which then publishes
+     the block with `stats.crcs` (a vLLM worker's staging): no further copy or checksum.
 On the shared-memory path there is one: region -> the caller's buffer, checked in the same pass.
 Neither path can time its check apart from its copy: `bench kvsync` measures the check's cost as a checked
 minus a plain copy of the same blocks through the same code (`verify=False`).
@@ -37,14 +40,47 @@ DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_TTL_MS = 5_000
 
 
-class PullFailed(Unavailable):
-    """A pull did not complete; recompute the blocks. `reason`: unavailable, timeout, corrupt, stale,
-    expired, not_found, layout or protocol. (Unavailable: if it ever escapes to a caller, the cached copy is
-    what was unavailable.)"""
+@dataclass
+class PullStats:
+    """What one pull did: transport (shm | grpc), leading blocks copied and verified, their bytes, each one's
+    length and CRC32C (from the copy's own pass; what a staging region publishes without recomputing)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    transport: str
+    blocks: int = 0
+    bytes: int = 0
+    lengths: list[int] = field(default_factory=list)
+    crcs: list[int] = field(default_factory=list)
+
+    def add(self, length: int, crc: int) -> None:
+        """One more leading block copied and verified."""
+        self.lengths.append(length)
+        self.crcs.append(crc)
+        self.blocks += 1
+        self.bytes += length
+
+    def discard(self) -> None:
+        """Forgets every block (none of them may be used)."""
+        self.blocks = self.bytes = 0
+        self.lengths.clear()
+        self.crcs.clear()
+
+
+class PullFailed(Unavailable):
+    """A pull did not complete; recompute the blocks it did not deliver. `reason`: unavailable, timeout,
+    corrupt, stale, expired, not_found, layout or protocol. `delivered`: the leading blocks that arrived whole
+    and verified before the failure (`blocks` of them, in the caller's first `blocks` buffers; 0 when the
+    failure came first, or when it casts doubt on all of them). (Unavailable: if it ever escapes to a caller,
+    the cached copy is what was unavailable.)"""
+
+    def __init__(self, reason: str, message: str, delivered: PullStats | None = None) -> None:
         super().__init__(f"kv pull failed ({reason}): {message}")
         self.reason = reason
+        self.delivered = delivered if delivered is not None else PullStats("none")
+
+    @property
+    def blocks(self) -> int:
+        """How many leading blocks were delivered verified (usable; every later one is not)."""
+        return self.delivered.blocks
 
 
 @dataclass(frozen=True)
@@ -80,17 +116,7 @@ class Lease:
         return len(self.refs)
 
 
-@dataclass
-class PullStats:
-    """What one pull did: transport (shm | grpc), leading blocks copied, bytes."""
-
-    transport: str
-    blocks: int = 0
-    bytes: int = 0
-    lengths: list[int] = field(default_factory=list)
-
-
-def _failed(err: grpc.aio.AioRpcError) -> PullFailed:
+def _failed(err: grpc.aio.AioRpcError, delivered: PullStats) -> PullFailed:
     code = err.code()
     reason = {
         grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
@@ -101,7 +127,7 @@ def _failed(err: grpc.aio.AioRpcError) -> PullFailed:
     details = err.details() or ""
     if code == grpc.StatusCode.FAILED_PRECONDITION and "lease expired" in details:
         reason = "expired"
-    return PullFailed(reason, f"{code.name}: {details}")
+    return PullFailed(reason, f"{code.name}: {details}", delivered)
 
 
 class KvSyncClient:
@@ -140,17 +166,23 @@ class KvSyncClient:
         return Lease(region, list(digests), refs, r.lease_until_ns, start + r.ttl_ms / 1000, r.region_id)
 
     async def read_blocks(
-        self, lease: Lease, outs: Sequence[memoryview], count: int, timeout_s: float | None = None
+        self,
+        lease: Lease,
+        outs: Sequence[memoryview],
+        count: int,
+        timeout_s: float | None = None,
+        stats: PullStats | None = None,
     ) -> PullStats:
         """Streams the first `count` leased blocks into `outs`, verifying each (raises CorruptBlock on a CRC
-        mismatch, FailedPrecondition on a malformed stream; grpc errors as they come)."""
+        mismatch, FailedPrecondition on a malformed stream; grpc errors as they come). `stats` (when given)
+        counts the verified blocks as they complete, so it holds the delivered prefix if this raises."""
         blocks = [
             kvsync_pb2.BlockRef(digest=d, slot=ref.slot, generation=ref.generation)
             for d, ref in zip(lease.digests[:count], lease.refs[:count], strict=True)
             if ref is not None
         ]
         request = kvsync_pb2.ReadBlocksRequest(region=lease.region, blocks=blocks)
-        return await self._stream(request, outs, count, timeout_s)
+        return await self._stream(request, outs, count, timeout_s, stats)
 
     async def read_digests(
         self,
@@ -159,11 +191,12 @@ class KvSyncClient:
         outs: Sequence[memoryview],
         ttl_ms: int = DEFAULT_TTL_MS,
         timeout_s: float | None = None,
+        stats: PullStats | None = None,
     ) -> PullStats:
         """Leases and streams the leading blocks of `digests` the peer holds, in one call (`stats.blocks`
-        says how many)."""
+        says how many; `stats` as in `read_blocks`)."""
         request = kvsync_pb2.ReadBlocksRequest(region=region, digests=list(digests), ttl_ms=ttl_ms)
-        return await self._stream(request, outs, None, timeout_s)
+        return await self._stream(request, outs, None, timeout_s, stats)
 
     async def _stream(
         self,
@@ -171,8 +204,11 @@ class KvSyncClient:
         outs: Sequence[memoryview],
         count: int | None,
         timeout_s: float | None,
+        stats: PullStats | None,
     ) -> PullStats:
-        stats = PullStats("grpc")
+        if stats is None:
+            stats = PullStats("grpc")
+        stats.transport = "grpc"
         assembly = BlockAssembly(outs, len(outs) if count is None else count, stats)
         call = self._read(request, timeout=timeout_s or self.timeout_s)
         async for chunks in call:
@@ -236,28 +272,32 @@ class KvSyncClient:
         lease: Lease | None = None,
     ) -> PullStats:
         """Copies the leading blocks of `digests` the peer holds into `outs` (one buffer per digest) within
-        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure.
+        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure, its
+        `delivered` the leading blocks verified before it (for `outs` in a staging region: the ones to publish).
 
         Calls: shm, one AcquireLease (none when `lease`, e.g. from a router's pull hint, is given); gRPC, one
         ReadBlocks (leasing by digest, or reading the given lease). Plus one Describe per region and client."""
         if len(outs) < len(digests):
             raise ValueError("one output buffer per digest")
         budget = timeout_s or self.timeout_s
+        progress = PullStats("shm" if prefer_shm else "grpc")  # the verified leading blocks, as they complete
         try:
-            pulling = self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm, lease)
+            pulling = self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm, lease, progress)
+            # wait_for returns only once the cancelled pull has stopped: nothing writes `outs` after a raise
             return await asyncio.wait_for(pulling, budget)
-        except PullFailed:
+        except PullFailed as e:
+            e.delivered = progress
             raise
         except TimeoutError:
-            raise PullFailed("timeout", f"no complete pull within {budget:.3f} s") from None
+            raise PullFailed("timeout", f"no complete pull within {budget:.3f} s", progress) from None
         except grpc.aio.AioRpcError as e:
-            raise _failed(e) from None
+            raise _failed(e, progress) from None
         except CorruptBlock as e:
-            raise PullFailed("corrupt", e.message) from None
+            raise PullFailed("corrupt", e.message, progress) from None
         except StaleBlock as e:
-            raise PullFailed("stale", e.message) from None
+            raise PullFailed("stale", e.message, progress) from None
         except KvmeshError as e:
-            raise PullFailed("protocol", e.message) from None
+            raise PullFailed("protocol", e.message, progress) from None
 
     async def _pull(
         self,
@@ -269,6 +309,7 @@ class KvSyncClient:
         timeout_s: float,
         prefer_shm: bool,
         lease: Lease | None,
+        stats: PullStats,
     ) -> PullStats:
         start = time.monotonic()
         info = await self.describe(region, timeout_s)
@@ -277,7 +318,7 @@ class KvSyncClient:
         left = lambda: max(0.001, timeout_s - (time.monotonic() - start))  # noqa: E731
         reader = self._reader(info) if prefer_shm else None
         if reader is None and lease is None:
-            return await self.read_digests(region, digests, outs[: len(digests)], ttl_ms, left())
+            return await self.read_digests(region, digests, outs[: len(digests)], ttl_ms, left(), stats)
         if lease is None:
             lease = await self.acquire_lease(region, digests, ttl_ms, left())
         if reader is not None and lease.region_id and lease.region_id != info.region_id:
@@ -285,12 +326,14 @@ class KvSyncClient:
             if reader is not None and reader.region_id != lease.region_id:
                 raise PullFailed("stale", "the peer's region changed while pulling")
         count = lease.prefix
+        stats.transport = "shm" if reader is not None else "grpc"
         if count == 0:
-            return PullStats("shm" if reader is not None else "grpc")
+            return stats
         if reader is not None:
-            return _read_shm(reader, lease, outs, count)
-        stats = await self.read_blocks(lease, outs, count, left())
+            return _read_shm(reader, lease, outs, count, stats)
+        await self.read_blocks(lease, outs, count, left(), stats)
         if time.monotonic() > lease.deadline:  # the owner may have reused a slot after the server's checks
+            stats.discard()  # which block that hit is unknown: keep none
             raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
         return stats
 
@@ -310,19 +353,17 @@ class KvSyncClient:
         self._readers.clear()
 
 
-def _read_shm(reader: RegionReader, lease: Lease, outs: Sequence[memoryview], count: int) -> PullStats:
+def _read_shm(
+    reader: RegionReader, lease: Lease, outs: Sequence[memoryview], count: int, stats: PullStats
+) -> PullStats:
     """One-sided copies of the leased blocks (each: generation before/after, digest, CRC32C checked in the
-    same pass as the copy)."""
-    stats = PullStats("shm")
+    same pass as the copy), counted in `stats` as each completes."""
     for i in range(count):
         ref = lease.refs[i]
         assert ref is not None
         if time.monotonic_ns() >= lease.lease_until_ns:
             raise PullFailed("expired", f"the lease ended at block {i} of {count}")
-        n = reader.read_into(ref, lease.digests[i], outs[i])
-        stats.lengths.append(n)
-        stats.blocks += 1
-        stats.bytes += n
+        stats.add(*reader.read_checked(ref, lease.digests[i], outs[i]))
     return stats
 
 
@@ -355,9 +396,7 @@ class BlockAssembly:
         if chunk.last:
             if self.verify and self.crc != chunk.crc32c:
                 raise CorruptBlock(f"integrity check failed for block {self.index}: CRC32C mismatch")
-            self.stats.lengths.append(end)
-            self.stats.blocks += 1
-            self.stats.bytes += end
+            self.stats.add(end, chunk.crc32c)  # verified: equal to the CRC of this copy
             self.index += 1
             self.filled = 0
             self.crc = 0

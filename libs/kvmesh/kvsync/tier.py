@@ -15,7 +15,9 @@ Segment layout (little-endian)::
 Writes follow a seqlock: the owner makes the slot's generation odd, writes header and data, makes it even
 again and bumps the region epoch; a reader checks the generation before and after its copy, so it either
 copies a stable block or raises `StaleBlock`. The CRC32C is computed once, when the block is written, and
-checked by the reader on its own copy (`CorruptBlock`). A slot whose lease is in the future is never reused;
+checked by the reader on its own copy (`CorruptBlock`). `put` copies and checksums; `reserve` / `publish`
+let a writer fill the slot itself (e.g. a gRPC receive copy that computed the CRC in its pass) and publish
+that CRC, and `abort` frees a reserved slot unpublished. A slot whose lease is in the future is never reused;
 a lease taken in the instant the owner reuses the slot is caught by the generation check.
 
 Neither class is thread-safe: call an owner's methods from one thread (a lessor in the owner's process, e.g.
@@ -122,6 +124,17 @@ class SlotRef:
 
     slot: int
     generation: int
+
+
+@dataclass(frozen=True, eq=False)
+class Reservation:
+    """A slot reserved for `digest` by `TierRegion.reserve`: its generation is odd (no reader can copy it),
+    `data` is the whole slot (`block_bytes`), writable until `publish` or `abort`, which release it (a late
+    write raises ValueError)."""
+
+    slot: int
+    digest: bytes
+    data: memoryview  # released by publish / abort
 
 
 class StaleBlock(FailedPrecondition):
@@ -289,6 +302,7 @@ class TierRegion(_Mapped):
         self._order: list[tuple[int, int, int]] = []
         self._free = list(range(num_slots - 1, -1, -1))
         self._evicted: list[bytes] = []
+        self._reserved: dict[int, Reservation] = {}  # slot -> its reservation: neither free nor held
 
     def __len__(self) -> int:
         return len(self._where)
@@ -306,13 +320,69 @@ class TierRegion(_Mapped):
         slot = self._take_slot(now_ns)
         if slot is None:
             return False
-        self._write(slot, digest, data)
+        length = len(data)
+        self._data(slot, length)[:] = data
+        self._publish(slot, digest, length, checksum(data))
+        self._hold(slot, digest, now_ns)
+        return True
+
+    def reserve(self, digest: bytes, now_ns: int) -> Reservation | None:
+        """A slot for `digest`, to be filled through `Reservation.data` and then `publish`ed (or `abort`ed).
+
+        The slot is taken as `put` takes one (free first, else the LFU+LRU unleased victim, evicted now); its
+        generation stays odd and its header empty until `publish`, so no reader copies or locates it. None
+        when every slot is leased or reserved. Several reservations may be open at once.
+        """
+        _validate_digest(digest)
+        slot = self._take_slot(now_ns)
+        if slot is None:
+            return None
+        self._clear_header(slot)
+        self._epoch[0] += 1  # readers' locate caches drop an evicted victim now, not at publish
+        res = self._reserved[slot] = Reservation(slot, digest, self._data(slot, self.block_bytes))
+        return res
+
+    def publish(self, res: Reservation, length: int, crc: int, now_ns: int) -> SlotRef:
+        """Makes a reserved block visible with the CRC32C its writer computed over `data[:length]` (not
+        recomputed: the caller's copy checked it); returns its ref. If `res.digest` was stored meanwhile (a
+        `put`, another reservation), this one is aborted and the stored copy's ref returned."""
+        self._check_reserved(res)
+        if not 0 < length <= self.block_bytes:
+            raise InvalidArgument("length", f"must be 1..{self.block_bytes}, got {length}")
+        held = self._where.get(res.digest)
+        if held is not None:
+            self.abort(res)
+            return SlotRef(held, int(self._gen[held]))
+        self._end(res)
+        self._publish(res.slot, res.digest, length, crc)
+        self._hold(res.slot, res.digest, now_ns)
+        return SlotRef(res.slot, int(self._gen[res.slot]))
+
+    def abort(self, res: Reservation) -> None:
+        """Frees a reserved slot unpublished: generation even again (two past any block it held before, so a
+        reader's old ref fails), header empty, the slot free."""
+        self._check_reserved(res)
+        self._end(res)
+        self._gen[res.slot] += 1
+        self._epoch[0] += 1
+        self._free.append(res.slot)
+
+    def _check_reserved(self, res: Reservation) -> None:
+        if self._reserved.get(res.slot) is not res:
+            raise FailedPrecondition(f"slot {res.slot} is not reserved by this reservation (published or aborted)")
+
+    def _end(self, res: Reservation) -> None:
+        """Ends the reservation and its view: a late write raises, and the view no longer pins the mapping."""
+        del self._reserved[res.slot]
+        with contextlib.suppress(BufferError):  # a buffer taken from the view is still open: it stays usable
+            res.data.release()
+
+    def _hold(self, slot: int, digest: bytes, now_ns: int) -> None:
         self._where[digest] = slot
         self._held[slot] = digest
         self._hits[slot] = 1
         self._last[slot] = now_ns
         self._push(slot)
-        return True
 
     def _push(self, slot: int) -> None:
         heapq.heappush(self._order, (self._hits[slot], self._last[slot], slot))
@@ -365,16 +435,20 @@ class TierRegion(_Mapped):
         self._held[slot] = None
         self._evicted.append(digest)
 
-    def _write(self, slot: int, digest: bytes, data: bytes | memoryview) -> None:
-        """Fills a slot whose generation is odd, then publishes it (generation even, epoch bumped)."""
-        length = len(data)
-        self._data(slot, length)[:] = data
+    def _publish(self, slot: int, digest: bytes, length: int, crc: int) -> None:
+        """Writes the header of a slot whose generation is odd and data is in place, then makes it visible
+        (generation even, epoch bumped)."""
         head = HEADER_BYTES + slot * SLOT_HEADER_BYTES
         self._buf[head + 8 : head + 8 + DIGEST_BYTES] = digest
         self._length[slot] = length
-        self._crc[slot] = checksum(data)
+        self._crc[slot] = crc
         self._gen[slot] += 1
         self._epoch[0] += 1
+
+    def _clear_header(self, slot: int) -> None:
+        self._length[slot] = 0
+        head = HEADER_BYTES + slot * SLOT_HEADER_BYTES
+        self._buf[head + 8 : head + 8 + DIGEST_BYTES] = bytes(DIGEST_BYTES)
 
     def get(self, digest: bytes, now_ns: int) -> memoryview | None:
         """A view of the block's data (valid until the slot is reused), counting a hit; None if absent."""
@@ -411,9 +485,7 @@ class TierRegion(_Mapped):
             return False
         self._gen[slot] += 1
         self._forget(slot)
-        self._length[slot] = 0
-        head = HEADER_BYTES + slot * SLOT_HEADER_BYTES
-        self._buf[head + 8 : head + 8 + DIGEST_BYTES] = bytes(DIGEST_BYTES)
+        self._clear_header(slot)
         self._gen[slot] += 1
         self._epoch[0] += 1
         self._free.append(slot)
@@ -425,7 +497,9 @@ class TierRegion(_Mapped):
         return out
 
     def close(self, unlink: bool = True) -> None:
-        """Unmaps the segment, and removes it from the host when `unlink`."""
+        """Unmaps the segment, and removes it from the host when `unlink` (open reservations end unpublished)."""
+        for res in list(self._reserved.values()):
+            self._end(res)
         self._release()
         if unlink:
             with contextlib.suppress(FileNotFoundError):
@@ -510,6 +584,10 @@ class RegionReader(_Mapped):
         Raises StaleBlock if the slot's generation is not `ref.generation` before or after the copy, or its
         header names another digest; CorruptBlock if `verify` and the copy fails its CRC32C.
         """
+        return self.read_checked(ref, digest, out, verify)[0]
+
+    def read_checked(self, ref: SlotRef, digest: bytes, out: memoryview, verify: bool = True) -> tuple[int, int]:
+        """`read_into`, returning (length, the block's CRC32C as its header holds it)."""
         src, crc = self.view(ref, digest)
         length = len(src)
         if len(out) < length:
@@ -523,7 +601,7 @@ class RegionReader(_Mapped):
             raise StaleBlock(f"slot {ref.slot} was reused during the copy")
         if verify and got != crc:
             raise CorruptBlock(f"integrity check failed for block {digest.hex()[:16]}: CRC32C mismatch")
-        return length
+        return length, crc
 
     def close(self) -> None:
         """Unmaps the region (the owner keeps it)."""

@@ -8,9 +8,10 @@ Peer pulls (`pull_prefix(req, hint)`, before `generate`): the prompt's leading b
 holds neither in its pool nor in its tiers are fetched from the peer the hint names through
 `pull_transport` (shared memory on the same host, else gRPC; it raises on any failure), checked, and put in
 the CPU tier, where admission finds them; the modelled transfer time of a real fleet
-(`perf.kv_pull_time`) passes on the clock. Concurrent requests for the same blocks share one pull. Any
-failure (expired hint, dead peer, timeout, corrupt or stale block, layout) pulls nothing: the engine
-computes the blocks, with the same output.
+(`perf.kv_pull_time`) passes on the clock. Concurrent requests for the same blocks share one pull. A
+failure (expired hint, dead peer, timeout, corrupt or stale block, layout) keeps only the leading blocks
+that arrived verified before it (`PullFailed.blocks`; none for any other exception): the engine computes
+the rest, with the same output.
 
 Steps are scheduled on absolute deadlines: a step that follows another starts at the previous step's `due`,
 not at `clock.now()`, so the driver's own CPU time (computing the step, streaming its tokens) is absorbed
@@ -39,12 +40,14 @@ from kvmesh.engine.sim.tiers import HostTiers, PullHint
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.kvsync.client import PullFailed
 from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 MAX_LAG_S = 0.25  # simulated seconds the driver may run behind its step deadlines before time slips
 DEFAULT_PULL_TIMEOUT_S = 2.0
 # (hint, digests, one buffer per digest, this engine's layout) -> leading blocks copied; raises on failure
+# (a `PullFailed` says how many leading blocks it had copied and verified: those are kept)
 PullTransport = Callable[[PullHint, Sequence[bytes], Sequence[memoryview], str], Awaitable[int]]
 
 
@@ -195,8 +198,11 @@ class SimEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed pull is a recompute, never an error of the request
-            log.info("kv pull from %s failed: %s", hint.source_address, exc)
-            return self._pull_outcome("failed")
+            n = min(exc.blocks, len(want)) if isinstance(exc, PullFailed) else 0
+            log.info("kv pull from %s failed after %d verified blocks: %s", hint.source_address, n, exc)
+            if n == 0:
+                return self._pull_outcome("failed")
+            self.pulls["partial"] += 1  # the verified leading blocks are stored below; the rest is computed
         stored = self.core.put_pulled([(d, b, outs[i]) for i, (d, b) in enumerate(want[:n])], self.clock.now())
         events = self.core.drain_events()
         if events:
