@@ -13,7 +13,7 @@ import pytest
 from kvmesh.bench import fleet as bench_fleet
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, block_bytes, tier_blocks
 from kvmesh.fleet.policies.base import Policy
-from kvmesh.fleet.readers import read_mooncake
+from kvmesh.fleet.readers import read_mooncake, write_mooncake
 from kvmesh.fleet.reference import pooled_lru_hit_ratio
 from kvmesh.fleet.sim import FleetConfig, FleetSim, HashCache
 from kvmesh.fleet.tiers import DataPlane, KvTier, TierSpec, WorkerTiers
@@ -225,12 +225,7 @@ def test_pooled_lru_of_the_same_capacity_is_one_lru_over_gpu_plus_tiers(tmp_path
 
 def _write(trace: Trace, path: Path) -> str:
     """The trace as a Mooncake .jsonl at ``path`` (the bench reads paths)."""
-    rows = [
-        {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_len, "output_length": r.output_len,
-         "hash_ids": list(r.chunks)}
-        for r in trace
-    ]  # fmt: skip
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_mooncake(trace, path)
     return str(path)
 
 
@@ -249,4 +244,7 @@ def test_bench_fleet_with_the_data_plane_writes_its_keys(tmp_path: Path, small_t
     assert res["dynamo"]["data_plane"]["pulled_blocks"] == 0
     assert set(res["kvmesh_data_plane_off"]) >= {"slo_capacity", "hit_ratio"}
     assert [t["cpu_tier_gb"] for t in res["tier_sweep"]] == [0.0, 1.0]
-    assert "## Data plane" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "## Data plane" in md
+    assert f"Reproduce: `python -m kvmesh.bench fleet {' '.join(args)}`" in md  # its own flags, data plane's too
+    assert "Wall time of the whole run:" in md

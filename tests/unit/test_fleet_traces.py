@@ -7,12 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvmesh.fleet.readers import read_azure, read_mooncake, read_trace
+from kvmesh.fleet.readers import read_azure, read_mooncake, read_trace, write_mooncake
 from kvmesh.fleet.synthetic import (
     bursty,
     concurrent_long,
     long_context_mix,
     multi_turn_sessions,
+    poisson_conversations,
     shared_prefix_tenants,
 )
 from kvmesh.fleet.trace import CHUNK_TOKENS, TraceRequest, chunk_tokens, prompt_tokens
@@ -129,3 +130,37 @@ def test_spread_simultaneous_undoes_quantised_timestamps() -> None:
     assert ts == sorted(ts)
     for a, b in zip(tr, sp, strict=True):
         assert a.arrival_s <= b.arrival_s < a.arrival_s + 3.1 and a.chunks == b.chunks
+
+
+def test_poisson_conversations_round_trip_through_the_mooncake_format(tmp_path: Path) -> None:
+    tr = poisson_conversations(seed=1, rate=2.0, duration_s=300.0)
+    assert tr.requests == poisson_conversations(seed=1, rate=2.0, duration_s=300.0).requests
+    assert tr.requests != poisson_conversations(seed=2, rate=2.0, duration_s=300.0).requests
+    assert 450 < len(tr) < 750  # Poisson(600)
+    gaps = np.diff([r.arrival_s for r in tr])
+    assert 0.7 < gaps.std() / gaps.mean() < 1.3  # exponential gaps: coefficient of variation 1
+    lens = np.array([r.input_len for r in tr])
+    assert np.median(lens) > 12_000 and lens.max() <= 100_000  # longer than the development trace (p50 6.9K)
+    turns = sum(1 for a in tr for b in tr.requests[: a.index] if b.chunks == a.chunks[: len(b.chunks)])
+    assert turns > len(tr) // 4  # continued conversations: an earlier prompt is a chunk prefix of a later one
+    path = tmp_path / "t.jsonl"
+    assert write_mooncake(tr, path) == len(tr)
+    back = read_mooncake(path)
+    assert [(r.input_len, r.output_len) for r in back] == [(r.input_len, r.output_len) for r in tr]
+    assert [r.arrival_s for r in back] == [round(r.arrival_s * 1000) / 1000 for r in tr]
+
+    def shared(x: TraceRequest, y: TraceRequest) -> int:  # leading chunks two prompts share
+        return next(
+            (k for k, (u, v) in enumerate(zip(x.chunks, y.chunks, strict=False)) if u != v),
+            min(len(x.chunks), len(y.chunks)),
+        )
+
+    pairs = [(i, j) for i in range(60) for j in range(i)]
+    got = [shared(back.requests[i], back.requests[j]) for i, j in pairs]
+    assert got == [shared(tr.requests[i], tr.requests[j]) for i, j in pairs] and max(got) > 8  # ids renumbered
+    assert min(c for r in back for c in r.chunks) == 0
+
+
+def test_write_mooncake_refuses_closed_loop_requests(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="open-loop"):
+        write_mooncake(multi_turn_sessions(seed=0, n_sessions=3), tmp_path / "x.jsonl")

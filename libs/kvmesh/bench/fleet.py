@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict, replace
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         log=lambda s: print(f"\n{s}", file=sys.stderr),
     )
     ev["trace"] = a.trace
+    ev["command"] = "python -m kvmesh.bench fleet " + shlex.join(sys.argv[1:] if argv is None else argv)
     ev["spread_arrivals"] = a.spread_arrivals
     ev["kvmesh_profile"] = a.kvmesh_profile
     if not a.skip_studies:
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         with (out / "report.md").open("a") as f:
             f.write(data_plane_section(ev["results"], pols))
     ev["wall_s"] = time.perf_counter() - t0
+    with (out / "report.md").open("a") as f:
+        f.write(f"\nWall time of the whole run: {ev['wall_s'] / 60:.1f} min on {ev['cpu_count']} CPUs.\n")
     (out / "results.json").write_text(json.dumps(ev["results"], indent=2, sort_keys=True) + "\n")
     (out / "raw.json").write_text(json.dumps(compact(ev), default=_jsonable) + "\n")
     r = ev["results"]

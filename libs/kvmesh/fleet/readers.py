@@ -4,6 +4,9 @@
   chunk id per block, chained. The ids become :class:`~kvmesh.fleet.trace.TraceRequest` chunks as they are.
 * Azure LLM inference CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens`` — lengths only, so every request
   gets fresh chunk ids (unique tokens, no prefix sharing). Timestamps become seconds since the first row.
+
+:func:`write_mooncake` writes a trace of open-loop requests in the Mooncake format (ids renumbered densely
+from 0 in order of first use, as the public trace's are), so ``read_mooncake`` reads back the same prompts.
 """
 
 from __future__ import annotations
@@ -42,6 +45,22 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> Trace:
                 )
             )
     return Trace(Path(path).stem, reqs, {"source": "mooncake"})
+
+
+def write_mooncake(trace: Trace, path: str | Path) -> int:
+    """Write ``trace`` as Mooncake JSONL (timestamp in integer ms); returns the number of lines written.
+
+    Raises ``ValueError`` on a closed-loop request (``follows``): the format has no such field.
+    """
+    dense: dict[int, int] = {}
+    with open(path, "w", encoding="utf-8") as f:
+        for r in trace:
+            if r.follows is not None:
+                raise ValueError(f"request {r.index} follows {r.follows}: Mooncake traces are open-loop")
+            ids = [dense.setdefault(c, len(dense)) for c in r.chunks[: -(-r.input_len // CHUNK_TOKENS)]]
+            row = {"timestamp": round(r.arrival_s * 1000), "input_length": r.input_len}
+            f.write(json.dumps({**row, "output_length": r.output_len, "hash_ids": ids}) + "\n")
+    return len(trace)
 
 
 def _parse_azure_ts(s: str) -> datetime:

@@ -22,6 +22,22 @@ import numpy as np
 from kvmesh.fleet.evaluate import BASELINE_FACTOR, FALLBACK_LOAD_SCALE
 
 
+def _command(ev: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The bench's own command line when it gave one (``ev["command"]``), else the default invocation."""
+    got = ev.get("command")
+    if got:
+        return str(got)
+    return (
+        f"python -m kvmesh.bench fleet --trace {ev['trace']} --workers {cfg['workers']} --policies all "
+        f"--seed {cfg['seed']} --out DIR"
+    )
+
+
+def _wall(ev: dict[str, Any]) -> str:
+    """'wall time N min, ' when known (the bench appends the run's total at the end of a report)."""
+    return f"wall time {ev['wall_s'] / 60:.0f} min, " if ev.get("wall_s") else ""
+
+
 def _cfg(ev: dict[str, Any]) -> dict[str, Any]:
     c = ev["config"]
     return asdict(c) if is_dataclass(c) and not isinstance(c, type) else dict(c)
@@ -233,9 +249,7 @@ def render(ev: dict[str, Any]) -> str:
         f"Trace `{Path(ev['trace']).name}`, {cfg['workers']} simulated workers (H200 + 70B FP8 perf model, "
         f"KV block {cfg['block_size']} tokens, {ref['fleet_kv_blocks']:,} KV blocks in the fleet), seed "
         f"{cfg['seed']}. kvmesh profile: {ev.get('kvmesh_profile') or 'built-in default'}. "
-        f"Reproduce: `python -m kvmesh.bench fleet --trace {ev['trace']} --workers {cfg['workers']} "
-        f"--policies all --seed {cfg['seed']} --out DIR` (wall time {ev.get('wall_s', 0) / 60:.0f} min, "
-        f"{ev.get('cpu_count')} CPUs).",
+        f"Reproduce: `{_command(ev, cfg)}` ({_wall(ev)}{ev.get('cpu_count')} CPUs).",
         "",
     ]
     L += ["## SLO and protocol", "", *_protocol_lines(ev), ""]

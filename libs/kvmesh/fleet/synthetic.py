@@ -9,6 +9,10 @@
 * :func:`long_context_mix` — chat traffic with a fraction of 100K-token prompts (long-context penetration).
 * :func:`concurrent_long` — ``clients`` closed-loop clients sending long prompts over shared documents
   back to back (the "32 concurrent long requests" setting of DESIGN.md §1).
+* :func:`poisson_conversations` — open-loop (Poisson) arrivals of chat turns over tenant system prompts and
+  growing conversations, with longer prompts than the development trace; it has only what a Mooncake trace
+  holds (arrival, lengths, 512-token chunk ids), so ``readers.write_mooncake`` writes it as one
+  (``python -m kvmesh.fleet.gen_trace``).
 """
 
 from __future__ import annotations
@@ -185,3 +189,56 @@ def concurrent_long(
             )
             prev = idx
     return Trace("concurrent_long", reqs, {"clients": clients})
+
+
+def poisson_conversations(
+    seed: int = 0,
+    rate: float = 2.0,
+    duration_s: float = 1500.0,
+    n_tenants: int = 24,
+    zipf_s: float = 1.0,
+    sys_tokens: tuple[int, int] = (2048, 12288),
+    first_tokens: tuple[int, int] = (2048, 16384),
+    user_tokens: tuple[int, int] = (256, 4096),
+    output_tokens: tuple[int, int] = (32, 768),
+    follow_p: float = 0.6,
+    live: int = 200,
+    max_prompt: int = 100_000,
+) -> Trace:
+    """Poisson(``rate``) arrivals on [0, ``duration_s``); each request is a turn of a conversation.
+
+    With probability ``follow_p`` a turn continues one of the ``live`` most recently started conversations
+    (uniformly): its prompt is the previous prompt + the previous answer + new user text (``user_tokens``);
+    otherwise (or when that would pass ``max_prompt``) it starts a new one: a tenant's system prompt (tenant
+    k with P ∝ 1/k^``zipf_s``, its length a multiple of 512 drawn from ``sys_tokens``) + ``first_tokens`` of
+    user text. A conversation is one chunk stream, so turns share its chunk ids; arrivals are open-loop (no
+    ``follows``), as in a Mooncake trace.
+    """
+    rng = np.random.default_rng(seed)
+    alloc = ChunkIds(6)
+    sys_chunks = [
+        alloc.take(int(rng.integers(sys_tokens[0], sys_tokens[1] + 1)) // CHUNK_TOKENS) for _ in range(n_tenants)
+    ]
+    weights = 1.0 / np.arange(1, n_tenants + 1) ** zipf_s
+    weights /= weights.sum()
+    convs: list[tuple[list[int], int, int]] = []  # (chunk stream, prompt tokens, answer tokens) per conversation
+    reqs: list[TraceRequest] = []
+    for i, t in enumerate(poisson_arrivals(rate, duration_s, rng)):
+        k = -1
+        if convs and rng.random() < follow_p:
+            k = len(convs) - 1 - int(rng.integers(min(live, len(convs))))
+            stream, n_prev, n_ans = convs[k]
+            n_in = n_prev + n_ans + int(rng.integers(user_tokens[0], user_tokens[1] + 1))
+            k = k if n_in <= max_prompt else -1
+        if k < 0:
+            sys_c = sys_chunks[int(rng.choice(n_tenants, p=weights))]
+            stream = list(sys_c)
+            n_in = len(sys_c) * CHUNK_TOKENS + int(rng.integers(first_tokens[0], first_tokens[1] + 1))
+            convs.append((stream, 0, 0))
+            k = len(convs) - 1
+        stream.extend(alloc.take(max(0, _chunks_for(n_in) - len(stream))))
+        n_out = int(rng.integers(output_tokens[0], output_tokens[1] + 1))
+        convs[k] = (stream, n_in, n_out)
+        reqs.append(TraceRequest(i, float(t), n_in, n_out, tuple(stream[: _chunks_for(n_in)])))
+    meta: dict[str, float | int | str] = {"rate": rate, "duration_s": duration_s, "seed": seed}
+    return Trace("poisson_conversations", reqs, meta)
