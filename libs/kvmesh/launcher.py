@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.cpus import core_shares
+from kvmesh.shm_leftovers import mapped_by_group, unlink_unmapped
 
 SERVICES = {
     "router": "kvmesh.services.router",
@@ -73,8 +74,14 @@ class ServiceProcess:
         self.proc.wait(timeout=10)
 
     def _kill_group(self) -> None:
+        """SIGKILL the group, then remove the shared memory it leaves that nothing maps any more."""
+        segments = mapped_by_group(self.proc.pid)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        if segments:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)  # the leader's mappings end with it (the rest die with the signal)
+            unlink_unmapped(segments)
 
 
 def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:

@@ -41,6 +41,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     if isinstance(engine, VllmEngine) and engine.config.kv_connector:
         kvsync = vllm_tier_server(engine.config.tier_shm_name, settings)
         app.vllm_pulls = VllmPulls(engine, pulls, PullStaging(int(settings.pull_staging_mb * (1 << 20))))
+        app.vllm_pulls.warm()
     if kvsync is not None:
         app.kvsync_address = await kvsync.start()
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name

@@ -291,6 +291,13 @@ class VllmPulls:
         self.outcomes: Counter[str] = Counter()
         self._kv_layout = layout
 
+    def warm(self) -> None:
+        """The KV layout (its import of vLLM's connector API takes seconds) and the staging region, before the
+        worker serves: the first pull's deadline must not pay for them."""
+        layout = self._layout()
+        if self.staging.enabled:
+            self.staging.open(layout)
+
     async def params(self, req: EngineRequest, hint: PullHint) -> dict[str, Any] | None:
         """The request's `kv_transfer_params`, or None (no pull; counted either way)."""
         if hint.expires_unix_ms and hint.expires_unix_ms <= time.time() * 1000:

@@ -45,11 +45,16 @@ async def collect(eng: VllmEngine, req: EngineRequest) -> list[EngineOutput]:
     return outs
 
 
+def in_gpu_pool(e: KvEvent) -> bool:
+    """A store in vLLM's own KV pool (kvmesh's connector also announces its CPU tier's stores, medium CPU)."""
+    return isinstance(e, BlockStored) and (e.medium or "GPU").upper() == "GPU"
+
+
 async def next_stored(it: AsyncIterator[list[KvEvent]], n_blocks: int, timeout: float = 30) -> list[KvEvent]:
-    """Events until at least n_blocks blocks were stored (bounded in time)."""
+    """Events until at least n_blocks blocks were stored in vLLM's pool (bounded in time)."""
     got: list[KvEvent] = []
     async with asyncio.timeout(timeout):
-        while sum(len(e.block_hashes) for e in got if isinstance(e, BlockStored)) < n_blocks:
+        while sum(len(e.block_hashes) for e in got if in_gpu_pool(e)) < n_blocks:
             got.extend(await anext(it))
     return got
 
@@ -70,11 +75,13 @@ async def test_stream_prefix_hit_and_events_match_cached_blocks(engine: VllmEngi
     computed = len(prompt) + len(gen) - 1  # the last sampled token's KV is never computed
     n_blocks = computed // BS
     stored = await next_stored(events, n_blocks)
-    st = [e for e in stored if isinstance(e, BlockStored)]
+    st = [e for e in stored if in_gpu_pool(e)]
     tokens = [t for e in st for t in e.token_ids]
     assert tokens == full[: n_blocks * BS]  # exactly the blocks vLLM computed, in chain order
     assert st[0].parent_block_hash is None and all(e.block_size == BS for e in st)
     a_hashes = [h for e in st for h in e.block_hashes]
+    tier = [h for e in stored if isinstance(e, BlockStored) and not in_gpu_pool(e) for h in e.block_hashes]
+    assert set(tier) <= set(a_hashes)  # the connector's tier saves name vLLM's own blocks
 
     shared = [*prompt[:64], 5, 6, 7, 8, 9]
     outs_b = await collect(engine, EngineRequest("b", tuple(shared), sampling=SamplingParams(max_tokens=2)))

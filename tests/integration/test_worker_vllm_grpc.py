@@ -86,15 +86,20 @@ async def test_stream_prefix_and_events(stub: worker_pb2_grpc.WorkerServiceStub)
     n_blocks = (len(prompt) + len(gen) - 1) // BS
     tokens: list[int] = []
     hashes: list[int] = []
+    tier: list[int] = []
     async with asyncio.timeout(30):
         while len(hashes) < n_blocks:
             msg = await events.read()
             assert msg.kind == common_pb2.KV_STREAM_KIND_LIVE
             for e in msg.batch.events:
                 assert e.WhichOneof("event") == "block_stored"
-                hashes += list(e.block_stored.block_hashes)
-                tokens += list(e.block_stored.token_ids)
+                if e.block_stored.medium.upper() in ("", "GPU"):  # the connector's tier saves come as CPU
+                    hashes += list(e.block_stored.block_hashes)
+                    tokens += list(e.block_stored.token_ids)
+                else:
+                    tier += list(e.block_stored.block_hashes)
     assert tokens == (prompt + gen)[: n_blocks * BS]  # exactly what vLLM cached, in chain order
+    assert set(tier) <= set(hashes)  # the tier's saves name vLLM's own blocks
     shared = [*prompt[: 2 * BS], 1, 2, 3]
     out2 = [m async for m in stub.Generate(gen_req("b", shared, 2), timeout=120)]
     assert out2[-1].usage.cached_tokens == 2 * BS

@@ -134,6 +134,12 @@ async def test_b_pulls_over_grpc_from_a_source_on_another_host(
 ) -> None:
     a, b = workers
     a_info = await info(a.address)
+    # once untimed: an engine's first batch of a new shape builds its kernels (oneDNN), ~1 s here
+    warm = prompt(17, LONG_PROMPT)
+    await generate(a.address, gen_req("warm-on-a", warm))
+    await generate(
+        b.address, gen_req("warm-on-b", warm, kv_pull=hint(a_info, LONG_PROMPT // BS, region_shm_name=elsewhere()))
+    )
     ids = prompt(15, LONG_PROMPT)
     want, a_cached, recompute_ms = await generate(a.address, gen_req("long-on-a", ids))  # a full prefill
     assert a_cached == 0
