@@ -18,6 +18,7 @@ from kvmesh.kvsync.tier import RegionReader, TierRegion, checksum
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.v1 import kvsync_pb2
+from tests.support.kvsync_faults import BreakingKvSync
 
 pytestmark = pytest.mark.integration
 
@@ -225,27 +226,10 @@ async def test_a_corrupt_block_at_k_delivers_exactly_the_k_before_it(peer: Peer,
     assert got.crcs == [checksum(data) for _, data in blocks[:k]]  # the copies' own CRCs, as written
 
 
-class _Dying(KvSyncServicer):
-    """ReadBlocks sends `messages` messages, then the stream dies (UNAVAILABLE, as a killed peer's does)."""
-
-    messages = 0
-
-    async def ReadBlocks(  # type: ignore[override]
-        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        sent = 0
-        async for raw in super().ReadBlocks(request, context):
-            if sent == self.messages:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "peer went away")
-            yield raw
-            sent += 1
-
-
 @pytest.mark.parametrize("messages", [0, 3, 7, 8])  # 3 messages a block: 0, 1, 2 (plus a chunk) and 2 (plus two)
 async def test_a_stream_that_dies_after_n_blocks_delivers_exactly_those_n(messages: int) -> None:
     region = TierRegion.create(f"kvmesh-it-dy-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, LAYOUT)
-    servicer = _Dying({"cpu": region}, message_bytes=BLOCK // 3)
-    servicer.messages = messages
+    servicer = BreakingKvSync({"cpu": region}, message_bytes=BLOCK // 3, messages=messages)
     server = grpc.aio.server()
     add_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

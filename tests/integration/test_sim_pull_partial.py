@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -17,33 +16,17 @@ from kvmesh.engine.clock import VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.sim.tiers import HostTiers, PullHint, block_payload, sim_layout, tiny_block_bytes
-from kvmesh.kvsync.service import KvSyncServicer, add_to_server
+from kvmesh.kvsync.service import add_to_server
 from kvmesh.kvsync.tier import TierRegion
 from kvmesh.services.worker.kvpull import PeerPulls
 from kvmesh.services.worker.settings import WorkerSettings
-from kvmesh.v1 import kvsync_pb2
+from tests.support.kvsync_faults import BreakingKvSync
 
 pytestmark = pytest.mark.integration
 BS = 16
 BB = tiny_block_bytes(BS)
 LAYOUT = sim_layout("m", BS, BB)
 PROMPT = tuple(range(1, 1 + 10 * BS + 5))  # 10 full blocks a pull can bring
-
-
-class _Dying(KvSyncServicer):
-    """ReadBlocks sends `messages` messages (one block each), then the stream dies with UNAVAILABLE."""
-
-    messages = 1 << 30
-
-    async def ReadBlocks(  # type: ignore[override]
-        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        sent = 0
-        async for raw in super().ReadBlocks(request, context):
-            if sent == self.messages:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "peer went away")
-            yield raw
-            sent += 1
 
 
 def _engine(pulls: PeerPulls | None) -> SimEngine:
@@ -65,7 +48,7 @@ async def _generate(eng: SimEngine, rid: str) -> tuple[list[int], int]:
 @pytest.mark.parametrize("case", ["dies_after_6", "corrupt_at_3", "whole"])
 async def test_sim_pull_keeps_exactly_the_verified_leading_blocks(case: str) -> None:
     source = TierRegion.create(f"kvmesh-it-src-{os.getpid()}-{os.urandom(4).hex()}", BB, 64, LAYOUT)
-    servicer = _Dying({"cpu": source}, message_bytes=BB)
+    servicer = BreakingKvSync({"cpu": source}, message_bytes=BB)
     server = grpc.aio.server()
     add_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

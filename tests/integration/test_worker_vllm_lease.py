@@ -19,13 +19,13 @@ import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
-from kvmesh.kvsync.service import KvSyncServicer, add_to_server
+from kvmesh.kvsync.service import add_to_server
 from kvmesh.kvsync.tier import RegionReader, TierRegion
 from kvmesh.services.worker.kvpull import KvSyncServer, PeerPulls, PullStaging, VllmPulls, vllm_tier_server
 from kvmesh.services.worker.settings import WorkerSettings
-from kvmesh.v1 import kvsync_pb2
 from kvmesh.vllm_connector.layout import KvLayout
 from kvmesh.vllm_connector.plan import parse_pull_hint
+from tests.support.kvsync_faults import BreakingKvSync
 from tests.support.regions import corrupt_block
 
 pytestmark = pytest.mark.integration
@@ -208,33 +208,12 @@ async def test_a_staged_block_is_leased_again_not_pulled_into_a_second_slot(
     assert pulls.outcomes == {"remote": 2}
 
 
-class _Stalling(KvSyncServicer):
-    """ReadBlocks sends `messages` messages (one block each), then stalls with the stream open."""
-
-    messages = 2
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.stalled = asyncio.Event()
-
-    async def ReadBlocks(  # type: ignore[override]
-        self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
-        sent = 0
-        async for raw in super().ReadBlocks(request, context):
-            if sent == self.messages:
-                self.stalled.set()
-                await asyncio.Event().wait()
-            yield raw
-            sent += 1
-
-
 @pytest_asyncio.fixture
-async def stalling() -> AsyncIterator[tuple[_Stalling, str]]:
+async def stalling() -> AsyncIterator[tuple[BreakingKvSync, str]]:
     owner = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", BLOCK, 8, LAYOUT.describe())
     for i in range(4):
         assert owner.put(_digest(i), bytes([i]) * BLOCK, time.monotonic_ns())
-    servicer = _Stalling({"cpu": owner}, message_bytes=BLOCK)
+    servicer = BreakingKvSync({"cpu": owner}, message_bytes=BLOCK, messages=2, stall=True)
     server = grpc.aio.server()
     add_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -245,7 +224,7 @@ async def stalling() -> AsyncIterator[tuple[_Stalling, str]]:
 
 
 async def test_a_stream_that_stalls_after_two_blocks_stages_those_two(
-    stalling: tuple[_Stalling, str], pulls: VllmPulls
+    stalling: tuple[BreakingKvSync, str], pulls: VllmPulls
 ) -> None:
     """The stream's deadline ends the pull (before the hint's): the two blocks that arrived verified are
     staged and leased, the other two reservations aborted."""
@@ -270,7 +249,7 @@ async def test_a_stream_that_stalls_after_two_blocks_stages_those_two(
 
 
 async def test_a_cancelled_staging_pull_publishes_nothing_and_frees_every_slot(
-    stalling: tuple[_Stalling, str], pulls: VllmPulls
+    stalling: tuple[BreakingKvSync, str], pulls: VllmPulls
 ) -> None:
     servicer, address = stalling
     wanted = [_digest(i) for i in range(4)]

@@ -20,15 +20,6 @@ BLOCK = 40_000
 PIECE = 16_384  # chunks of 16384, 16384, 7232 bytes: first, middle, last
 
 
-@pytest.fixture(params=["kernel", "fallback"])
-def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "kernel" and tier._kernel is None:
-        pytest.skip("the CRC kernel is not built here (test_kernel_is_built_where_required covers CI)")
-    if request.param == "fallback":
-        monkeypatch.setattr(tier, "_kernel", None)
-    return str(request.param)
-
-
 def _messages(blocks: list[bytes], crcs: list[int]) -> list[list[Chunk]]:
     """Each chunk in its own ReadBlocksResponse, through the codec both ways (as the client receives them)."""
     out = []

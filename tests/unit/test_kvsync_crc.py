@@ -16,15 +16,6 @@ pytestmark = pytest.mark.unit
 LENGTHS = [0, 1, 7, 8, 9, 255, 767, 768, 769, 1000, 4096, 16384, 16387, (1 << 20) + 13]
 
 
-@pytest.fixture(params=["kernel", "fallback"])
-def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "kernel" and tier._kernel is None:
-        pytest.skip("the CRC kernel is not built here (test_kernel_is_built_where_required covers CI)")
-    if request.param == "fallback":
-        monkeypatch.setattr(tier, "_kernel", None)
-    return str(request.param)
-
-
 @pytest.mark.parametrize("n", LENGTHS)
 def test_checksum_and_checked_copy_match_the_reference(kernel: str, n: int) -> None:
     data = os.urandom(n)
