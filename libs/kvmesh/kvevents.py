@@ -13,6 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Where a block is stored (`BlockStored.medium`, `BlockRemoved.medium`): the engine's own pool, or a host tier.
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_DISK = "DISK"
+
+
+def medium_of(medium: str | None) -> str:
+    """An event's medium, upper-cased; None or "" (an engine that does not say) is its own pool, GPU."""
+    return (medium or MEDIUM_GPU).upper()
+
+
+def is_tier(medium: str | None) -> bool:
+    """A host-tier medium (CPU, DISK, ...): anything but the engine's own pool."""
+    return medium_of(medium) != MEDIUM_GPU
+
 
 @dataclass(frozen=True, slots=True)
 class BlockStored:

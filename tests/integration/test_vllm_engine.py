@@ -12,7 +12,7 @@ import pytest_asyncio
 from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from kvmesh.errors import InvalidArgument
-from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent
+from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent, is_tier
 from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -47,7 +47,7 @@ async def collect(eng: VllmEngine, req: EngineRequest) -> list[EngineOutput]:
 
 def in_gpu_pool(e: KvEvent) -> bool:
     """A store in vLLM's own KV pool (kvmesh's connector also announces its CPU tier's stores, medium CPU)."""
-    return isinstance(e, BlockStored) and (e.medium or "GPU").upper() == "GPU"
+    return isinstance(e, BlockStored) and not is_tier(e.medium)
 
 
 async def next_stored(it: AsyncIterator[list[KvEvent]], n_blocks: int, timeout: float = 30) -> list[KvEvent]:

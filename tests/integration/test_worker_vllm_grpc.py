@@ -13,6 +13,7 @@ import grpc
 import pytest
 import pytest_asyncio
 
+from kvmesh.kvevents import is_tier
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -93,7 +94,7 @@ async def test_stream_prefix_and_events(stub: worker_pb2_grpc.WorkerServiceStub)
             assert msg.kind == common_pb2.KV_STREAM_KIND_LIVE
             for e in msg.batch.events:
                 assert e.WhichOneof("event") == "block_stored"
-                if e.block_stored.medium.upper() in ("", "GPU"):  # the connector's tier saves come as CPU
+                if not is_tier(e.block_stored.medium):  # the connector's tier saves come as CPU
                     hashes += list(e.block_stored.block_hashes)
                     tokens += list(e.block_stored.token_ids)
                 else:

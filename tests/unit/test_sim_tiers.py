@@ -15,16 +15,13 @@ from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.sim.perf import kv_load_time
 from kvmesh.engine.sim.tiers import (
-    MEDIUM_CPU,
-    MEDIUM_DISK,
-    MEDIUM_GPU,
     DiskTier,
     HostTiers,
     block_payload,
     sim_layout,
     tiny_block_bytes,
 )
-from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent
+from kvmesh.kvevents import MEDIUM_CPU, MEDIUM_DISK, MEDIUM_GPU, BlockRemoved, BlockStored, KvEvent
 from kvmesh.kvsync.tier import TierRegion
 from tests.unit.test_sim_core import finals, req, run
 

@@ -63,10 +63,9 @@ from kvmesh.cachemgr.types import (
     ResyncRequest,
     Stored,
 )
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, is_tier
 
 MASK64 = (1 << 64) - 1
-MEDIUM_GPU = "GPU"
 RETIRED_KEEP = 8  # instance ids of earlier incarnations remembered per worker (late batches ignored)
 
 
@@ -327,7 +326,7 @@ class Ingestor:
             self._stored(st, ev, res, dump)
         elif isinstance(ev, BlockRemoved):
             m = st.hashes
-            tier = _is_tier(ev.medium)
+            tier = is_tier(ev.medium)
             gone: list[int] = []
             for eh in ev.block_hashes:
                 eh &= MASK64
@@ -358,7 +357,7 @@ class Ingestor:
         ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name, ev.tenant)
         new_run: list[int] = []
         run_parent = prev = parent
-        tier = _is_tier(ev.medium)
+        tier = is_tier(ev.medium)
         for eh, ih in zip(ev.block_hashes, ihs, strict=True):
             # a dump has set semantics per medium: a block dumped on the GPU and in a tier is two copies
             added = st.hashes.add(eh & MASK64, ih, count=not dump or tier != (ih in st.tier_copies))
@@ -411,8 +410,3 @@ class Ingestor:
         self._drop_entries(st, res)
         st.phase = Phase.DUMP_NEEDED
         res.resync = ResyncRequest(st.worker_id, st.instance_id, st.next_sequence, True, reason)
-
-
-def _is_tier(medium: str | None) -> bool:
-    """A host-tier medium (CPU, DISK, ...): anything but the engine's GPU pool (None reads as GPU)."""
-    return medium is not None and medium.upper() != MEDIUM_GPU

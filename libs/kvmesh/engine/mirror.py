@@ -13,13 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent
-
-MEDIUM_GPU = "GPU"
-
-
-def _medium(medium: str | None) -> str:
-    return (medium or MEDIUM_GPU).upper()
+from kvmesh.kvevents import MEDIUM_GPU, BlockRemoved, BlockStored, KvEvent, medium_of
 
 
 class CacheMirror:
@@ -59,7 +53,7 @@ class CacheMirror:
         if isinstance(ev, BlockStored):
             self._stored(ev)
         elif isinstance(ev, BlockRemoved):
-            medium = _medium(ev.medium)
+            medium = medium_of(ev.medium)
             for h in ev.block_hashes:
                 media = self._blocks.get(h)
                 if media is None or media.pop(medium, None) is None:
@@ -73,7 +67,7 @@ class CacheMirror:
             self._gpu = 0
 
     def _stored(self, ev: BlockStored) -> None:
-        parent, bs, medium = ev.parent_block_hash, ev.block_size, _medium(ev.medium)
+        parent, bs, medium = ev.parent_block_hash, ev.block_size, medium_of(ev.medium)
         pe = self._entry(parent)
         depth = pe[0] + 1 if pe is not None else 0
         tenant = ev.tenant if ev.tenant is not None else self.tenant_of(parent)

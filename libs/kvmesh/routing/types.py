@@ -31,13 +31,13 @@ class CircuitState(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class TransferCosts:
     """What it costs worker w to obtain a KV block other than by prefill, in seconds (see
-        `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
-        router takes it from the worker's GetInfo (`KvTransferCosts`: a sim worker's perf model, a vLLM worker's
+    `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
+    router takes it from the worker's GetInfo (`KvTransferCosts`: a sim worker's perf model, a vLLM worker's
     measured figures, `kvmesh.routing.dataplane.vllm_cpu_costs`).
 
-        `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier
-        into its engine pool (bytes / host→GPU bandwidth); `block_pull_s`: one block from a peer (bytes /
-        network bandwidth); `pull_rtt_s`: the round trip a pull pays once before its bytes flow.
+    `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier
+    into its engine pool (bytes / host→GPU bandwidth); `block_pull_s`: one block from a peer (bytes /
+    network bandwidth); `pull_rtt_s`: the round trip a pull pays once before its bytes flow.
     """
 
     prefill_s_per_token: float

@@ -53,11 +53,11 @@ from kvmesh.engine.base import (
 )
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill_time, kv_load_time, step_time
 from kvmesh.engine.sim.pool import BlockPool, CachedBlock
-from kvmesh.engine.sim.tiers import MEDIUM_GPU, block_digests, salt_bytes
+from kvmesh.engine.sim.tiers import block_digests, salt_bytes
 from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
 from kvmesh.errors import InvalidArgument, ResourceExhausted
 from kvmesh.hashing import compute_block_hashes, make_salt
-from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.kvevents import MEDIUM_GPU, BlockStored, KvEvent, LoadReport
 
 if TYPE_CHECKING:
     from kvmesh.engine.sim.tiers import HostTiers

@@ -24,14 +24,11 @@ import crc32c
 
 from kvmesh.engine.sim.pool import CachedBlock
 from kvmesh.hashing import sha256_block_ids
-from kvmesh.kvevents import BlockRemoved, BlockStored, KvEvent
+from kvmesh.kvevents import MEDIUM_CPU, MEDIUM_DISK, BlockRemoved, BlockStored, KvEvent
 
 if TYPE_CHECKING:
     from kvmesh.kvsync.tier import TierRegion
 
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
-MEDIUM_DISK = "DISK"
 # K and V · layers · KV heads · head_dim · 2 bytes (bf16): the tiny model of scripts/build_tiny_model.py
 TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2
 
