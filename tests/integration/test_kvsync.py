@@ -13,12 +13,12 @@ import grpc
 import pytest
 
 from kvmesh.kvsync.client import KvSyncClient, PullFailed
+from kvmesh.kvsync.peer import BreakingKvSync
 from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
 from kvmesh.kvsync.tier import RegionReader, TierRegion, checksum
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.v1 import kvsync_pb2
-from tests.support.kvsync_faults import BreakingKvSync
 
 pytestmark = pytest.mark.integration
 

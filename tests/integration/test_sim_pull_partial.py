@@ -16,11 +16,11 @@ from kvmesh.engine.clock import VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.sim.tiers import HostTiers, PullHint, block_payload, sim_layout, tiny_block_bytes
+from kvmesh.kvsync.peer import BreakingKvSync
 from kvmesh.kvsync.service import add_to_server
 from kvmesh.kvsync.tier import TierRegion
 from kvmesh.services.worker.kvpull import PeerPulls
 from kvmesh.services.worker.settings import WorkerSettings
-from tests.support.kvsync_faults import BreakingKvSync
 
 pytestmark = pytest.mark.integration
 BS = 16

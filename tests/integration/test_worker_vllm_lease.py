@@ -19,13 +19,13 @@ import pytest_asyncio
 
 from kvmesh.engine.base import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
+from kvmesh.kvsync.peer import BreakingKvSync
 from kvmesh.kvsync.service import add_to_server
 from kvmesh.kvsync.tier import RegionReader, TierRegion
 from kvmesh.services.worker.kvpull import KvSyncServer, PeerPulls, PullStaging, VllmPulls, vllm_tier_server
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.vllm_connector.layout import KvLayout
 from kvmesh.vllm_connector.plan import parse_pull_hint
-from tests.support.kvsync_faults import BreakingKvSync
 from tests.support.regions import corrupt_block
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -48,19 +48,35 @@ def peer_block(i: int, block_bytes: int) -> bytes:
     return np.random.default_rng(i).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
 
 
-class _Stalling(KvSyncServicer):
-    """ReadBlocks stops after `stall_after` messages and says so on stdout (for kill-mid-stream tests)."""
+class BreakingKvSync(KvSyncServicer):
+    """A KvSyncService whose ReadBlocks stream breaks after `messages` messages, as a peer's does when it is
+    killed (the stream ends UNAVAILABLE) or, with `stall`, when it hangs (the stream stays open and sends
+    nothing); `stalled` is set and `on_break` called at the break (the peer process prints "stalled")."""
 
-    stall_after = 0
+    def __init__(
+        self,
+        *args: Any,
+        messages: int = 1 << 30,
+        stall: bool = False,
+        on_break: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.messages, self.stall, self.on_break = messages, stall, on_break
+        self.stalled = asyncio.Event()
 
     async def ReadBlocks(  # type: ignore[override]
         self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         sent = 0
         async for raw in super().ReadBlocks(request, context):
-            if sent == self.stall_after:
-                print("stalled", flush=True)
-                await asyncio.Event().wait()
+            if sent == self.messages:
+                if self.on_break is not None:
+                    self.on_break()
+                if self.stall:
+                    self.stalled.set()
+                    await asyncio.Event().wait()
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "peer went away")
             yield raw
             sent += 1
 
@@ -73,8 +89,8 @@ async def serve(args: argparse.Namespace) -> None:
             region.put(digest, peer_block(i, args.block_bytes), now_ns=0)
         servicer: KvSyncServicer
         if args.stall_after >= 0:
-            servicer = _Stalling({REGION: region})
-            servicer.stall_after = args.stall_after
+            stalled = lambda: print("stalled", flush=True)  # noqa: E731
+            servicer = BreakingKvSync({REGION: region}, messages=args.stall_after, stall=True, on_break=stalled)
         else:
             servicer = KvSyncServicer({REGION: region})
         opts: Sequence[tuple[str, Any]] = [
