@@ -333,9 +333,13 @@ class KvmeshConnector(KVConnectorBase_V1):
                 self._keep(op.digest, staging, op.key, time.monotonic_ns())
 
     def _keep(self, digest: bytes, data: memoryview, key: BlockKey | None, now_ns: int) -> bool:
-        """Puts a block the tier does not hold yet in the own tier, logging the put and what it evicted."""
+        """Puts a block the tier does not hold yet in the own tier, logging the put and what it evicted; a block
+        it holds already is only touched (one more use for LFU, as `put` does) and not announced again."""
         region = self._region
-        if region is None or region.locate([digest])[0] is not None:
+        if region is None:
+            return False
+        if region.locate([digest])[0] is not None:
+            region.put(digest, data, now_ns)
             return False
         stored = region.put(digest, data, now_ns)
         self._log.evicted(region.drain_evicted())
