@@ -62,7 +62,9 @@ async def test_live_deltas_keep_the_replica_s_split_equal_to_the_cache_manager_s
         ((BlockRemoved((3,), medium="GPU"),), (2, 3)),  # the CPU copy is left: tier-only again
         ((BlockRemoved((3,), medium="CPU"),), (2, 2)),  # gone
         ((BlockRemoved((2,), medium="GPU"), BlockStored((2,), 1, TOKS[BS : 2 * BS], BS, medium="CPU")), (1, 2)),
-        ((AllBlocksCleared(),), (0, 0)),
+        ((AllBlocksCleared(),), (0, 0)),  # the engine's pool reset: block 1 goes, block 2's CPU copy stays
+        ((BlockStored((1,), None, TOKS[:BS], BS, medium="GPU"),), (1, 2)),
+        ((BlockRemoved((1,), medium="GPU"), BlockRemoved((2,), medium="CPU")), (0, 0)),
     ]
     for events, want in steps:
         mx.feed(*events)

@@ -27,6 +27,8 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
   once per medium: two copies). While a dump is needed, a batch that contains
   `AllBlocksCleared` (an engine cache reset, e.g. requested by the transport of an engine that cannot
   dump) is a resync point too: the worker's state after it is fully known, so ingestion resumes there.
+  Live, `AllBlocksCleared` clears the engine's pool only: blocks the worker also holds in a host tier stay
+  in the index, now tier-only.
 
 Index hashes of `BlockStored` blocks are derived from the token ids, chained after the parent's index hash
 (found through the engine→index map), so the index never depends on an engine's private hash seed. A root
@@ -340,7 +342,7 @@ class Ingestor:
                 self.index.remove(st.worker_id, gone)
                 res.deltas.append(Removed(st.worker_id, tuple(gone)))
         elif isinstance(ev, AllBlocksCleared):
-            self._drop_entries(st, res)
+            self._pool_cleared(st, res)
 
     def _stored(self, st: WorkerState, ev: BlockStored, res: IngestResult, dump: bool) -> None:
         n = len(ev.block_hashes)
@@ -396,6 +398,30 @@ class Ingestor:
             st.tier_only.add(ih)
         else:
             st.tier_only.discard(ih)
+
+    def _pool_cleared(self, st: WorkerState, res: IngestResult) -> None:
+        """`AllBlocksCleared`: the engine reset its own pool (vLLM's event names no medium and means its
+        pool); the worker's host tiers keep their blocks, which become tier-only. The rest go."""
+        if not st.tier_copies:
+            self._drop_entries(st, res)
+            return
+        m = st.hashes
+        gone: list[int] = []
+        for eh, ih in list(m.live.items()):
+            n = st.tier_copies.get(ih, 0)
+            if n <= 0:
+                m.drop(eh, all_copies=True)
+                gone.append(ih)
+                continue
+            if n > 1:
+                m.extra[eh] = n
+            else:
+                m.extra.pop(eh, None)
+            st.moved.setdefault(ih, ih in st.tier_only)
+            st.tier_only.add(ih)
+        if gone:
+            self.index.remove(st.worker_id, gone)
+            res.deltas.append(Removed(st.worker_id, tuple(gone)))
 
     def _drop_entries(self, st: WorkerState, res: IngestResult) -> None:
         self.index.clear(st.worker_id)

@@ -6,7 +6,8 @@ and `dump()` emits every block with its tenant.
 
 A block is kept per medium (None reads as "GPU"): an engine may hold one block in its pool and in a host
 tier at once (kvmesh's vLLM connector writes every computed block through to its CPU tier, announced under
-the same hash), and removing one copy leaves the other.
+the same hash), and removing one copy leaves the other. `AllBlocksCleared` (a reset of the engine's pool) drops the GPU
+copies only.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class CacheMirror:
                     self._gpu -= 1
                 if not media:
                     del self._blocks[h]
-        else:
-            self._blocks.clear()
+        else:  # AllBlocksCleared: the engine's pool was reset; host-tier copies stay
+            for h in [h for h, media in self._blocks.items() if media.pop(MEDIUM_GPU, None) is not None and not media]:
+                del self._blocks[h]
             self._gpu = 0
 
     def _stored(self, ev: BlockStored) -> None:
