@@ -11,7 +11,8 @@ Each line is a JSON object ``{"audit": 1, "service", "who", "action", "args", "w
   ``INVALID_ARGUMENT``, …; HTTP routes log the same names, e.g. ``UNSUPPORTED_MEDIA_TYPE`` for a 415).
 
 The logger is ``kvmesh.audit`` so operators can route it (a file, a SIEM) apart from the service log; it
-logs at INFO and never propagates secrets. Every admin handler of every service uses :func:`audited`.
+logs at INFO, is exempt from the services' repeat limit (`kvmesh.telemetry.logging.UNLIMITED`: no admin
+action goes unlogged) and carries no secrets. Every admin handler of every service uses :func:`audited`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Iterator, Mapping
 
 from kvmesh.rpc.errors import status_code_for
 from kvmesh.security.identity import current_identity
+from kvmesh.telemetry.logging import UNLIMITED
 
 AUDIT_LOGGER = "kvmesh.audit"
 log = logging.getLogger(AUDIT_LOGGER)
@@ -47,7 +49,7 @@ def audit_line(service: str, who: str, action: str, args: Mapping[str, object], 
 def record(service: str, action: str, args: Mapping[str, object], result: str, who: str | None = None) -> None:
     """Log one admin action (``who`` defaults to the current caller)."""
     when = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
-    log.info("%s", audit_line(service, who or caller(), action, args, when, result))
+    log.info("%s", audit_line(service, who or caller(), action, args, when, result), extra={UNLIMITED: True})
 
 
 def result_of(exc: BaseException) -> str:
