@@ -112,7 +112,7 @@ async def test_worker_y_cannot_publish_as_x_and_x_is_unchanged() -> None:
         await publish(stub, [hello(X.id, eng.instance), live(eng.prompt(PROMPT))], X)
         before = await matches(stub, PROMPT)
         assert before == {X.id: 4}
-        blocks = cm.core.index.num_blocks(X.id)
+        blocks, revision = cm.core.index.num_blocks(X.id), cm.core.revision
 
         # the attack of the issue: a hello naming X with a new instance id (would wipe X and drop its events)
         with pytest.raises(grpc.aio.AioRpcError) as ei:
@@ -138,6 +138,7 @@ async def test_worker_y_cannot_publish_as_x_and_x_is_unchanged() -> None:
         st = cm.core.ingestor.workers[X.id]
         assert (st.instance_id, st.next_sequence, cm.core.ingestor.counters.restarts) == (eng.instance, 1, 0)
         assert cm.core.index.num_blocks(X.id) == blocks
+        assert cm.core.revision == revision  # no delta reached the routers' index replicas (WatchIndex)
         assert await matches(stub, PROMPT) == before
         assert await matches(stub, list(range(900, 908))) == {}
 
