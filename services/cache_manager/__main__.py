@@ -12,14 +12,17 @@ from pathlib import Path
 import yaml
 
 from kvmesh.cachemgr.core import CacheCore
+from kvmesh.cachemgr.publisher import PublishLimits
 from kvmesh.cachemgr.types import IngestResult
+from kvmesh.discovery.registration import registry_from
+from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.kvevents import KvEventBatch
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, refresh_gauges
 from kvmesh.services.cache_manager.settings import CacheManagerSettings
-from kvmesh.services.cache_manager.warming import Warmer
+from kvmesh.services.cache_manager.warming import Warmer, registry_address
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
@@ -86,6 +89,8 @@ def read_templates(path: str) -> list[Template]:
 async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
     """Wires the cache-manager: store, core, servicer, ZMQ subscribers and periodic loops."""
     store, location = make_store(settings)
+    registry = registry_from(settings.registry_file, settings.consul_url)
+    watcher = DiscoveryWatcher(registry) if registry is not None else None
     core = CacheCore(settings.block_size, settings.model, store, window_s=settings.warm_window_s)
     cfg = WarmingConfig(
         threshold=settings.warm_threshold, window_s=settings.warm_window_s, max_replicas=settings.warm_max_replicas
@@ -98,8 +103,10 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         templates=read_templates(settings.warm_templates),
         lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None,
         security=ChannelSecurity.of(settings),
+        directory=(lambda w: registry_address(watcher.snapshot, w)) if watcher is not None else None,
     )
-    servicer = CacheManagerServicer(core, warmer, runner.stopping, location)
+    limits = PublishLimits(settings.publish_max_workers, settings.publish_burst_blocks, settings.publish_blocks_per_s)
+    servicer = CacheManagerServicer(core, warmer, runner.stopping, location, limits)
     runner.add_servicer(
         cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer, "kvmesh.v1.CacheManagerService"
     )
@@ -130,6 +137,8 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
                 rec.load_s + rec.restore_s + rec.replay_s,
             )
         refresh_gauges(core)
+        if watcher is not None:
+            await watcher.start()
         sink = ZmqSink(core, wake)
         for wid, pub, replay in zmq_specs:
             sub = VllmZmqSubscriber(wid, pub, replay, sink)
@@ -146,6 +155,9 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
             await checkpoint()
             await store.close()
         await warmer.close()
+        if watcher is not None and registry is not None:
+            await watcher.stop()
+            await registry.close()
 
     runner.on_started.append(started)
     runner.on_stopped.append(stopped)

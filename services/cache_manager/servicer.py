@@ -12,9 +12,13 @@ import grpc
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import Phase
+from kvmesh.cachemgr.publisher import PublisherGuard, PublishLimits
 from kvmesh.cachemgr.types import IngestResult, Media, Stored
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.rpc.validate import require
+from kvmesh.security.admin import no_unknown_fields
+from kvmesh.security.audit import audited
+from kvmesh.security.identity import current_identity
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.warming import Warmer
 from kvmesh.v1 import cache_manager_pb2 as pb
@@ -22,12 +26,23 @@ from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
 from kvmesh.wire.proto import batch_from_proto, delta_to_proto, events_from_proto
 
 log = logging.getLogger(__name__)
+SERVICE = "cache-manager"  # as the audit log names it
 SNAPSHOT_CHUNK = 65_536  # block hashes per snapshot message
+
+
+def policy_args(p: pb.WarmingPolicy) -> dict[str, object]:
+    """A warming policy's fields as the audit log records them."""
+    return {f.name: v for f, v in p.ListFields()}
 
 
 def validate_find_matches(request: pb.FindMatchesRequest) -> None:
     """A query needs tokens or hashes."""
     require(request.WhichOneof("query") is not None, "query", "one of token_ids or block_hashes is required")
+
+
+def stored_blocks(batch: common_pb2.KvEventBatch) -> int:
+    """Blocks a batch stores (what a publisher stream's budget counts)."""
+    return sum(len(e.block_stored.block_hashes) for e in batch.events if e.HasField("block_stored"))
 
 
 def count(res: IngestResult, source: str) -> None:
@@ -44,8 +59,16 @@ def count(res: IngestResult, source: str) -> None:
 class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     """The zone's KV prefix index."""
 
-    def __init__(self, core: CacheCore, warmer: Warmer, stopping: asyncio.Event, location: str) -> None:
+    def __init__(
+        self,
+        core: CacheCore,
+        warmer: Warmer,
+        stopping: asyncio.Event,
+        location: str,
+        limits: PublishLimits | None = None,
+    ) -> None:
         self.core = core
+        self.limits = limits or PublishLimits()
         self.warmer = warmer
         self.stopping = stopping
         self.location = location
@@ -62,11 +85,15 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
     async def PublishKvEvents(  # type: ignore[override]
         self, request_iterator: AsyncIterator[pb.PublishKvEventsRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PublishKvEventsResponse]:
+        """The publisher's identity and budget are checked (`kvmesh.cachemgr.publisher`) before a message
+        touches the index; the hello's address is not trusted (`Warmer.register`)."""
+        guard = PublisherGuard(current_identity(), self.limits, time.monotonic())
         worker_id = instance_id = ""
         async for req in request_iterator:
             if req.HasField("hello"):
                 worker_id, instance_id = req.hello.worker_id, req.hello.instance_id
                 require(bool(worker_id), "hello.worker_id", "required")
+                guard.admit_worker(worker_id, "hello.worker_id")
                 if req.hello.block_size and req.hello.block_size != self.core.block_size:
                     raise InvalidArgument(
                         "hello.block_size",
@@ -79,6 +106,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                     continue
             require(bool(worker_id or req.batch.worker_id), "hello", "the first message must carry a hello")
             wid = req.batch.worker_id or worker_id
+            guard.admit_worker(wid, "batch.worker_id")
+            guard.admit_blocks(stored_blocks(req.batch), time.monotonic())
             res = self._apply(req, wid, instance_id)
             await self.core.persist()
             yield self._ack(wid, res)
@@ -158,45 +187,61 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             self.core.fanout.remove(watcher)
             m.WATCHERS.dec()
 
-    # ---------------------------------------------------------------- warming
+    # ---------------------------------------------------------------- warming (admin)
     async def WarmPrefixes(  # type: ignore[override]
         self, request: pb.WarmPrefixesRequest, context: grpc.aio.ServicerContext
     ) -> pb.WarmPrefixesResponse:
-        prompts = [list(p.ids) for p in request.prompts]
-        require(bool(prompts), "prompts", "at least one prompt")
-        n = await self.warmer.warm_now(prompts, request.replicas)
-        return pb.WarmPrefixesResponse(requests_issued=n)
+        with audited(
+            SERVICE, "CacheManagerService/WarmPrefixes", prompts=len(request.prompts), replicas=request.replicas
+        ) as a:
+            no_unknown_fields(request)
+            prompts = [list(p.ids) for p in request.prompts]
+            require(bool(prompts), "prompts", "at least one prompt")
+            for i, p in enumerate(prompts):
+                require(bool(p), f"prompts[{i}].ids", "must not be empty")
+            n = await self.warmer.warm_now(prompts, request.replicas)
+            a["requests_issued"] = n
+            return pb.WarmPrefixesResponse(requests_issued=n)
 
     async def SetWarmingPolicy(  # type: ignore[override]
         self, request: pb.SetWarmingPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetWarmingPolicyResponse:
         p = request.policy
-        require(not p.lfu_weight or 0.0 <= p.lfu_weight <= 1.0, "policy.lfu_weight", "must be in [0, 1]")
-        require(not p.window_s or 0.0 < p.window_s < math.inf, "policy.window_s", "must be positive and finite")
-        return pb.SetWarmingPolicyResponse(policy=self.warmer.set_policy(p))
+        with audited(SERVICE, "CacheManagerService/SetWarmingPolicy", **policy_args(p)):
+            no_unknown_fields(request)
+            require(request.HasField("policy"), "policy", "required")
+            require(not p.lfu_weight or 0.0 <= p.lfu_weight <= 1.0, "policy.lfu_weight", "must be in [0, 1]")
+            require(not p.window_s or 0.0 < p.window_s < math.inf, "policy.window_s", "must be positive and finite")
+            return pb.SetWarmingPolicyResponse(policy=self.warmer.set_policy(p))
 
-    # ---------------------------------------------------------------- checkpoints and stats
+    # ---------------------------------------------------------------- checkpoints (admin) and stats
     async def Checkpoint(  # type: ignore[override]
         self, request: pb.CheckpointRequest, context: grpc.aio.ServicerContext
     ) -> pb.CheckpointResponse:
-        if self.core.store is None:
-            raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
-        t0 = time.perf_counter()
-        pairs, size = await self.core.checkpoint()
-        m.CHECKPOINTS.inc()
-        m.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
-        return pb.CheckpointResponse(location=self.location, pairs=pairs, bytes=size)
+        with audited(SERVICE, "CacheManagerService/Checkpoint") as a:
+            no_unknown_fields(request)
+            if self.core.store is None:
+                raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
+            t0 = time.perf_counter()
+            pairs, size = await self.core.checkpoint()
+            m.CHECKPOINTS.inc()
+            m.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
+            a.update(pairs=pairs, bytes=size)
+            return pb.CheckpointResponse(location=self.location, pairs=pairs, bytes=size)
 
     async def Restore(  # type: ignore[override]
         self, request: pb.RestoreRequest, context: grpc.aio.ServicerContext
     ) -> pb.RestoreResponse:
-        if self.core.store is None:
-            raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
-        t0 = time.perf_counter()
-        rec = await self.core.restore()
-        return pb.RestoreResponse(
-            pairs=self.core.index.num_pairs(), events_replayed=rec.records, seconds=time.perf_counter() - t0
-        )
+        with audited(SERVICE, "CacheManagerService/Restore") as a:
+            no_unknown_fields(request)
+            if self.core.store is None:
+                raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
+            t0 = time.perf_counter()
+            rec = await self.core.restore()
+            a.update(pairs=self.core.index.num_pairs(), events_replayed=rec.records)
+            return pb.RestoreResponse(
+                pairs=self.core.index.num_pairs(), events_replayed=rec.records, seconds=time.perf_counter() - t0
+            )
 
     async def GetStats(  # type: ignore[override]
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext

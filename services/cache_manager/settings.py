@@ -34,3 +34,8 @@ class CacheManagerSettings(ServerSettings):
     warm_lfu_weight: float = setting(
         -1.0, "keep-warm score: w·count + (1−w)·recency for w in [0, 1]; < 0 = LRFU decayed count"
     )
+    publish_max_workers: int = setting(4, "distinct worker ids one PublishKvEvents stream may carry")
+    publish_burst_blocks: int = setting(
+        524_288, "stored blocks one PublishKvEvents stream may send at once (a worker's full dump must fit)"
+    )
+    publish_blocks_per_s: float = setting(131_072.0, "refill rate of a PublishKvEvents stream's block budget")

@@ -9,6 +9,12 @@ Decisions come from `kvmesh.warming` (pure); this module supplies their inputs a
   `replicas` workers each (0 = every worker); completed preloads count as held even before their KV events
   reach the index, so a template is not sent twice to one worker;
 * every FindMatches observation of a warm prefix is an access of the LFU+LRU warm set (`on_observe`).
+
+Where a worker is dialled: with a registry configured (`--registry-file` / `--consul-url`), only at the
+address the registry gives for that worker id (`directory`); the address in a publisher's hello is then
+never dialled (it is whatever the publisher says: trusting it let a forger make the cache-manager connect
+anywhere, an SSRF). A worker said hello but absent from the registry is not warmed. Without a registry, the
+hello's address is used as before (the publisher's identity is checked by `kvmesh.cachemgr.publisher`).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 
 import grpc
 
 from kvmesh.cachemgr.core import CacheCore
+from kvmesh.discovery.model import CatalogSnapshot, Role
+from kvmesh.errors import Unavailable
 from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
@@ -33,6 +41,13 @@ from kvmesh.warming.stats import PrefixInfo
 
 log = logging.getLogger(__name__)
 ANY_LOAD = 2.0  # above every load share: operator-requested warming (templates, WarmPrefixes) is not gated
+Directory = Callable[[str], "str | None"]  # worker id -> the address the registry gives (None: not registered)
+
+
+def registry_address(snap: CatalogSnapshot, worker_id: str) -> str | None:
+    """`host:port` of the registered worker `worker_id` (None when the registry has no such worker)."""
+    inst = snap.by_id().get(worker_id)
+    return inst.target if inst is not None and inst.role is Role.WORKER else None
 
 
 class Warmer:
@@ -48,19 +63,21 @@ class Warmer:
         templates: Sequence[Template] = (),
         lfu_weight: float | None = None,
         security: ChannelSecurity | None = None,
+        directory: Directory | None = None,
     ) -> None:
         self.core = core
         self.security = security  # the workers' channels: TLS as the service is configured
+        self.directory = directory
         self.cfg = cfg
         self.warm = HybridWarmSet(capacity_blocks, half_life_s, lfu_weight)
-        self.addresses: dict[str, str] = {}
-        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.addresses: dict[str, str] = {}  # workers that said hello -> the address their hello declared
+        self.channels: dict[str, tuple[str, grpc.aio.Channel]] = {}  # worker -> (dialled address, channel)
         self.request_timeout_s = request_timeout_s
         self.actions_total = 0
         self.templates = list(templates)
         self.static_done: dict[int, set[str]] = {}  # template index -> workers a preload completed on
         self._static_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[int]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
         core.on_observe = self._touched
 
     def _touched(self, keys: Sequence[int], now: float) -> None:
@@ -68,14 +85,18 @@ class Warmer:
             self.warm.touch(k, now)
 
     def register(self, worker_id: str, address: str) -> None:
-        """A worker said hello; a new address triggers the static preload (in the background)."""
-        if address and self.addresses.get(worker_id) != address:
+        """A worker said hello; a new worker (or address) triggers the static preload (in the background).
+        Without a directory a hello without an address registers nothing (the worker cannot be dialled)."""
+        if (address or self.directory is not None) and self.addresses.get(worker_id) != address:
             self.addresses[worker_id] = address
-            self.channels.pop(worker_id, None)
             if self.templates:
-                t = asyncio.ensure_future(self.static_round())
-                self._tasks.add(t)
-                t.add_done_callback(self._tasks.discard)
+                self._background(self.static_round())
+
+    def _background(self, coro: Coroutine[object, object, object]) -> None:
+        """Run `coro` in the background, cancelled by `close`."""
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     def loads(self) -> dict[str, float]:
         """load(w) = indexed blocks of w / Σ indexed blocks over the registered workers (0 when empty)."""
@@ -156,10 +177,27 @@ class Warmer:
             out.append((a, not isinstance(r, BaseException)))
         return out
 
+    def dial_address(self, worker_id: str) -> str | None:
+        """Where `worker_id` is dialled: the registry's address when a directory is set, else its hello's."""
+        if self.directory is not None:
+            return self.directory(worker_id)
+        return self.addresses.get(worker_id) or None
+
+    def _channel(self, worker_id: str) -> grpc.aio.Channel:
+        addr = self.dial_address(worker_id)
+        if addr is None:
+            raise Unavailable(f"worker {worker_id!r} is not in the registry: not dialled")
+        cur = self.channels.get(worker_id)
+        if cur is not None and cur[0] == addr:
+            return cur[1]
+        if cur is not None:  # the address changed: the old channel is closed in the background
+            self._background(cur[1].close())
+        ch = open_channel(addr, self.security)
+        self.channels[worker_id] = (addr, ch)
+        return ch
+
     async def _prefill(self, a: WarmAction) -> None:
-        ch = self.channels.get(a.worker)
-        if ch is None:
-            ch = self.channels[a.worker] = open_channel(self.addresses[a.worker], self.security)
+        ch = self._channel(a.worker)
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         req = worker_pb2.GenerateRequest(
             request_id=f"warm-{uuid.uuid4().hex[:12]}",
@@ -198,5 +236,5 @@ class Warmer:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for ch in self.channels.values():
+        for _addr, ch in self.channels.values():
             await ch.close()

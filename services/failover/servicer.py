@@ -10,7 +10,11 @@ import grpc
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
 from kvmesh.discovery.traffic import normalise_weights
-from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from kvmesh.rpc.validate import in_range, non_empty
+from kvmesh.security.admin import no_unknown_fields
+from kvmesh.security.audit import audited
+from kvmesh.security.identity import CallerRole, current_identity
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
@@ -26,6 +30,28 @@ HEALTH_TO_PB = {
     Health.WARNING: common_pb2.HEALTH_STATE_WARNING,
     Health.CRITICAL: common_pb2.HEALTH_STATE_CRITICAL,
 }
+
+
+SERVICE = "failover"  # as the audit log names it
+SELF_ROLES = {  # callers that may (de)register only themselves, as their own role
+    CallerRole.ROUTER: Role.ROUTER,
+    CallerRole.WORKER: Role.WORKER,
+    CallerRole.CACHE_MANAGER: Role.CACHE_MANAGER,
+    CallerRole.FAILOVER: Role.FAILOVER,
+}
+
+
+def check_self(instance_id: str, role: Role | None, field: str) -> None:
+    """A service caller (when authenticated) registers or deregisters only itself: its identity's id is the
+    instance id and its role the instance's role. Admins and unauthenticated services (no auth) are free; other
+    roles are refused by the authorisation table before this."""
+    caller = current_identity()
+    if caller is None or caller.role not in SELF_ROLES:
+        return
+    own = SELF_ROLES[caller.role]
+    if instance_id != caller.id or (role is not None and role is not own):
+        what = f"{role.value} {instance_id!r}" if role is not None else repr(instance_id)
+        raise PermissionDenied(f"{field}: caller {caller} may register or deregister only itself, not {what}")
 
 
 def endpoint_pb(i: ServiceInstance) -> common_pb2.Endpoint:
@@ -105,21 +131,37 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     async def Register(  # type: ignore[override]
         self, request: failover_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.RegisterResponse:
-        inst = instance_from_pb(request.endpoint)
-        if request.check_interval_s < 0:
-            raise InvalidArgument("check_interval_s", "must be >= 0")
-        interval = request.check_interval_s or 1.0
-        await self._registry().register(inst, CheckSpec(interval_s=interval, timeout_s=interval))
-        return failover_pb2.RegisterResponse()
+        e = request.endpoint
+        with audited(
+            SERVICE,
+            "FailoverService/Register",
+            id=e.id,
+            role=PB_TO_ROLE.get(e.role, e.role),
+            address=e.address,
+            zone=e.zone,
+        ):
+            no_unknown_fields(request)
+            inst = instance_from_pb(e)
+            check_self(inst.id, inst.role, "endpoint.id")
+            in_range(request.check_interval_s, "check_interval_s", 0.0, 3600.0)
+            interval = request.check_interval_s or 1.0
+            await self._registry().register(inst, CheckSpec(interval_s=interval, timeout_s=interval))
+            return failover_pb2.RegisterResponse()
 
     async def Deregister(  # type: ignore[override]
         self, request: failover_pb2.DeregisterRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.DeregisterResponse:
-        try:
-            await self._registry().deregister(request.id)
-        except NotFound:
-            return failover_pb2.DeregisterResponse(removed=False)
-        return failover_pb2.DeregisterResponse(removed=True)
+        with audited(SERVICE, "FailoverService/Deregister", id=request.id) as a:
+            no_unknown_fields(request)
+            non_empty(request.id, "id")
+            check_self(request.id, None, "id")
+            try:
+                await self._registry().deregister(request.id)
+            except NotFound:
+                a["removed"] = False
+                return failover_pb2.DeregisterResponse(removed=False)
+            a["removed"] = True
+            return failover_pb2.DeregisterResponse(removed=True)
 
     def _weights(self) -> failover_pb2.TrafficWeights:
         return failover_pb2.TrafficWeights(
@@ -131,15 +173,17 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         self, request: failover_pb2.SetTrafficWeightsRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.SetTrafficWeightsResponse:
         zw, vw = dict(request.weights.zone_weights), dict(request.weights.version_weights)
-        if not zw and not vw:
-            raise InvalidArgument("weights", "set zone_weights and/or version_weights")
-        # Validate at the API boundary so errors name the request's field path.
-        if zw:
-            normalise_weights("weights.zone_weights", zw)
-        if vw:
-            normalise_weights("weights.version_weights", vw)
-        await self.publisher.set_weights(zw, vw)
-        return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
+        with audited(SERVICE, "FailoverService/SetTrafficWeights", zone_weights=zw, version_weights=vw):
+            no_unknown_fields(request)
+            if not zw and not vw:
+                raise InvalidArgument("weights", "set zone_weights and/or version_weights")
+            # Validate at the API boundary so errors name the request's field path.
+            if zw:
+                normalise_weights("weights.zone_weights", zw)
+            if vw:
+                normalise_weights("weights.version_weights", vw)
+            await self.publisher.set_weights(zw, vw)
+            return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
 
     async def GetTrafficWeights(  # type: ignore[override]
         self, request: failover_pb2.GetTrafficWeightsRequest, context: grpc.aio.ServicerContext
@@ -149,8 +193,10 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     async def RollbackTrafficWeights(  # type: ignore[override]
         self, request: failover_pb2.RollbackTrafficWeightsRequest, context: grpc.aio.ServicerContext
     ) -> failover_pb2.RollbackTrafficWeightsResponse:
-        await self.publisher.rollback()
-        return failover_pb2.RollbackTrafficWeightsResponse(weights=self._weights())
+        with audited(SERVICE, "FailoverService/RollbackTrafficWeights"):
+            no_unknown_fields(request)
+            await self.publisher.rollback()
+            return failover_pb2.RollbackTrafficWeightsResponse(weights=self._weights())
 
     async def GetZoneHealth(  # type: ignore[override]
         self, request: failover_pb2.GetZoneHealthRequest, context: grpc.aio.ServicerContext

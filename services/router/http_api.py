@@ -7,6 +7,11 @@
     GET  /admin/workers
     POST /admin/drain             {"worker_id": "...", "drain": true}
 
+Admin routes (`kvmesh.security.admin`): bodies only as `Content-Type: application/json` (else 415: a browser
+form or text/plain POST, i.e. a CSRF, cannot reach them), typed fields (`"false"` is not a boolean: 400
+naming the field), unknown fields 400 naming them; every admin request is one line of the audit log
+(`kvmesh.security.audit`), refused ones included.
+
 Auth: `Authorization: Bearer <key>`; affinity: `X-Session-Id` (or `"user"`/`"session_id"` in the body).
 Parsing, bounds, response objects and errors are `kvmesh.openai`'s (shared with the worker): errors are
 `{"error": {"message", "type", "param", "code"}}` from its one table (400 / 401 / 404 / 429 + Retry-After /
@@ -18,9 +23,9 @@ disconnects is logged at INFO, its request cancelled on the worker and its admis
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +35,8 @@ from kvmesh.errors import InvalidArgument, KvmeshError
 from kvmesh.openai.aio import BODY_TIMEOUT_S, ClientGone, SseWriter, client_gone, openai_errors, read_json
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
+from kvmesh.security.admin import UnsupportedMediaType, require_json, typed_fields
+from kvmesh.security.audit import audited
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import Chunk, RouterRequest
 from kvmesh.services.router.frontend import Frontend
@@ -44,14 +51,27 @@ _FINISH = {
 }
 
 
-def _num(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    """An admin body's number in [lo, hi]."""
-    v = body.get(key, default)
+SERVICE = "router"  # as the audit log names it
+REBALANCE_BODY: dict[str, type] = {"prefill_weight": float, "decode_weight": float}
+DRAIN_BODY: dict[str, type] = {"worker_id": str, "drain": bool}
+MAX_WEIGHT = 1e9
+AdminHandler = Callable[[web.Request, dict[str, object]], Awaitable[web.StreamResponse]]
+
+
+def _weight(body: dict[str, Any], key: str) -> float:
+    """A rebalance weight: required, in [0, MAX_WEIGHT]."""
+    v = body.get(key)
     if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi) or not math.isfinite(v):
-        raise InvalidArgument(key, f"must be a number in [{lo}, {hi}]")
+        raise InvalidArgument(key, "required")
+    if not 0.0 <= v <= MAX_WEIGHT:
+        raise InvalidArgument(key, f"must be a number in [0, {MAX_WEIGHT:g}], got {v}")
     return float(v)
+
+
+def _unsupported(e: UnsupportedMediaType) -> web.Response:
+    """415 in OpenAI's error shape."""
+    err = {"message": e.message, "type": "invalid_request_error", "param": e.field, "code": 415}
+    return web.json_response({"error": err}, status=415)
 
 
 class HttpApi:
@@ -66,9 +86,9 @@ class HttpApi:
         app.router.add_get("/v1/models", openai_errors(self.models))
         app.router.add_post("/v1/completions", openai_errors(self.completions))
         app.router.add_post("/v1/chat/completions", openai_errors(self.chat))
-        app.router.add_post("/admin/rebalance", openai_errors(self.rebalance))
-        app.router.add_get("/admin/workers", openai_errors(self.workers))
-        app.router.add_post("/admin/drain", openai_errors(self.drain))
+        app.router.add_post("/admin/rebalance", self._admin(self.rebalance))
+        app.router.add_get("/admin/workers", self._admin(self.workers))
+        app.router.add_post("/admin/drain", self._admin(self.drain))
 
     # ---- helpers -----------------------------------------------------------------------------------
     def _auth(self, request: web.Request) -> None:
@@ -177,25 +197,40 @@ class HttpApi:
         return web.json_response(build.whole("".join(texts), finish, last.usage if last else None))
 
     # ---- admin -------------------------------------------------------------------------------------
-    async def rebalance(self, request: web.Request) -> web.StreamResponse:
-        self.front.keys.check(_bearer(request))
-        body = await self._json(request)
-        pw = _num(body, "prefill_weight", -1, 0.0, 1e9)
-        dw = _num(body, "decode_weight", -1, 0.0, 1e9)
-        p, d = self.front.rebalance(pw, dw)
+    def _admin(self, fn: AdminHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """An admin route: admin key, audited (who, route, key arguments, result), 415 for a non-JSON body."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                with audited(SERVICE, f"{request.method} {request.path}") as args:
+                    self.front.keys.check(_bearer(request))
+                    return await fn(request, args)
+            except UnsupportedMediaType as e:
+                return _unsupported(e)
+
+        return openai_errors(handler)
+
+    async def _admin_body(self, request: web.Request, schema: dict[str, type]) -> dict[str, Any]:
+        """The admin body: JSON by its Content-Type, an object whose fields are those of `schema`, typed."""
+        require_json(request.headers.get("Content-Type", ""))
+        return typed_fields(await self._json(request), schema)
+
+    async def rebalance(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:
+        body = await self._admin_body(request, REBALANCE_BODY)
+        audit.update(body)
+        p, d = self.front.rebalance(_weight(body, "prefill_weight"), _weight(body, "decode_weight"))
         return web.json_response({"prefill_weight": p, "decode_weight": d})
 
-    async def workers(self, request: web.Request) -> web.StreamResponse:
-        self.front.keys.check(_bearer(request))
+    async def workers(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:
         return web.json_response(MessageToDict(self.front.list_workers(), preserving_proto_field_name=True))
 
-    async def drain(self, request: web.Request) -> web.StreamResponse:
-        self.front.keys.check(_bearer(request))
-        body = await self._json(request)
+    async def drain(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:
+        body = await self._admin_body(request, DRAIN_BODY)
+        audit.update(body)
         wid = body.get("worker_id")
-        if not isinstance(wid, str) or not wid:
+        if not wid:
             raise InvalidArgument("worker_id", "must be a non-empty string")
-        n = self.front.drain(wid, bool(body.get("drain", True)))
+        n = self.front.drain(wid, body.get("drain", True))
         return web.json_response({"in_flight": n})
 
 

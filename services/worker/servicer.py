@@ -11,8 +11,10 @@ import grpc
 
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.validation import check_temperature, check_top_p
+from kvmesh.errors import PermissionDenied
 from kvmesh.routing.dataplane import transfer_costs, vllm_cpu_costs
 from kvmesh.rpc.validate import non_empty, require
+from kvmesh.security.identity import current_identity
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.generate_stream import GenerateStreamSession
@@ -67,6 +69,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, app: WorkerApp, settings: WorkerSettings) -> None:
         self.app = app
         self.settings = settings
+        self.owners: dict[str, str] = {}  # request id in flight -> the identity that started it (auth on)
 
     def Generate(  # type: ignore[override]
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -95,6 +98,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
         elif request.HasField("kv_pull") and vllm is not None:
             params = await vllm.params(req, hint_from_proto(request.kv_pull))  # None: computed
+        owner = self._own(request.request_id)
         stream = engine.generate(req) if vllm is None or params is None else vllm.engine.generate(req, params)
         try:
             async for out in stream:
@@ -103,13 +107,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                     m.observe_finished(out.usage, out.finish_reason)
                 yield output_to_proto(out, self.app.worker_id, request.detokenize)
         finally:
+            if owner is not None and self.owners.get(request.request_id) == owner:
+                del self.owners[request.request_id]
             await stream.aclose()
+
+    def _own(self, request_id: str) -> str | None:
+        """Record the caller (when known) as the starter of `request_id`, the one that may abort it; an id in
+        flight for another caller is refused (reusing it would take the request over)."""
+        caller = current_identity()
+        if caller is None:
+            return None
+        who = str(caller)
+        if self.owners.setdefault(request_id, who) != who:
+            raise PermissionDenied(f"request_id: {request_id!r} is in flight for another caller; pick a fresh id")
+        return who
 
     async def Abort(  # type: ignore[override]
         self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.AbortResponse:
+        """With authentication, a caller aborts only requests it started: requests are keyed by (starter,
+        request id), so another caller's id, guessed or seen, is refused and the request runs on."""
         non_empty(request.request_id, "request_id")
-        return worker_pb2.AbortResponse(aborted=await self.app.engine.abort(request.request_id))
+        caller, rid = current_identity(), request.request_id
+        if caller is not None and self.owners.get(rid) != str(caller):
+            if rid in self.owners:
+                raise PermissionDenied(
+                    f"request_id: caller {caller} did not start request {rid!r}; only its starter aborts it"
+                )
+            return worker_pb2.AbortResponse(aborted=False)
+        return worker_pb2.AbortResponse(aborted=await self.app.engine.abort(rid))
 
     async def StreamLoad(  # type: ignore[override]
         self, request: worker_pb2.StreamLoadRequest, context: grpc.aio.ServicerContext

@@ -7,7 +7,8 @@ arguments, so a client varying a field cannot evade it), the first `limit` per w
 preceded by one line ``suppressed N similar records in W s: <template>`` at the dropped records' level.
 Defaults 5 per 60 s; services set them from `ServerSettings.log_repeat_limit` / `log_repeat_window_s` (flags
 ``--log-repeat-limit`` / ``--log-repeat-window-s``, or ``KVMESH_LOG_REPEAT_LIMIT`` / ``KVMESH_LOG_REPEAT_WINDOW_S``;
-limit 0: no limit).
+limit 0: no limit). A record logged with ``extra={UNLIMITED: True}`` is never limited (the audit log: every
+admin action must have its line, `kvmesh.security.audit`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REPEAT_LIMIT = 5
 REPEAT_WINDOW_S = 60.0
 MAX_TRACKED_KEYS = 10_000  # beyond this many distinct templates in a window, new ones pass untracked
 _SUMMARY = "kvmesh_repeat_summary"  # LogRecord attribute marking a summary line (never limited itself)
+UNLIMITED = "kvmesh_unlimited"  # LogRecord attribute of records the repeat limit must let through
 
 
 @dataclass
@@ -80,7 +82,7 @@ class RepeatFilter(logging.Filter):
         self._lock = threading.Lock()  # records arrive from gRPC's and aiohttp's threads alike
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, _SUMMARY, False):
+        if getattr(record, _SUMMARY, False) or getattr(record, UNLIMITED, False):
             return True
         with self._lock:
             ended = self.limiter.expired(record.created)
