@@ -70,6 +70,9 @@ CANDIDATES: dict[str, dict[str, float]] = {
     "a0.9-g10-k8-e0": {"interference_weight": 0.0},
     "a0.9-g20-k8-e0": {"interference_weight": 0.0, "itl_weight": 20},
     "a0.8-g20-k8-e0": {"interference_weight": 0.0, "itl_weight": 20, "prefill_weight": 0.8, "decode_weight": 0.2},
+    # E counts only the prefill beyond one engine step's token budget (max_batched_tokens = 8192, 4096)
+    "a0.9-g10-k8-e0.25-f8192": {"interference_floor": 8192},
+    "a0.9-g10-k8-e0.25-f4096": {"interference_floor": 4096},
 }
 
 
@@ -132,18 +135,33 @@ def summarise(rows: list[dict[str, Any]], candidates: list[str]) -> dict[str, An
     return {"bar": bar, "ratio_to_best_reference": table, "chosen": chosen, "chosen_rank": rank(chosen)}
 
 
+def _reused(path: str, jobs: list[tuple[str, str, str | None]]) -> list[dict[str, Any]]:
+    """Rows of an earlier run that answer one of `jobs` with the same parameters."""
+    wanted = {(w, pol, c): (CANDIDATES[c] if c else None) for w, pol, c in jobs}
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line) if line.startswith("{") else {}
+        key = (row.get("workload"), row.get("policy"), row.get("candidate"))
+        if key in wanted and row.get("params") == wanted[key]:
+            rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--candidates", default=",".join(CANDIDATES))
     p.add_argument("--out", default=None, help="also write every row and the summary here (JSON)")
+    p.add_argument("--reuse", default=None, help="JSON lines of an earlier run: its bisections are not rerun")
     a = p.parse_args(argv)
     workloads = a.workloads.split(",")
     candidates = a.candidates.split(",")
     jobs: list[tuple[str, str, str | None]] = [(w, ref, None) for w in workloads for ref in REFERENCES]
     jobs += [(w, "kvmesh", c) for w in workloads for c in candidates]
-    rows: list[dict[str, Any]] = []
+    rows = _reused(a.reuse, jobs) if a.reuse else []
+    done = {(r["workload"], r["policy"], r["candidate"]) for r in rows}
+    jobs = [j for j in jobs if j not in done]
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         futs = [(c, pool.submit(bisect_one, w, pol, CANDIDATES[c] if c else None)) for w, pol, c in jobs]
         for c, fut in futs:

@@ -110,3 +110,24 @@ def test_interference_term_takes_off_the_requests_that_ended_since_the_report() 
     # never below this router's own requests there
     own = WorkerView("own", running=4, ended_requests=4, inflight_requests=2)
     assert s.score(req, [own], [own]) == pytest.approx([(0.9 * 512 + 0.25 * 512 * 2) / 512])
+
+
+def test_interference_floor_leaves_one_step_s_prefill_uncharged() -> None:
+    # E = R · max(n − f, 0): a cold 1 000-token prompt under f = 8192 charges nothing for the running
+    # sequences (their queued prefill decides), a 10 000-token one charges the 1 808 tokens beyond it.
+    queued = WorkerView("queued", running=0, prefill_tokens_queued=4000)
+    running = WorkerView("running", running=20)
+    s = CostScorer(0.9, 0.1, prefill_slots=8, interference_weight=0.25, interference_floor=8192)
+    short = RoutingQuery("s", prompt_tokens=1000, block_size=100, max_tokens=200)
+    assert s.score(short, [queued, running], [queued, running]) == pytest.approx([0.9, 0.9 * 1000 / 5000])
+    unfloored = CostScorer(0.9, 0.1, prefill_slots=8, interference_weight=0.25)
+    c = unfloored.score(short, [queued, running], [queued, running])
+    assert c[1] > c[0]  # without the floor the running count outweighs 4 000 queued prefill tokens
+    long = RoutingQuery("l", prompt_tokens=10_000, block_size=100, max_tokens=200)
+    x = 0.25 * 20 * (10_000 - 8192)
+    t_q = 10_000 + 4000
+    assert s.score(long, [queued, running], [queued, running]) == pytest.approx(
+        [0.9 * t_q / t_q, (0.9 * 10_000 + x) / t_q]
+    )
+    with pytest.raises(ValueError):
+        CostScorer(interference_floor=-1)
