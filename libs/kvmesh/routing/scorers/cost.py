@@ -28,17 +28,17 @@ Why each term (chunked prefill, vLLM v1 scheduling: every prefilling sequence ge
   held-out window of the Mooncake trace, see docs/fleet-report/).
 * E — what r's prefill does to the others: each of the running(w) sequences on w shares its steps with r's
   n(w) prefill tokens, i.e. waits n(w) more prefill tokens; for a decoding sequence with a short output that
-  is what breaks its mean ITL. The router does not know the others' output lengths, so every running
-  sequence counts (e = 0.25 picked on the held-out window). It sends cold long prompts to idle workers
-  rather than onto a worker that is finishing a short request. Only the prefill beyond f tokens counts: a
-  prefill within one engine step's token budget (f = max_batched_tokens) delays each running sequence by
-  about one step, which a mean ITL absorbs. With f = 0 every token counts, and on a cache-free workload of
-  short prompts (the Azure lengths, ~1K tokens) E then ranks workers by their running count and outweighs
-  their queued prefill: kvmesh's ITL p99 there was 138 ms where dynamo's was 77 (docs/fleet-report/). R(w) is the report's count less this
-  router's requests in it that have ended since, but never below this router's own requests on w: a
-  report lags both ways (taken before requests sent to w reached it, or before some of its requests
-  finished), and a count that misses the first lets a burst of prompts all see w as idle, one that keeps
-  the second sends them all elsewhere.
+  is what breaks its mean ITL. The router does not know the others' output lengths, so every running sequence
+  counts (e = 0.25 picked on the held-out window). It sends cold long prompts to idle workers rather than onto
+  a worker that is finishing a short request. Only the prefill beyond f tokens counts: a prefill within one
+  engine step's token budget (f = max_batched_tokens) delays each running sequence by about one step, which a
+  mean ITL absorbs. With f = 0 every token counts, and on a cache-free workload of short prompts (the Azure
+  lengths, ~1K tokens) E then ranks workers by their running count and outweighs their queued prefill:
+  kvmesh's ITL p99 there was 138 ms where dynamo's was 77 (docs/fleet-report/). R(w) is the report's count
+  less this router's requests in it that have ended since, but never below this router's own requests on w: a
+  report lags both ways (taken before requests sent to w reached it, or before some of its requests finished),
+  and a count that misses the first lets a burst of prompts all see w as idle, one that keeps the second sends
+  them all elsewhere.
 * D — the KV resident on w (decode batch size and memory); with the shared scale it also bounds herding.
 
 All terms are in tokens and divided by the *same* S, so the ranking is that of alpha·T + X + (1-alpha)·D.
