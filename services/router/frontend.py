@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.errors import NotFound
@@ -41,19 +41,21 @@ class Frontend:
         self.model_name = model_name
         self.lora_adapters = tuple(lora_adapters)
 
-    def authenticate(self, key: ClientKey | None, req: SignedRequest) -> Identity | None:
-        """`key`'s signing rules on `req` against the wall clock (Unauthenticated); the identity is the call's
-        (`identity_var`) from here on. None: no keys configured (an open router)."""
-        ident = self.keys.verify(key, req, time.time())
+    def authenticate(
+        self, key: ClientKey | None, req: SignedRequest, charge: Callable[[str], None] = lambda _: None
+    ) -> Identity | None:
+        """`key`'s signing rules on `req` against the wall clock (Unauthenticated), `charge` in between
+        (`ClientKeys.verify`); the identity is the call's (`identity_var`) from here on. None: no keys
+        configured (an open router)."""
+        ident = self.keys.verify(key, req, time.time(), charge)
         if ident is not None:
             identity_var.set(ident)
         return ident
 
     def authorize(self, key: ClientKey | None, req: SignedRequest) -> Identity | None:
-        """`authenticate`, then a rate-limit token of the key's id (ResourceExhausted)."""
-        ident = self.authenticate(key, req)
-        self.limiter.acquire(ident.id if ident is not None else "anonymous", time.monotonic())
-        return ident
+        """`authenticate` taking a rate-limit token of the key's id (ResourceExhausted); a signed request the
+        limit refuses may be re-sent with the same signature."""
+        return self.authenticate(key, req, lambda kid: self.limiter.acquire(kid, time.monotonic()))
 
     @staticmethod
     def check_sampling(sp: common_pb2.SamplingParams) -> None:

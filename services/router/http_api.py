@@ -89,8 +89,9 @@ class HttpApi:
     # ---- helpers -----------------------------------------------------------------------------------
     async def _auth(self, request: web.Request, client: bool = True) -> tuple[Identity | None, bytes]:
         """The key (Unauthenticated before the body is read when it is unknown, or requires a signature that
-        is absent), the body (bounded), then the signature over it; a client call also takes a rate-limit
-        token. Returns the identity (None: open router) and the body."""
+        is absent), then, for an unsigned request, its rate-limit token (a client call) before the body is
+        read, for a signed one the body (bounded) and the signature over it, then the token. Returns the
+        identity (None: open router) and the body."""
         key = self.front.keys.lookup(_bearer(request))
         signed = SignedRequest(
             request.method,
@@ -99,11 +100,12 @@ class HttpApi:
             request.headers.get(SIGNATURE_HEADER),
             request.headers.get(TIMESTAMP_HEADER),
         )
-        if key is not None:
-            key.check_headers(signed)
-        body = await read_body(request, self.max_request_bytes, self.body_timeout_s) if request.body_exists else b""
         check = self.front.authorize if client else self.front.authenticate
-        return check(key, dataclasses.replace(signed, body=body)), body
+        ident = None if signed.signed else check(key, signed)
+        body = await read_body(request, self.max_request_bytes, self.body_timeout_s) if request.body_exists else b""
+        if signed.signed:
+            ident = check(key, dataclasses.replace(signed, body=body))
+        return ident, body
 
     async def _admin_json(self, request: web.Request) -> dict[str, Any]:
         return parse_json_object((await self._auth(request, client=False))[1])

@@ -144,3 +144,27 @@ def test_token_bucket_per_key() -> None:
     with pytest.raises(ResourceExhausted):
         rl.acquire("a", 0.5)
     RateLimiter(rate=0, burst=1).acquire("x", 0.0)  # disabled
+
+
+def test_rate_limit_sits_between_the_replay_check_and_the_record() -> None:
+    """A signed request the rate limit refuses is not remembered (it may be re-sent as is); a replay is
+    refused before it takes a rate-limit token."""
+    keys = ClientKeys([ClientKey("sk-c", "carol", ("carol",), signing_secret="c")])
+    rl = RateLimiter(rate=1.0, burst=1)
+    charged: list[str] = []
+
+    def charge(kid: str) -> None:
+        charged.append(kid)
+        rl.acquire(kid, 0.0)
+
+    key = keys.lookup("sk-c")
+    keys.verify(key, signed("c", body=b"[1]"), T, charge)
+    with pytest.raises(ResourceExhausted):
+        keys.verify(key, signed("c", body=b"[2]"), T, charge)
+    rl = RateLimiter(rate=1.0, burst=5)  # room again
+    assert keys.verify(key, signed("c", body=b"[2]"), T, charge) is not None  # the same signature, now admitted
+    n = len(charged)
+    with pytest.raises(Unauthenticated, match="replayed"):
+        keys.verify(key, signed("c", body=b"[2]"), T, charge)
+    assert len(charged) == n  # the replay cost no token
+    assert ClientKeys([]).verify(None, unsigned(), T, charge) is None and charged[-1] == "anonymous"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,19 +200,25 @@ class ClientKeys:
             raise Unauthenticated("unknown API key")
         return k
 
-    def verify(self, key: ClientKey | None, req: SignedRequest, now: float) -> Identity | None:
+    def verify(
+        self, key: ClientKey | None, req: SignedRequest, now: float, charge: Callable[[str], None] = lambda _: None
+    ) -> Identity | None:
         """The caller's identity once `req` passes `key`'s signing rules (signature, window, replay); `now`:
-        unix seconds. None for an open router (no keys)."""
+        unix seconds. `charge(id)` (the rate limit; id ``anonymous`` without keys) runs once the request is
+        authentic, before its signature is remembered (`ReplayGuard.admit`). None for an open router."""
         if key is None:
+            charge("anonymous")
             return None
         key.check_headers(req)
         if req.signed:
             sig, ts = verify(key.signing_secret, req, now, self.window_s)
-            self.replay.admit(sig, ts, now)
+            self.replay.admit(sig, ts, now, lambda: charge(key.id))
+        else:
+            charge(key.id)
         return key.identity
 
     def authenticate(self, presented: str | None, req: SignedRequest, now: float) -> Identity | None:
-        """`lookup` then `verify`, for a request whose body is already in hand (gRPC)."""
+        """`lookup` then `verify`, for a request whose body is already in hand."""
         return self.verify(self.lookup(presented), req, now)
 
 

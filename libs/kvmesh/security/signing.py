@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import heapq
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvmesh.errors import Unauthenticated
@@ -137,13 +138,16 @@ class ReplayGuard:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def admit(self, signature: bytes, timestamp: int, now: float) -> None:
-        """Records `signature`; Unauthenticated when it was already admitted inside the window."""
-        if self.capacity <= 0:
-            return
+    def admit(self, signature: bytes, timestamp: int, now: float, charge: Callable[[], None] = lambda: None) -> None:
+        """Records `signature`; Unauthenticated when it was already admitted inside the window. `charge` runs
+        between the check and the record (the rate limit): a request it refuses is not remembered, so it may be
+        re-sent with the same signature, and a replay is refused before it costs anything."""
         self._expire(now)
         if signature in self._seen:
             raise Unauthenticated("signed request replayed: this signature was already used inside the window")
+        charge()
+        if self.capacity <= 0:
+            return
         if len(self._seen) >= self.capacity:
             self._seen.discard(heapq.heappop(self._expiry)[1])
         self._seen.add(signature)
