@@ -9,6 +9,7 @@ import hmac
 
 import pytest
 
+from kvmesh.client import AsyncClient
 from kvmesh.errors import Unauthenticated
 from kvmesh.security.signing import (
     ReplayGuard,
@@ -109,3 +110,17 @@ def test_replay_guard_memory_is_bounded_forgetting_the_first_to_expire() -> None
     off.admit(b"x" * 32, T, now=T)
     off.admit(b"x" * 32, T, now=T)  # disabled: nothing remembered
     assert len(off) == 0
+
+
+def test_kvmesh_client_stamps_each_attempt_later_than_the_last() -> None:
+    """Two attempts of one request (same bytes) never carry the same signature: the router's replay guard
+    would refuse the second."""
+    c = AsyncClient(routers=["127.0.0.1:1"], api_key="sk", signing_secret=SECRET)
+    first, ts1 = c._metadata(BODY, 0)
+    again, ts2 = c._metadata(BODY, ts1)
+    assert ts2 > ts1
+    md1, md2 = dict(first), dict(again)
+    assert md1["authorization"] == "Bearer sk" and md1["x-kvmesh-signature"] != md2["x-kvmesh-signature"]
+    path = "/kvmesh.v1.RouterService/Generate"
+    assert md2["x-kvmesh-signature"] == sign(SECRET, "POST", path, BODY, ts2) and md2["x-kvmesh-timestamp"] == str(ts2)
+    assert dict(AsyncClient(routers=["127.0.0.1:1"])._metadata(BODY, 0)[0]) == {}
