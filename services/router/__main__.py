@@ -13,7 +13,8 @@ from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import MessageBounds
 from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
-from kvmesh.services.router.auth import ApiKeys, RateLimiter
+from kvmesh.security.client_keys import ClientKeys
+from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
@@ -88,7 +89,7 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         stall=stall,
         pull_margin=s.kv_pull_margin,
     )
-    keys = ApiKeys.load(s.api_keys_file)
+    keys = ClientKeys.load(s.api_keys_file, window_s=s.signature_window_s, replay_capacity=s.signature_replay_cache)
     return Frontend(
         core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters
     )

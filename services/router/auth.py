@@ -1,4 +1,5 @@
-"""API keys (constant-time comparison) and per-key token-bucket rate limits. Pure: `now` is passed in.
+"""Per-key token-bucket rate limits. Pure: `now` is passed in. (API keys, tenants and signed requests:
+`kvmesh.security.client_keys` and `kvmesh.security.signing`.)
 
 Rate limit per key: a bucket of `burst` tokens refilled at `rate` per second;
 
@@ -8,49 +9,9 @@ Rate limit per key: a bucket of `burst` tokens refilled at `rate` per second;
 
 from __future__ import annotations
 
-import hmac
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-from kvmesh.errors import ResourceExhausted, Unauthenticated
-
-
-class ApiKeys:
-    """The set of accepted keys; an empty set disables authentication."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self._keys = [k.encode() for k in keys if k]
-
-    @classmethod
-    def load(cls, path: str = "", env_var: str = "KVMESH_API_KEYS") -> ApiKeys:
-        """Keys from a file (one per line, `#` comments) and/or a comma-separated environment variable."""
-        keys: list[str] = []
-        if path:
-            for line in Path(path).read_text().splitlines():
-                line = line.strip()
-                if line and not line.startswith("#"):
-                    keys.append(line)
-        keys += [k.strip() for k in os.environ.get(env_var, "").split(",") if k.strip()]
-        return cls(keys)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
-
-    def check(self, presented: str | None) -> str:
-        """Returns the key's identity for rate limiting; raises Unauthenticated. Compares every key in full."""
-        if not self._keys:
-            return "anonymous"
-        if not presented:
-            raise Unauthenticated("missing API key")
-        p = presented.encode()
-        ok = False
-        for k in self._keys:
-            ok |= hmac.compare_digest(p, k)
-        if not ok:
-            raise Unauthenticated("unknown API key")
-        return presented
+from kvmesh.errors import ResourceExhausted
 
 
 @dataclass(slots=True)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.errors import NotFound
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
-from kvmesh.services.router.auth import ApiKeys, RateLimiter
+from kvmesh.security.client_keys import ClientKey, ClientKeys
+from kvmesh.security.identity import Identity, identity_var
+from kvmesh.security.signing import SignedRequest
+from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
 from kvmesh.services.router.tokenize import RouterTokenizer
@@ -20,13 +23,13 @@ _INLINE_CHARS = 4096  # shorter texts are tokenised inline (a thread hop costs m
 
 
 class Frontend:
-    """Auth → rate limit → tokenise, plus the admin operations (rebalance, list, drain)."""
+    """Auth (keys, signatures) → rate limit → tokenise, plus the admin operations (rebalance, list, drain)."""
 
     def __init__(
         self,
         core: RouterCore,
         tokenizer: RouterTokenizer,
-        keys: ApiKeys,
+        keys: ClientKeys,
         limiter: RateLimiter,
         model_name: str,
         lora_adapters: Sequence[str] = (),
@@ -38,11 +41,21 @@ class Frontend:
         self.model_name = model_name
         self.lora_adapters = tuple(lora_adapters)
 
-    def authorize(self, presented: str | None) -> str:
-        """Checks the API key (Unauthenticated) and takes a rate-limit token (ResourceExhausted)."""
-        ident = self.keys.check(presented)
-        self.limiter.acquire(ident, time.monotonic())
+    def authenticate(
+        self, key: ClientKey | None, req: SignedRequest, charge: Callable[[str], None] = lambda _: None
+    ) -> Identity | None:
+        """`key`'s signing rules on `req` against the wall clock (Unauthenticated), `charge` in between
+        (`ClientKeys.verify`); the identity is the call's (`identity_var`) from here on. None: no keys
+        configured (an open router)."""
+        ident = self.keys.verify(key, req, time.time(), charge)
+        if ident is not None:
+            identity_var.set(ident)
         return ident
+
+    def authorize(self, key: ClientKey | None, req: SignedRequest) -> Identity | None:
+        """`authenticate` taking a rate-limit token of the key's id (ResourceExhausted); a signed request the
+        limit refuses may be re-sent with the same signature."""
+        return self.authenticate(key, req, lambda kid: self.limiter.acquire(kid, time.monotonic()))
 
     @staticmethod
     def check_sampling(sp: common_pb2.SamplingParams) -> None:

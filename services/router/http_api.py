@@ -12,7 +12,10 @@ form or text/plain POST, i.e. a CSRF, cannot reach them), typed fields (`"false"
 naming the field), unknown fields 400 naming them; every admin request is one line of the audit log
 (`kvmesh.security.audit`), refused ones included.
 
-Auth: `Authorization: Bearer <key>`; affinity: `X-Session-Id` (or `"user"`/`"session_id"` in the body).
+Auth: `Authorization: Bearer <key>` (or `X-Api-Key`), signed requests with `X-Kvmesh-Signature` and
+`X-Kvmesh-Timestamp` (kvmesh.security.signing; the body is read before the signature is checked); tenant:
+`X-Kvmesh-Tenant`, one the key may use (its first when absent; kvmesh.security.client_keys); affinity:
+`X-Session-Id` (or `"user"`/`"session_id"` in the body).
 Parsing, bounds, response objects and errors are `kvmesh.openai`'s (shared with the worker): errors are
 `{"error": {"message", "type", "param", "code"}}` from its one table (400 / 401 / 404 / 429 + Retry-After /
 503 ...); an error after an SSE stream started is sent as a final `data: {"error": ...}` event. A body
@@ -23,6 +26,7 @@ disconnects is logged at INFO, its request cancelled on the worker and its admis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,17 +36,29 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
 from kvmesh.errors import InvalidArgument, KvmeshError
-from kvmesh.openai.aio import BODY_TIMEOUT_S, ClientGone, SseWriter, client_gone, openai_errors, read_json
+from kvmesh.openai.aio import (
+    BODY_TIMEOUT_S,
+    ClientGone,
+    SseWriter,
+    client_gone,
+    openai_errors,
+    parse_json_object,
+    read_body,
+)
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.security.admin import UnsupportedMediaType, require_json, typed_fields
 from kvmesh.security.audit import audited
+from kvmesh.security.client_keys import bind_tenant
+from kvmesh.security.identity import Identity
+from kvmesh.security.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignedRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import Chunk, RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.v1 import common_pb2
 from kvmesh.wire.proto import sampling_to_proto
 
+TENANT_HEADER = "X-Kvmesh-Tenant"
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
@@ -91,53 +107,75 @@ class HttpApi:
         app.router.add_post("/admin/drain", self._admin(self.drain))
 
     # ---- helpers -----------------------------------------------------------------------------------
-    def _auth(self, request: web.Request) -> None:
-        self.front.authorize(_bearer(request))
+    async def _auth(self, request: web.Request, client: bool = True) -> tuple[Identity | None, bytes]:
+        """The key (Unauthenticated before the body is read when it is unknown, or requires a signature that
+        is absent), then, for an unsigned request, its rate-limit token (a client call) before the body is
+        read, for a signed one the body (bounded) and the signature over it, then the token. Returns the
+        identity (None: open router) and the body."""
+        key = self.front.keys.lookup(_bearer(request))
+        signed = SignedRequest(
+            request.method,
+            request.url.raw_path,
+            b"",
+            request.headers.get(SIGNATURE_HEADER),
+            request.headers.get(TIMESTAMP_HEADER),
+        )
+        check = self.front.authorize if client else self.front.authenticate
+        ident = None if signed.signed else check(key, signed)
+        body = await read_body(request, self.max_request_bytes, self.body_timeout_s) if request.body_exists else b""
+        if signed.signed:
+            ident = check(key, dataclasses.replace(signed, body=body))
+        return ident, body
 
-    async def _json(self, request: web.Request) -> dict[str, Any]:
-        return await read_json(request, self.max_request_bytes, self.body_timeout_s)
+    async def _admin_json(self, request: web.Request) -> dict[str, Any]:
+        return parse_json_object((await self._auth(request, client=False))[1])
 
-    async def _parse(self, request: web.Request, chat: bool) -> tuple[OpenAIRequest, str]:
-        """Auth, body, the adapter "model" selects (checked before anything is tokenised), the request."""
-        self._auth(request)
-        body = await self._json(request)
+    async def _parse(self, request: web.Request, chat: bool) -> tuple[OpenAIRequest, str, str]:
+        """Auth, body, the tenant, the adapter "model" selects (checked before anything is tokenised), the
+        request; returns (request, lora, tenant)."""
+        ident, raw = await self._auth(request)
+        tenant = bind_tenant(ident, request.headers.get(TENANT_HEADER, ""))
+        body = parse_json_object(raw)
         lora = self.front.lora_for(parse_model(body), "")
         limit = self.front.core.limits.max_tokens_limit
         parsed = parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None)
         self.front.check_token_ids(parsed.sampling.stop_token_ids, "stop_token_ids")
-        return parsed, lora
+        return parsed, lora, tenant
 
-    def _gen_request(self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str) -> RouterRequest:
+    def _gen_request(
+        self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str, tenant: str
+    ) -> RouterRequest:
         session = request.headers.get("X-Session-Id") or parsed.user
         return RouterRequest(
             f"http-{uuid.uuid4().hex}",
             common_pb2.TokenIds(ids=ids),
             sampling_to_proto(parsed.sampling),
             session_id=session,
+            tenant=tenant,
             lora=lora,
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.StreamResponse:
-        self._auth(request)
+        await self._auth(request)
         base = self.front.model_name
         data = [{"id": base, "object": "model", "owned_by": "kvmesh"}]
         data += [{"id": a, "object": "model", "owned_by": "kvmesh", "parent": base} for a in self.front.lora_adapters]
         return web.json_response({"object": "list", "data": data})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        parsed, lora = await self._parse(request, chat=False)
+        parsed, lora, tenant = await self._parse(request, chat=False)
         if parsed.prompt_text is not None:
             ids = await self.front.tokenize_text(parsed.prompt_text)
         else:
             ids = list(parsed.prompt_ids or ())
             self.front.check_token_ids(ids, "prompt")  # before the wire's uint32 sees them
-        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora))
+        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora, tenant))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        parsed, lora = await self._parse(request, chat=True)
+        parsed, lora, tenant = await self._parse(request, chat=True)
         ids = await self.front.tokenize_chat(parsed.messages)
-        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora))
+        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora, tenant))
 
     async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:
         api = "chat" if parsed.chat else "completions"
@@ -203,7 +241,6 @@ class HttpApi:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 with audited(SERVICE, f"{request.method} {request.path}") as args:
-                    self.front.keys.check(_bearer(request))
                     return await fn(request, args)
             except UnsupportedMediaType as e:
                 return _unsupported(e)
@@ -213,7 +250,7 @@ class HttpApi:
     async def _admin_body(self, request: web.Request, schema: dict[str, type]) -> dict[str, Any]:
         """The admin body: JSON by its Content-Type, an object whose fields are those of `schema`, typed."""
         require_json(request.headers.get("Content-Type", ""))
-        return typed_fields(await self._json(request), schema)
+        return typed_fields(await self._admin_json(request), schema)
 
     async def rebalance(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:
         body = await self._admin_body(request, REBALANCE_BODY)
@@ -222,6 +259,7 @@ class HttpApi:
         return web.json_response({"prefill_weight": p, "decode_weight": d})
 
     async def workers(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:
+        await self._auth(request, client=False)
         return web.json_response(MessageToDict(self.front.list_workers(), preserving_proto_field_name=True))
 
     async def drain(self, request: web.Request, audit: dict[str, object]) -> web.StreamResponse:

@@ -11,6 +11,9 @@ from kvmesh.protowire import field_payload
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.admin import no_unknown_fields
 from kvmesh.security.audit import audited
+from kvmesh.security.client_keys import bind_tenant
+from kvmesh.security.identity import Identity
+from kvmesh.security.signing import GRPC_METHOD, SIGNATURE_METADATA, TIMESTAMP_METADATA, SignedRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import RouterRequest
 from kvmesh.services.router.frontend import Frontend
@@ -53,6 +56,17 @@ def add_router_service(servicer: RouterServicer, server: Any) -> None:
     server.add_registered_method_handlers(name, handlers)
 
 
+_GENERATE = f"/{router_pb2.DESCRIPTOR.services_by_name['RouterService'].full_name}/Generate"
+_ADMIN = router_pb2.DESCRIPTOR.services_by_name["RouterAdminService"].full_name
+
+
+def signed_from(context: grpc.aio.ServicerContext, path: str, body: bytes) -> SignedRequest:
+    """The signed parts of a call: `path` (the full method name), the request's wire bytes and the
+    `x-kvmesh-signature` / `x-kvmesh-timestamp` metadata (kvmesh.security.signing)."""
+    md = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+    return SignedRequest(GRPC_METHOD, path, body, md.get(SIGNATURE_METADATA), md.get(TIMESTAMP_METADATA))
+
+
 def api_key_from(context: grpc.aio.ServicerContext) -> str | None:
     """`authorization: Bearer <key>` or `x-api-key: <key>` metadata."""
     for k, v in context.invocation_metadata() or ():
@@ -77,7 +91,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         outcome = "error"
         request, raw = received
         try:
-            f.authorize(api_key_from(context))
+            ident = f.authorize(f.keys.lookup(api_key_from(context)), signed_from(context, _GENERATE, raw))
+            tenant = bind_tenant(ident, request.tenant)  # the cache salt: never another key's tenant
             which = request.WhichOneof("prompt")
             require(which is not None, "prompt", "one of text, token_ids or chat is required")
             f.check_sampling(request.sampling)
@@ -99,7 +114,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 prompt,
                 request.sampling,
                 request.session_id,
-                request.tenant,
+                tenant,
                 list(request.resume_token_ids),
                 lora=lora,
                 prompt_bytes=prompt_bytes,
@@ -127,12 +142,18 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
     def __init__(self, front: Frontend) -> None:
         self.front = front
 
+    def _auth(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> Identity | None:
+        """The key and its signing rules; the signed body is the message re-serialized (these requests
+        hold scalars only, so that is the bytes a protobuf client sent)."""
+        signed = signed_from(context, f"/{_ADMIN}/{method}", request.SerializeToString())
+        return self.front.authenticate(self.front.keys.lookup(api_key_from(context)), signed)
+
     async def Rebalance(  # type: ignore[override]
         self, request: router_pb2.RebalanceRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RebalanceResponse:
         pw, dw = request.prefill_weight, request.decode_weight
         with audited(SERVICE, "RouterAdminService/Rebalance", prefill_weight=pw, decode_weight=dw):
-            self.front.keys.check(api_key_from(context))
+            self._auth(context, "Rebalance", request)
             no_unknown_fields(request)
             p, d = self.front.rebalance(pw, dw)
             return router_pb2.RebalanceResponse(prefill_weight=p, decode_weight=d)
@@ -141,7 +162,7 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
         self, request: router_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ListWorkersResponse:
         with audited(SERVICE, "RouterAdminService/ListWorkers"):
-            self.front.keys.check(api_key_from(context))
+            self._auth(context, "ListWorkers", request)
             no_unknown_fields(request)
             return self.front.list_workers()
 
@@ -149,7 +170,7 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
         self, request: router_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.DrainWorkerResponse:
         with audited(SERVICE, "RouterAdminService/DrainWorker", worker_id=request.worker_id, drain=request.drain):
-            self.front.keys.check(api_key_from(context))
+            self._auth(context, "DrainWorker", request)
             no_unknown_fields(request)
             non_empty(request.worker_id, "worker_id")
             return router_pb2.DrainWorkerResponse(in_flight=self.front.drain(request.worker_id, request.drain))

@@ -28,7 +28,15 @@ class RouterSettings(ServerSettings):
     block_size: int = setting(32, "tokens per KV block, equal to the workers'")
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")
-    api_keys_file: str = setting("", "file with one API key per line (empty = no authentication)")
+    api_keys_file: str = setting(
+        "",
+        "API keys: one per line, or YAML entries {key, id, tenants, signing_secret, require_signature, role} "
+        "(docs/security.md; empty = no authentication, tenants as declared)",
+    )
+    signature_window_s: float = setting(300.0, "signed requests: X-Kvmesh-Timestamp accepted within ± this")
+    signature_replay_cache: int = setting(
+        100_000, "signed requests: signatures remembered inside the window to refuse exact replays (0 = off)"
+    )
     rate_limit_rps: float = setting(0.0, "requests per second per API key (0 = unlimited)")
     rate_limit_burst: float = setting(20.0, "burst size of the per-key rate limit")
     long_prompt_tokens: int = setting(2048, "prompts longer than this go to the long queue")

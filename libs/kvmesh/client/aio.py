@@ -11,6 +11,11 @@
 * at most `max_attempts` sends and `timeout_s` seconds in all; INVALID_ARGUMENT and other caller
   errors are raised at once. Retryable: UNAVAILABLE, ABORTED, CANCELLED (server side),
   RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN and a stream ending with FINISH_REASON_ERROR.
+
+With `api_key` every call carries ``authorization: Bearer <key>``; with `signing_secret` too, every attempt
+is signed (``x-kvmesh-signature`` / ``x-kvmesh-timestamp`` over the bytes sent, kvmesh.security.signing), its
+timestamp one second past the previous attempt's at least, so a retry never repeats a signature the router's
+replay guard has seen.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from kvmesh.client.watch import EndpointWatcher
 from kvmesh.discovery.model import ServiceInstance
 from kvmesh.errors import DeadlineExceeded, Unavailable
 from kvmesh.rpc.channel import ChannelSecurity, open_channel
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.security.signing import GRPC_METHOD, signing_headers
+from kvmesh.v1 import common_pb2, router_pb2
+
+_GENERATE = f"/{router_pb2.DESCRIPTOR.services_by_name['RouterService'].full_name}/Generate"
 
 log = logging.getLogger(__name__)
 RETRYABLE = frozenset(
@@ -65,8 +73,12 @@ class AsyncClient:
         endpoints_timeout_s: float = 10.0,
         on_attempt: Callable[[ServiceInstance], None] | None = None,
         security: ChannelSecurity | None = None,
+        api_key: str = "",
+        signing_secret: str = "",
     ) -> None:
         self.security = security or ChannelSecurity()
+        self.api_key = api_key
+        self.signing_secret = signing_secret
         self.watcher = EndpointWatcher(
             failover_targets,
             initial=EndpointSet.static(list(routers)) if routers else None,
@@ -112,6 +124,16 @@ class AsyncClient:
             self._channels[target] = ch
         return ch
 
+    def _metadata(self, body: bytes, after_ts: int) -> tuple[tuple[tuple[str, str], ...], int]:
+        """The key and, with a signing secret, the signature of `body` stamped later than `after_ts`; returns
+        the metadata and the timestamp used."""
+        md: list[tuple[str, str]] = [("authorization", f"Bearer {self.api_key}")] if self.api_key else []
+        ts = max(int(time.time()), after_ts + 1)
+        if self.signing_secret:
+            signed = signing_headers(self.signing_secret, GRPC_METHOD, _GENERATE, body, ts)
+            md += [(k.lower(), v) for k, v in signed.items()]
+        return tuple(md), ts
+
     def _choose(self, failed: set[str]) -> ServiceInstance | None:
         eps = self.watcher.current
         return eps.pick(self.rng.random(), frozenset(failed | set(self._ejected))) or eps.pick(
@@ -151,6 +173,7 @@ class AsyncClient:
         deadline = time.monotonic() + self.timeout_s
         failed: set[str] = set()
         last_error = "no router available"
+        last_ts = 0
         for _attempt in range(self.max_attempts):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -170,9 +193,13 @@ class AsyncClient:
                 req.resume_token_ids.extend(received)
                 self.resumes_total += 1
             self.attempts_total += 1
+            body = req.SerializeToString()  # sent as these bytes: the signature covers exactly them
+            md, last_ts = self._metadata(body, last_ts)
             try:
-                stub = router_pb2_grpc.RouterServiceStub(self._channel(target))
-                async for msg in stub.Generate(req, timeout=left):
+                call = self._channel(target).unary_stream(
+                    _GENERATE, response_deserializer=router_pb2.RouterServiceGenerateResponse.FromString
+                )
+                async for msg in call(body, timeout=left, metadata=md):
                     if msg.finish_reason == common_pb2.FINISH_REASON_ERROR:
                         raise _Broken("router reported an engine error")
                     received.extend(msg.token_ids)

@@ -65,9 +65,13 @@ def openai_errors(fn: Handler) -> Handler:
 async def read_json(
     request: web.Request, max_bytes: int | None = None, timeout_s: float = BODY_TIMEOUT_S
 ) -> dict[str, Any]:
-    """The body as a JSON object; InvalidArgument("body") when larger than `max_bytes` (or the app's
-    `client_max_size`), malformed, nested too deep or not an object; HTTP 408 when the body does not
-    arrive within `timeout_s`."""
+    """The body as a JSON object (`read_body`, then `parse_json_object`)."""
+    return parse_json_object(await read_body(request, max_bytes, timeout_s))
+
+
+async def read_body(request: web.Request, max_bytes: int | None = None, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body; InvalidArgument("body") when larger than `max_bytes` (or the app's `client_max_size`),
+    HTTP 408 when it does not arrive within `timeout_s`. aiohttp keeps it: a second read returns the same bytes."""
     too_large = f"request body larger than {max_bytes} bytes" if max_bytes else "request body too large"
     if max_bytes is not None and request.content_length is not None and request.content_length > max_bytes:
         raise InvalidArgument("body", too_large)
@@ -79,6 +83,11 @@ async def read_json(
         raise BodyTimeout(timeout_s) from None
     if max_bytes is not None and len(raw) > max_bytes:
         raise InvalidArgument("body", too_large)
+    return raw
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """`raw` as a JSON object; InvalidArgument("body") when malformed, nested too deep or not an object."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
