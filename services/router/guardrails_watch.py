@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvmesh.errors import InvalidArgument
-from kvmesh.security.guardrails import RuleError, RuleSet, RuleSpec, build_rule_set, parse_rule_file
+from kvmesh.security.guardrails import (
+    MAX_MATCH_CHARS_LIMIT,
+    RuleError,
+    RuleSet,
+    RuleSpec,
+    build_rule_set,
+    parse_rule_file,
+)
 from kvmesh.services.router import metrics as m
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,8 @@ class GuardrailsWatch:
 
     def load(self) -> RuleSet:
         """The start-up load: InvalidArgument("guardrails", "<file>:<line>: rule ...") when a file is bad."""
+        if not 1 <= self.default_max_match <= MAX_MATCH_CHARS_LIMIT:
+            raise InvalidArgument("guardrails_max_match_chars", f"must be in [1, {MAX_MATCH_CHARS_LIMIT}]")
         try:
             got = self._read(self._version + 1)
         except (RuleError, OSError) as e:

@@ -89,6 +89,8 @@ async def test_deleted_file_is_an_error_and_start_up_errors_name_the_file(tmp_pa
     bad.write_text("rules:\n  - name: x\n    pattern: '[unclosed'\n    action: mask\n")
     with pytest.raises(InvalidArgument, match=rf"guardrails: {bad}:2: rule 'x': pattern does not compile"):
         watch_of(bad)[0].load()
+    with pytest.raises(InvalidArgument, match=r"guardrails_max_match_chars: must be in \[1, 4096\]"):
+        GuardrailsWatch(str(p), 0, lambda rs: None).load()
     missing = tmp_path / "m.yaml"
     missing.write_text("rules: [{name: w, words_file: nope.txt, action: mask}]\n")
     with pytest.raises(InvalidArgument, match=r"m\.yaml:1: rule 'w': file '.*nope\.txt' not found"):
