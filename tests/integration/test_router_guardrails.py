@@ -189,6 +189,30 @@ def test_http_stream_and_whole_response_end_with_content_filter(suite: Suite) ->
     assert "".join(ch["choices"][0]["text"] for ch in chunks) == ref.text[: ref.first()]
 
 
+def test_http_chat_stream_ends_with_content_filter(suite: Suite) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    body |= {"seed": 5, "stream": True}
+    set_rules(suite, f"rules: []  # {time.monotonic_ns()}\n")
+    full = "".join(d.get("content", "") for d in _chat_deltas(suite, body)[0])
+    word = next(m.group() for m in re.finditer(r"(?<!\w)\w{4,}(?!\w)", full))
+    set_rules(suite, words_rule(word, "stop"))
+    deltas, finish = _chat_deltas(suite, body)
+    assert deltas[0]["role"] == "assistant"
+    assert finish == "content_filter"
+    assert "".join(d.get("content", "") for d in deltas) == full[: full.index(word)]
+
+
+def _chat_deltas(s: Suite, body: dict[str, object]) -> tuple[list[dict[str, str]], str | None]:
+    """The deltas of a streamed chat completion and its finish reason."""
+    base = f"http://127.0.0.1:{s.router.http_port}"
+    with httpx.Client(base_url=base, timeout=BOUND_S) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        events = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+    return [ch["delta"] for ch in choices], choices[-1]["finish_reason"]
+
+
 def test_rules_per_tenant(suite: Suite) -> None:
     ref = reference(suite, seed=11)
     set_rules(suite, words_rule(ref.word, "mask", tenants="alice"))
