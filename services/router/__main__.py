@@ -18,6 +18,8 @@ from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
+from kvmesh.services.router.guarded import OutputGuard
+from kvmesh.services.router.guardrails_watch import GuardrailsWatch
 from kvmesh.services.router.http_api import HttpApi
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
@@ -120,6 +122,11 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
             static_cache_manager=settings.cache_manager,
             security=ChannelSecurity.of(settings),
         )
+    if settings.guardrails:  # a bad rule file fails the start, naming the file, line and rule
+        guard = front.guard = OutputGuard()
+        watch = GuardrailsWatch(settings.guardrails, settings.guardrails_max_match_chars, guard.swap)
+        watch.load()
+        runner.every(settings.guardrails_reload_s, watch.poll, name="guardrails")
     runner.add_servicer(add_router_service, RouterServicer(front), "kvmesh.v1.RouterService")
     runner.add_servicer(
         router_pb2_grpc.add_RouterAdminServiceServicer_to_server,

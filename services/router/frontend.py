@@ -1,10 +1,11 @@
-"""What gRPC and HTTP share in front of the core: authentication, rate limits, tokenisation, admin actions."""
+"""What gRPC and HTTP share in front of the core: authentication, rate limits, tokenisation, output
+guardrails, admin actions."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.errors import NotFound
@@ -14,7 +15,8 @@ from kvmesh.security.client_keys import ClientKey, ClientKeys
 from kvmesh.security.identity import Identity, identity_var
 from kvmesh.security.signing import SignedRequest
 from kvmesh.services.router.auth import RateLimiter
-from kvmesh.services.router.core import RouterCore
+from kvmesh.services.router.core import Chunk, RouterCore, RouterRequest
+from kvmesh.services.router.guarded import OutputGuard
 from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
 from kvmesh.services.router.tokenize import RouterTokenizer
 from kvmesh.v1 import common_pb2, router_pb2
@@ -23,7 +25,8 @@ _INLINE_CHARS = 4096  # shorter texts are tokenised inline (a thread hop costs m
 
 
 class Frontend:
-    """Auth (keys, signatures) → rate limit → tokenise, plus the admin operations (rebalance, list, drain)."""
+    """Auth (keys, signatures) → rate limit → tokenise → core → output guardrails, plus the admin operations
+    (rebalance, list, drain)."""
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class Frontend:
         limiter: RateLimiter,
         model_name: str,
         lora_adapters: Sequence[str] = (),
+        guard: OutputGuard | None = None,
     ) -> None:
         self.core = core
         self.tokenizer = tokenizer
@@ -40,6 +44,14 @@ class Frontend:
         self.limiter = limiter
         self.model_name = model_name
         self.lora_adapters = tuple(lora_adapters)
+        self.guard = guard or OutputGuard()
+
+    def generate(self, req: RouterRequest) -> AsyncGenerator[Chunk, None]:
+        """The request's stream from the core, through the output guardrails when they are on."""
+        chunks = self.core.generate(req)
+        if self.guard.rules is None:
+            return chunks
+        return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt.ids))
 
     def authenticate(
         self, key: ClientKey | None, req: SignedRequest, charge: Callable[[str], None] = lambda _: None

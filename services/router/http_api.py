@@ -64,6 +64,7 @@ _FINISH = {
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_ABORT: "abort",
     common_pb2.FINISH_REASON_ERROR: "error",
+    common_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
 }
 
 
@@ -184,7 +185,7 @@ class HttpApi:
         if not parsed.stream:
             return await self._whole(api, build, req)
         # SSE: the first chunk is awaited before the headers go out, so early errors get a real status code
-        gen = self.front.core.generate(req)
+        gen = self.front.generate(req)
         try:
             first = await gen.__anext__()
         except StopAsyncIteration:
@@ -224,7 +225,7 @@ class HttpApi:
         texts: list[str] = []
         last: Chunk | None = None
         try:
-            async for c in self.front.core.generate(req):
+            async for c in self.front.generate(req):
                 texts.append(c.text)
                 last = c
         except KvmeshError:

@@ -67,3 +67,14 @@ INDEX_TIER_ONLY = Gauge(
     "kvmesh_router_index_tier_only_blocks", "(worker, block) pairs the index replica knows are only in a host tier"
 )
 WORKERS_ROUTABLE = Gauge("kvmesh_router_workers_routable", "Workers healthy, not draining, circuit closed")
+GUARDRAIL_MATCHES = Counter(
+    "kvmesh_router_guardrail_matches_total",
+    "Output guardrail matches, per rule and action (mask: the span masked; stop: the stream ended content_filter)",
+    ["rule", "action"],
+)
+GUARDRAIL_RELOADS = Counter(
+    "kvmesh_router_guardrail_reloads_total",
+    "Guardrail rule files reloaded after a change: ok (the new rules in force) or error (the previous ones kept)",
+    ["outcome"],
+)
+GUARDRAIL_RULES = Gauge("kvmesh_router_guardrail_rules", "Output guardrail rules in force")

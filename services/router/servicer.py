@@ -119,7 +119,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 lora=lora,
                 prompt_bytes=prompt_bytes,
             )
-            async for c in f.core.generate(req):
+            async for c in f.generate(req):
                 resp = router_pb2.RouterServiceGenerateResponse(
                     token_ids=c.token_ids,
                     text=c.text,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.config import ServerSettings, setting
+from kvmesh.security.guardrails import DEFAULT_MAX_MATCH_CHARS
 from kvmesh.services.router.limits import SIM_VOCAB_SIZE
 
 
@@ -97,4 +98,15 @@ class RouterSettings(ServerSettings):
     stall_ttft_ceiling_s: float = setting(30.0, "stall bound for the first token: at most this (and without samples)")
     hedge_first_token: bool = setting(
         False, "a request whose first token is later than its stall bound also goes to a second worker: first wins"
+    )
+    guardrails: str = setting(
+        "",
+        "output guardrail rules: a YAML file, or a directory of *.yaml files (docs/security.md; empty = off)",
+    )
+    guardrails_reload_s: float = setting(
+        1.0, "check the guardrail files for changes this often, seconds (new rules apply from a stream's next chunk)"
+    )
+    guardrails_max_match_chars: int = setting(
+        DEFAULT_MAX_MATCH_CHARS,
+        "longest match of a regex guardrail rule without max_match_chars (text held back that long)",
     )

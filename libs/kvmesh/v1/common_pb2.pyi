@@ -35,6 +35,8 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     """The request was cancelled by the client or aborted."""
     FINISH_REASON_ERROR: _FinishReason.ValueType  # 4
     """The engine failed while serving the request."""
+    FINISH_REASON_CONTENT_FILTER: _FinishReason.ValueType  # 5
+    """An output guardrail (a router `stop` rule) ended the stream; OpenAI's `content_filter`."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """Why a generation ended."""
@@ -49,6 +51,8 @@ FINISH_REASON_ABORT: FinishReason.ValueType  # 3
 """The request was cancelled by the client or aborted."""
 FINISH_REASON_ERROR: FinishReason.ValueType  # 4
 """The engine failed while serving the request."""
+FINISH_REASON_CONTENT_FILTER: FinishReason.ValueType  # 5
+"""An output guardrail (a router `stop` rule) ended the stream; OpenAI's `content_filter`."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 class _KvStreamKind:
