@@ -21,7 +21,7 @@ from pathlib import Path
 _IO_AND_CLOCKS = ("grpc", "asyncio", "socket", "selectors", "ssl", "zmq", "redis", "aiohttp", "httpx", "consul")
 _IO_AND_CLOCKS += ("time", "datetime", "kvmesh.rpc", "kvmesh.tasks", "kvmesh.services")
 _PURE = ("kvmesh.hashing", "kvmesh.index", "kvmesh.routing", "kvmesh.warming", "kvmesh.engine.sim")
-_PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai", "kvmesh.discovery.checks")
+_PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai", "kvmesh.discovery.checks", "kvmesh.security.authz")
 _PURE_CODECS = ("kvmesh.wire.vllm_events", "kvmesh.wire.proto*", "kvmesh.wire.ingest_log")
 
 
