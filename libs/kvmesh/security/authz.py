@@ -23,7 +23,7 @@ applies API keys, limits and tenants).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvmesh.errors import PermissionDenied, Unauthenticated
@@ -104,8 +104,8 @@ GRPC_RULES: Mapping[str, Rule] = {
     # grpc's own services
     "/grpc.health.v1.Health/Check": _open(),
     "/grpc.health.v1.Health/Watch": _open(),
+    "/grpc.health.v1.Health/List": _open(),
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": _ADMIN,
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": _ADMIN,
 }
 
 _CLIENT_GENERATION = frozenset({_WK + "Generate", _WK + "GenerateStream", _WK + "Abort"})
@@ -167,8 +167,19 @@ def decide(rule: Rule | None, identity: Identity | None, what: str) -> None:
         raise PermissionDenied(f"role {identity.role.value} may not call {what} (allowed: {rule.describe()})")
 
 
-def grpc_cells() -> Iterator[tuple[str, CallerRole, bool]]:
-    """(method, role, allowed) for every cell of the gRPC table under the default policy (tests and docs)."""
-    for method, rule in GRPC_RULES.items():
-        for role in CallerRole:
-            yield method, role, role in rule.roles
+def markdown() -> str:
+    """The table as docs/security.md shows it: one row per gRPC method and per HTTP route, one column per
+    role (✓ allowed), and whether anonymous callers are admitted (scripts/gen_security_table.py)."""
+    roles = list(CallerRole)
+    head = "| {} | " + " | ".join(r.value for r in roles) + " | anonymous |"
+    rule_line = "|---|" + "---|" * (len(roles) + 1)
+
+    def row(name: str, rule: Rule) -> str:
+        cells = ["✓" if r in rule.roles else "" for r in roles]
+        return f"| `{name}` | " + " | ".join(cells) + f" | {'✓' if rule.open else ''} |"
+
+    out = [head.format("gRPC method"), rule_line]
+    out += [row(m, r) for m, r in GRPC_RULES.items()]
+    out += ["", head.format("HTTP route (service)"), rule_line]
+    out += [row(f"{m} {p} ({svc})", r) for (svc, m, p), r in HTTP_RULES.items()]
+    return "\n".join(out) + "\n"

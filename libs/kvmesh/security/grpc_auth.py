@@ -17,6 +17,7 @@ every server `kvmesh up` starts (which always provisions tokens) is guarded.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -139,6 +140,9 @@ def guarded_handler(full_method: str, handler: grpc.RpcMethodHandler, guard: Gua
         return handle
 
     def stream(inner: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(inner):  # writes with context.write (grpc health's Watch)
+            return unary(inner)
+
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await check(context)
             async for item in inner(request, context):
