@@ -119,3 +119,4 @@ bad_request_fields
 ServiceInterceptor
 _.exc_text  # logging.LogRecord's cached traceback text, cleared by rpc.server.QuietClientErrors
 _.kv_connector_counts  # VllmEngine's connector counters, read by the real-vLLM connector tests
+current_identity  # kvmesh.security.identity: the handlers' read of the caller (tests; the role checks inside services)
