@@ -31,13 +31,16 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 import kvmesh.v1
 from kvmesh.config import ServerSettings
+from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.rpc.server import ServiceRunner
 from kvmesh.security.authz import ANY_SERVICE, GRPC_RULES, HTTP_RULES
 from kvmesh.security.identity import CallerRole, Identity, current_identity
 from kvmesh.security.tokens import accepted_file, provision, read_own_token
 from kvmesh.v1 import (
+    cache_manager_pb2,
     cache_manager_pb2_grpc,
     failover_pb2_grpc,
+    kvsync_pb2,
     kvsync_pb2_grpc,
     router_pb2_grpc,
     worker_pb2,
@@ -338,3 +341,31 @@ def test_http_cell(env: Env, service: str, method: str, path: str, role: CallerR
 def test_http_route_in_no_row_is_denied(env: Env) -> None:
     status, body = _http(env.http["router"], "POST", "/admin/unlisted", env.tokens[CallerRole.ADMIN])
     assert status == 403 and "no row" in body["error"]["message"]
+
+
+async def test_open_channel_sends_the_own_token_on_every_call_kind(env: Env) -> None:
+    """`open_channel` with a token: unary, server-, client- and bidi-streaming calls all carry it (the server
+    admits them by it), with and without the propagating interceptor."""
+    worker, router = ChannelSecurity(token=env.tokens[CallerRole.WORKER]), env.tokens[CallerRole.ROUTER]
+    for propagate in (True, False):
+        async with open_channel(env.plain, ChannelSecurity(token=router), propagate=propagate) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as unary:
+                await cache_manager_pb2_grpc.CacheManagerServiceStub(ch).GetStats(cache_manager_pb2.GetStatsRequest())
+            assert unary.value.code() == grpc.StatusCode.UNIMPLEMENTED  # admitted: reached the handler
+            events = worker_pb2_grpc.WorkerServiceStub(ch).StreamKvEvents(worker_pb2.StreamKvEventsRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as server_stream:
+                await events.read()
+            assert server_stream.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        async with open_channel(env.plain, worker, propagate=propagate) as ch:
+            publish = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).PublishKvEvents()
+            with pytest.raises(grpc.aio.AioRpcError) as bidi:
+                await publish.read()
+            assert bidi.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            write = kvsync_pb2_grpc.KvSyncServiceStub(ch).WriteBlocks(iter([kvsync_pb2.WriteBlocksRequest()]))
+            with pytest.raises(grpc.aio.AioRpcError) as client_stream:
+                await write
+            assert client_stream.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    async with open_channel(env.plain) as ch:  # no token: the same calls are anonymous
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await cache_manager_pb2_grpc.CacheManagerServiceStub(ch).GetStats(cache_manager_pb2.GetStatsRequest())
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED

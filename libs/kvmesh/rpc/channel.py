@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -33,23 +33,14 @@ CHANNEL_OPTIONS = [
 
 
 class _PropagatingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds `x-request-id`, `traceparent` and the bearer token, and caps the timeout at the current request's
-    remaining time; `propagate=False`: the bearer token only.
+    """Adds `x-request-id` and `traceparent`, and caps the timeout at the current request's remaining time.
 
     Unary-unary calls only: grpc.aio files an interceptor under the first of the four kinds it implements, so
-    streams never went through this one; they get `_TokenInterceptor` (a long-lived stream opened while one
-    request is handled must not inherit that request's deadline or id)."""
-
-    def __init__(self, token: str = "", propagate: bool = True) -> None:
-        self._authorization = f"Bearer {token}" if token else ""
-        self._propagate = propagate
+    streams never went through it (and a long-lived stream opened while one request is handled must not
+    inherit that request's deadline or id)."""
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        metadata = _with_token(details, self._authorization)
-        if not self._propagate:
-            return grpc.aio.ClientCallDetails(
-                details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-            )
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
         request_id = request_id_var.get()
         if request_id and REQUEST_ID_HEADER not in metadata:
             metadata.add(REQUEST_ID_HEADER, request_id)
@@ -69,47 +60,51 @@ class _PropagatingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(self._details(details), request)
 
 
-def _with_token(details: grpc.aio.ClientCallDetails, authorization: str) -> grpc.aio.Metadata:
-    """The call's metadata plus `authorization` (unless empty, or the caller set its own)."""
-    metadata = grpc.aio.Metadata(*(details.metadata or ()))
-    if authorization and "authorization" not in metadata:
-        metadata.add("authorization", authorization)
-    return metadata
+class _WithToken:
+    """A multi-callable whose calls carry ``authorization: Bearer <token>`` (unless the caller set its own).
+    Added to the call's metadata, not by a client interceptor: grpc.aio wraps an intercepted streaming call's
+    response iterator in Python (more work per received message, on the router's streams from workers);
+    this costs nothing per message."""
+
+    __slots__ = ("_authorization", "_inner")
+
+    def __init__(self, inner: Any, authorization: str) -> None:
+        self._inner, self._authorization = inner, authorization
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        items = tuple(metadata or ())
+        if not any(k == "authorization" for k, _ in items):
+            items += (("authorization", self._authorization),)
+        return self._inner(*args, metadata=items, **kwargs)
 
 
-class _TokenCall:
-    """The bearer token on calls of one stream kind (see `_PropagatingInterceptor`)."""
+class TokenChannel:
+    """A `grpc.aio.Channel` whose every call carries this process's bearer token (see `_WithToken`)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+        self._channel = channel
         self._authorization = f"Bearer {token}"
 
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        return grpc.aio.ClientCallDetails(
-            d.method, d.timeout, _with_token(d, self._authorization), d.credentials, d.wait_for_ready
-        )
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_unary(*args, **kwargs), self._authorization)
 
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.unary_stream(*args, **kwargs), self._authorization)
 
-class _TokenUnaryStream(_TokenCall, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_unary(*args, **kwargs), self._authorization)
 
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _WithToken(self._channel.stream_stream(*args, **kwargs), self._authorization)
 
-class _TokenStreamUnary(_TokenCall, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any, it: Any) -> Any:
-        return await continuation(self._details(details), it)
+    def __getattr__(self, name: str) -> Any:  # close, channel_ready, get_state, ...
+        return getattr(self._channel, name)
 
+    async def __aenter__(self) -> TokenChannel:
+        return self
 
-class _TokenStreamStream(_TokenCall, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Callable[..., Any], details: Any, it: Any) -> Any:
-        return await continuation(self._details(details), it)
-
-
-def _interceptors(token: str, propagate: bool) -> list[Any] | None:
-    """The channel's client interceptors: propagation on unary calls, the token on every kind."""
-    out: list[Any] = [_PropagatingInterceptor(token, propagate)] if propagate or token else []
-    if token:
-        out += [_TokenUnaryStream(token), _TokenStreamUnary(token), _TokenStreamStream(token)]
-    return out or None
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close()
 
 
 class _TlsClientSettings(Protocol):
@@ -164,8 +159,10 @@ def open_channel(
     when there is one. `propagate=False` leaves out request-id / trace / deadline propagation (hot paths
     whose callers pass the metadata themselves; without a token, no interceptor at all)."""
     sec = ChannelSecurity.of(security)
-    interceptors = _interceptors(sec.token, propagate)
+    interceptors = [_PropagatingInterceptor()] if propagate else None
     creds = sec.credentials()
     if creds is not None:
-        return grpc.aio.secure_channel(address, creds, options=list(options), interceptors=interceptors)
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+        channel = grpc.aio.secure_channel(address, creds, options=list(options), interceptors=interceptors)
+    else:
+        channel = grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+    return cast(grpc.aio.Channel, TokenChannel(channel, sec.token)) if sec.token else channel
