@@ -115,19 +115,18 @@ def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
 
 
 def suite_identities(zone: str, workers: int) -> dict[str, Identity]:
-    """The identities `kvmesh up` (and `kvmesh certs`) provisions, by service id (workers: their service id,
-    so a worker's identity is the worker its KV events name)."""
+    """The identities `kvmesh up` (and `kvmesh certs`) provisions, by name; a worker's is named by its service
+    id and carries it as its id, the worker its KV events name."""
     R = CallerRole
-    ids = {
+    return {
         "cache-manager": Identity(R.CACHE_MANAGER, f"cache-manager-{zone}", zone),
         **{f"worker-{zone}-{i}": Identity(R.WORKER, f"worker-{zone}-{i}", zone) for i in range(workers)},
         "router": Identity(R.ROUTER, f"router-{zone}", zone),
         "failover": Identity(R.FAILOVER, f"failover-{zone}", zone),
         "admin": Identity(R.ADMIN, "operator", zone),
-        "client": Identity(R.CLIENT, "demo", zone),
+        "client": Identity(R.CLIENT, "demo", zone, tenants=("demo",)),
         "peer-zone": Identity(R.PEER_ZONE, f"peer-of-{zone}", zone),
     }
-    return ids
 
 
 class SuiteAuth:
@@ -276,6 +275,8 @@ def up(args: argparse.Namespace) -> int:
     }
     _state_path().write_text(json.dumps(state, indent=1))
     _print_endpoints(state)
+    admin_token = auth.state()["tokens"]["admin"]
+    print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if args.tls else ""))
     if args.detach:
         print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
         return 0
