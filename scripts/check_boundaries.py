@@ -23,6 +23,7 @@ _IO_AND_CLOCKS += ("time", "datetime", "kvmesh.rpc", "kvmesh.tasks", "kvmesh.ser
 _PURE = ("kvmesh.hashing", "kvmesh.index", "kvmesh.routing", "kvmesh.warming", "kvmesh.engine.sim")
 _PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai", "kvmesh.discovery.checks", "kvmesh.security.signing")
 _PURE += ("kvmesh.security.guardrails",)
+_PURE += ("kvmesh.security.authz",)
 _PURE_CODECS = ("kvmesh.wire.vllm_events", "kvmesh.wire.proto*", "kvmesh.wire.ingest_log")
 
 

@@ -119,10 +119,4 @@ bad_request_fields
 ServiceInterceptor
 _.exc_text  # logging.LogRecord's cached traceback text, cleared by rpc.server.QuietClientErrors
 _.kv_connector_counts  # VllmEngine's connector counters, read by the real-vLLM connector tests
-
-# interface: kvmesh.security.identity, the shared interface of issue 16's least-privilege work; the
-# authorisation core (certificates, tokens, the per-call context) uses these on its branch
-PEER_ZONE
-_.spiffe_id
-parse_spiffe_id
-current_identity
+current_identity  # kvmesh.security.identity: the handlers' read of the caller (tests; the role checks inside services)

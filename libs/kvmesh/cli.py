@@ -1,15 +1,22 @@
 """`kvmesh`: the umbrella command.
 
-    kvmesh up [--workers N] [--engine sim|vllm] [--redis] [--detach]   start the whole suite locally
+    kvmesh up [--workers N] [--engine sim|vllm] [--redis] [--tls] [--detach]   start the whole suite locally
     kvmesh status                                                      health of every service of the suite
     kvmesh demo [--prompt TEXT]                                        one real request through the router
     kvmesh down                                                        stop a detached suite
+    kvmesh certs DIR [--zone Z] [--workers N]                          a development CA and certificates
     kvmesh bench <index|worker|router|fleet|failover> ...              benchmarks (python -m kvmesh.bench)
 
 `up` starts each service as its own process with embedded defaults: a static registry file instead of Consul
 (the failover service probes its instances' gRPC health: a killed service leaves the endpoint sets in seconds),
 file checkpoints instead of Redis (unless --redis), simulated workers unless --engine vllm (real vLLM on the
 CPU with the tiny local model). State lives in `$KVMESH_HOME/run` (default `./var/run`).
+
+`up` is least-privilege by default: it provisions an identity per service (a random bearer token in
+`run/auth/`, mode 0600, readable by this user only) and starts every service with the authorisation table
+enforced, so an anonymous caller reaches only the router's client API, the endpoint watch and health.
+`run/auth/admin-operator.token` is the operator's admin token. `--tls` also makes a development CA
+(`run/pki/`, as `kvmesh certs` does) and runs every connection over mTLS, identities from the certificates.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
 from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
+from kvmesh.security.certs import DevPki, make_dev_pki
+from kvmesh.security.identity import CallerRole, Identity
+from kvmesh.security.tokens import accepted_file, provision
 
 
 def kvmesh_home() -> Path:
@@ -104,6 +114,70 @@ def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
     write_catalog(path, CatalogSnapshot.of(instances))
 
 
+def suite_identities(zone: str, workers: int) -> dict[str, Identity]:
+    """The identities `kvmesh up` (and `kvmesh certs`) provisions, by name; a worker's is named by its service
+    id and carries it as its id, the worker its KV events name."""
+    R = CallerRole
+    return {
+        "cache-manager": Identity(R.CACHE_MANAGER, f"cache-manager-{zone}", zone),
+        **{f"worker-{zone}-{i}": Identity(R.WORKER, f"worker-{zone}-{i}", zone) for i in range(workers)},
+        "router": Identity(R.ROUTER, f"router-{zone}", zone),
+        "failover": Identity(R.FAILOVER, f"failover-{zone}", zone),
+        "admin": Identity(R.ADMIN, "operator", zone),
+        "client": Identity(R.CLIENT, "demo", zone, tenants=("demo",)),
+        "peer-zone": Identity(R.PEER_ZONE, f"peer-of-{zone}", zone),
+    }
+
+
+class SuiteAuth:
+    """Per-service identities of one suite: tokens always, certificates with `--tls`; the flags each service
+    is started with, and the state `status` / `demo` connect with."""
+
+    def __init__(self, rd: Path, zone: str, workers: int, tls: bool) -> None:
+        self.ids = suite_identities(zone, workers)
+        self.token_files = provision(rd / "auth", list(self.ids.values()))
+        self.accepted = accepted_file(rd / "auth")
+        self.pki: DevPki | None = make_dev_pki(rd / "pki", list(self.ids.values())) if tls else None
+
+    def flags(self, name: str) -> list[str]:
+        ident = self.ids[name]
+        out = ["--auth-mode", "enforce", "--auth-tokens-file", str(self.accepted)]
+        out += ["--auth-token-file", str(self.token_files[ident])]
+        if self.pki is not None:
+            pair, ca = self.pki.pairs[ident], str(self.pki.ca)
+            out += ["--tls-cert", str(pair.cert), "--tls-key", str(pair.key), "--tls-client-ca", ca, "--tls-ca", ca]
+            out += ["--tls-client-cert", str(pair.cert), "--tls-client-key", str(pair.key)]
+        return out
+
+    def credentials(self, name: str = "admin") -> grpc.ChannelCredentials | None:
+        return _credentials(self.state(), name)
+
+    def state(self) -> dict[str, Any]:
+        """What the state file records: the operator's and the demo client's token and certificate files."""
+        out: dict[str, Any] = {
+            "tokens": {n: str(self.token_files[self.ids[n]]) for n in ("admin", "client")},
+            "tls": None,
+        }
+        if self.pki is not None:
+            pairs = {n: self.pki.pairs[self.ids[n]] for n in ("admin", "client")}
+            out["tls"] = {"ca": str(self.pki.ca), **{n: [str(p.cert), str(p.key)] for n, p in pairs.items()}}
+        return out
+
+
+def _credentials(auth: dict[str, Any] | None, name: str) -> grpc.ChannelCredentials | None:
+    """mTLS credentials of `name` (admin or client) from a suite's auth state; None for a plaintext suite."""
+    tls = (auth or {}).get("tls")
+    if not tls:
+        return None
+    cert, key = tls[name]
+    return grpc.ssl_channel_credentials(Path(tls["ca"]).read_bytes(), Path(key).read_bytes(), Path(cert).read_bytes())
+
+
+def _suite_channel(address: str, auth: dict[str, Any] | None, name: str) -> grpc.Channel:
+    creds = _credentials(auth, name)
+    return grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)
+
+
 def up(args: argparse.Namespace) -> int:
     rd = run_dir()
     if _state_path().exists() and _alive(json.loads(_state_path().read_text())):
@@ -114,6 +188,8 @@ def up(args: argparse.Namespace) -> int:
     started: list[ServiceProcess] = []
     redis_proc: subprocess.Popen[bytes] | None = None
     common = ("--zone", args.zone, "--log-level", args.log_level)
+    auth = SuiteAuth(rd, args.zone, args.workers, args.tls)
+    creds = auth.credentials()
     try:
         cm_flags = [
             *common,
@@ -127,7 +203,9 @@ def up(args: argparse.Namespace) -> int:
         if args.redis:
             redis_proc, url = _start_redis(rd / "redis")
             cm_flags += ["--redis-url", url]
-        cache = start_service("cache-manager", logs, *cm_flags, timeout=60)
+        cache = start_service(
+            "cache-manager", logs, *cm_flags, *auth.flags("cache-manager"), timeout=60, credentials=creds
+        )
         started.append(cache)
         timeout = 300 if args.engine == "vllm" else 60
         workers = []
@@ -135,6 +213,7 @@ def up(args: argparse.Namespace) -> int:
         for i in range(args.workers):
             flags = [
                 *common,
+                *auth.flags(f"worker-{args.zone}-{i}"),
                 "--service-id",
                 f"worker-{args.zone}-{i}",
                 "--engine",
@@ -146,10 +225,11 @@ def up(args: argparse.Namespace) -> int:
             ]
             if args.model:
                 flags += ["--model", args.model]
-            workers.append(start_service("worker", logs, *flags, env=worker_env[i], timeout=timeout))
+            workers.append(start_service("worker", logs, *flags, env=worker_env[i], timeout=timeout, credentials=creds))
         started.extend(workers)
         r_flags = [
             *common,
+            *auth.flags("router"),
             "--block-size",
             str(args.block_size),
             "--cache-manager",
@@ -163,12 +243,13 @@ def up(args: argparse.Namespace) -> int:
             r_flags += ["--model", args.model]
         if args.engine == "vllm":  # the router checks token ids against the model's own vocabulary
             r_flags += ["--vocab-size", "0"]
-        router = start_service("router", logs, *r_flags, timeout=120)
+        router = start_service("router", logs, *r_flags, timeout=120, credentials=creds)
         started.append(router)
         registry = rd / "registry.yaml"
         _write_registry(registry, started)
+        fo_flags = [*common, *auth.flags("failover"), "--registry-file", str(registry)]
         failover = start_service(
-            "failover", logs, *common, "--registry-file", str(registry), "--lkg-file", str(rd / "lkg.json"), timeout=60
+            "failover", logs, *fo_flags, "--lkg-file", str(rd / "lkg.json"), timeout=60, credentials=creds
         )
         started.append(failover)
     except BaseException:
@@ -190,9 +271,12 @@ def up(args: argparse.Namespace) -> int:
             for p in started
         ],
         "redis_pid": redis_proc.pid if redis_proc else None,
+        "auth": auth.state(),
     }
     _state_path().write_text(json.dumps(state, indent=1))
     _print_endpoints(state)
+    admin_token = auth.state()["tokens"]["admin"]
+    print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if args.tls else ""))
     if args.detach:
         print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
         return 0
@@ -271,7 +355,7 @@ def status(_args: argparse.Namespace) -> int:
     ok = True
     for s in state["services"]:
         try:
-            with grpc.insecure_channel(s["grpc"]) as ch:
+            with _suite_channel(s["grpc"], state.get("auth"), "admin") as ch:
                 reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
             text = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.RpcError as err:
@@ -302,7 +386,7 @@ def demo(args: argparse.Namespace) -> int:
     first: float | None = None
     pieces: list[str] = []
     final = None
-    with grpc.insecure_channel(router["grpc"]) as ch:
+    with _suite_channel(router["grpc"], state.get("auth"), "client") as ch:
         for msg in router_pb2_grpc.RouterServiceStub(ch).Generate(req, timeout=120):
             first = first if first is not None else time.perf_counter()
             pieces.append(msg.text)
@@ -315,6 +399,16 @@ def demo(args: argparse.Namespace) -> int:
         f"completion={final.usage.completion_tokens}; ttft {1000 * ((first or started) - started):.1f} ms, "
         f"total {1000 * (time.perf_counter() - started):.1f} ms"
     )
+    return 0
+
+
+def certs(args: argparse.Namespace) -> int:
+    """`kvmesh certs DIR`: the CA and one pair per identity `kvmesh up` would use (docs/security.md)."""
+    hosts = ("localhost", "127.0.0.1", *args.host)
+    pki = make_dev_pki(args.directory, list(suite_identities(args.zone, args.workers).values()), hosts)
+    print(f"CA: {pki.ca} (key {pki.ca.with_suffix('.key')}, mode 0600)")
+    for ident, pair in pki.pairs.items():
+        print(f"  {ident.spiffe_id:<44} {pair.cert}  {pair.key}")
     return 0
 
 
@@ -340,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--zone", default="local")
     p_up.add_argument("--redis", action="store_true", help="checkpoints in a local redis-server")
     p_up.add_argument("--detach", action="store_true", help="leave the suite running and return")
+    p_up.add_argument("--tls", action="store_true", help="mTLS everywhere, identities from a development CA")
     p_up.add_argument("--log-level", default="INFO")
     p_up.set_defaults(func=up)
     sub.add_parser("status", help="health of the running suite").set_defaults(func=status)
@@ -348,6 +443,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. Tell me a story")
     p_demo.add_argument("--max-tokens", type=int, default=24)
     p_demo.set_defaults(func=demo)
+    p_certs = sub.add_parser("certs", help="a development CA and a certificate per service and role")
+    p_certs.add_argument("directory", type=Path)
+    p_certs.add_argument("--zone", default="local")
+    p_certs.add_argument("--workers", type=int, default=2)
+    p_certs.add_argument("--host", action="append", default=[], help="extra DNS name / IP of the servers")
+    p_certs.set_defaults(func=certs)
     sub.add_parser("bench", help="benchmarks: kvmesh bench <index|worker|router|fleet|failover> ...")
     args = parser.parse_args(argv)
     return int(args.func(args))

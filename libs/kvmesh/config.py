@@ -51,6 +51,16 @@ class ServerSettings:
     tls_ca: str = setting("", "CA (PEM) to verify the servers this service calls; enables TLS on outbound calls")
     tls_client_cert: str = setting("", "client certificate (PEM) for outbound mTLS")
     tls_client_key: str = setting("", "client private key (PEM) for outbound mTLS")
+    auth_mode: str = setting(
+        "auto",
+        "authorisation table (docs/security.md): auto = enforced when this server has an identity source "
+        "(auth_tokens_file or mTLS); enforce = always; off = anyone may call anything",
+    )
+    auth_tokens_file: str = setting("", "YAML file of the bearer tokens this server accepts and their identities")
+    auth_token_file: str = setting("", "file holding this process's own bearer token, sent on its outbound calls")
+    auth_clients_generate: bool = setting(
+        False, "clients (role client) may call a worker's Generate/GenerateStream/Abort and OpenAI routes directly"
+    )
     grace_s: float = setting(10.0, "seconds to drain in-flight calls on SIGTERM")
     ready_file: str = setting("", "write bound ports as JSON here once serving (used by tests and `kvmesh up`)")
     registry_file: str = setting("", "static registry YAML (embedded default discovery)")

@@ -104,8 +104,10 @@ def start_service(
     wait_healthy: bool = True,
     port: int = 0,
     http_port: int = 0,
+    credentials: grpc.ChannelCredentials | None = None,
 ) -> ServiceProcess:
-    """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves."""
+    """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves (its
+    health checked over TLS with `credentials` when given)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{name}-{time.monotonic_ns()}.ready.json"
     log_path = ready.with_suffix(".log")
@@ -127,7 +129,7 @@ def start_service(
     sp = ServiceProcess(name, proc, ready, log_path)
     wait_ready(sp, timeout)
     if wait_healthy:
-        wait_serving(sp.address, timeout)
+        wait_serving(sp.address, timeout, credentials=credentials)
     return sp
 
 

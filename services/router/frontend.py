@@ -8,11 +8,11 @@ import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
 from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
-from kvmesh.errors import NotFound
+from kvmesh.errors import NotFound, PermissionDenied
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
 from kvmesh.security.client_keys import ClientKey, ClientKeys
-from kvmesh.security.identity import Identity, identity_var
+from kvmesh.security.identity import CallerRole, Identity, current_identity, identity_var
 from kvmesh.security.signing import SignedRequest
 from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import Chunk, RouterCore, RouterRequest
@@ -62,6 +62,18 @@ class Frontend:
         ident = self.keys.verify(key, req, time.time(), charge)
         if ident is not None:
             identity_var.set(ident)
+        return ident
+
+    def authenticate_admin(self, key: ClientKey | None, req: SignedRequest, action: str) -> Identity | None:
+        """The caller of an admin operation: the identity the service skeleton authenticated (role token or
+        certificate, `kvmesh.security.grpc_auth`) when it is an admin, else the API key, which must have role
+        admin (PermissionDenied naming the role and `action`). None: an open router (no keys, no table)."""
+        ident = current_identity()
+        if ident is not None and ident.role is CallerRole.ADMIN:
+            return ident
+        ident = self.authenticate(key, req)
+        if ident is not None and ident.role is not CallerRole.ADMIN:
+            raise PermissionDenied(f"role {ident.role.value} may not call {action}")
         return ident
 
     def authorize(self, key: ClientKey | None, req: SignedRequest) -> Identity | None:

@@ -121,7 +121,8 @@ class HttpApi:
             request.headers.get(SIGNATURE_HEADER),
             request.headers.get(TIMESTAMP_HEADER),
         )
-        check = self.front.authorize if client else self.front.authenticate
+        route = f"{request.method} {request.path}"
+        check = self.front.authorize if client else lambda k, s: self.front.authenticate_admin(k, s, route)
         ident = None if signed.signed else check(key, signed)
         body = await read_body(request, self.max_request_bytes, self.body_timeout_s) if request.body_exists else b""
         if signed.signed:

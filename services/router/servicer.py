@@ -143,10 +143,13 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
         self.front = front
 
     def _auth(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> Identity | None:
-        """The key and its signing rules; the signed body is the message re-serialized (these requests
-        hold scalars only, so that is the bytes a protobuf client sent)."""
+        """An admin caller (`Frontend.authenticate_admin`): a skeleton-authenticated admin, or an admin API key
+        and its signing rules; the signed body is the message re-serialized (these requests hold scalars only,
+        so that is the bytes a protobuf client sent)."""
         signed = signed_from(context, f"/{_ADMIN}/{method}", request.SerializeToString())
-        return self.front.authenticate(self.front.keys.lookup(api_key_from(context)), signed)
+        return self.front.authenticate_admin(
+            self.front.keys.lookup(api_key_from(context)), signed, f"/{_ADMIN}/{method}"
+        )
 
     async def Rebalance(  # type: ignore[override]
         self, request: router_pb2.RebalanceRequest, context: grpc.aio.ServicerContext

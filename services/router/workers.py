@@ -52,7 +52,7 @@ def _worker_channel(address: str, settings: ServerSettings) -> grpc.aio.Channel:
     with TLS the propagating interceptor stays, as it always had."""
     if settings.tls_ca:
         return open_channel(address, settings)
-    return open_channel(address, options=_FAST_OPTIONS, propagate=False)
+    return open_channel(address, settings, options=_FAST_OPTIONS, propagate=False)  # its token, if any
 
 
 @dataclass

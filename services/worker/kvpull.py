@@ -35,6 +35,7 @@ from kvmesh.kvsync.tier import RegionReader, Reservation, SlotRef, TierRegion, r
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.security.grpc_auth import Guard
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import worker_pb2
@@ -62,7 +63,9 @@ class KvSyncServer:
         self.settings = settings
         self.server = grpc.aio.server(options=list(_SERVER_OPTIONS))
         servicer = KvSyncServicer({TIER_REGION: region})
-        add_to_server(servicer, InstrumentedServer(self.server, "kvsync", MessageBounds(per_method=REQUEST_BOUNDS)))
+        bounds = MessageBounds(per_method=REQUEST_BOUNDS)
+        guard = Guard.from_settings(settings, "kvsync")  # the worker's own table: workers and peer zones only
+        add_to_server(servicer, InstrumentedServer(self.server, "kvsync", bounds, guard))
         self.port = 0
 
     async def start(self) -> str:

@@ -6,16 +6,32 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from kvmesh.client import Client
-from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc, router_pb2
+from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    failover_pb2,
+    failover_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -42,14 +58,24 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
-def _served_through_failover(home: Path) -> None:
+def _address(state: dict[str, Any], name: str) -> str:
+    return str(next(s["grpc"] for s in state["services"] if s["name"] == name))
+
+
+def _channel(address: str, creds: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    return grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)
+
+
+def _served_through_failover(
+    home: Path, creds: grpc.ChannelCredentials | None = None, security: ChannelSecurity | None = None
+) -> None:
     """The suite's failover service finds the router in the registry `kvmesh up` wrote, and `kvmesh.client`
     pointed only at the failover service serves a request through it."""
     state = json.loads((home / "run" / "suite.json").read_text())
-    failover = next(s["grpc"] for s in state["services"] if s["name"] == "failover")
-    router = next(s["grpc"] for s in state["services"] if s["name"] == "router")
+    failover = _address(state, "failover")
+    router = _address(state, "router")
     seen: list[tuple[str, bool, list[str]]] = []
-    with grpc.insecure_channel(failover) as ch:
+    with _channel(failover, creds) as ch:
         # each message is a new revision of the endpoint sets; the zone turns healthy after its hysteresis
         stream = failover_pb2_grpc.FailoverServiceStub(ch).WatchEndpoints(
             failover_pb2.WatchEndpointsRequest(), timeout=30
@@ -65,7 +91,7 @@ def _served_through_failover(home: Path) -> None:
         token_ids=common_pb2.TokenIds(ids=list(range(3, 67))),
         sampling=common_pb2.SamplingParams(max_tokens=4, ignore_eos=True),
     )
-    with Client([failover], timeout_s=60) as client:
+    with Client([failover], timeout_s=60, security=security) as client:
         steps = list(client.generate(req))
     assert steps[-1].finish_reason and steps[-1].usage.completion_tokens == 4
     assert steps[-1].worker_id.startswith("worker-local-")
@@ -103,6 +129,97 @@ def _router_kill_is_seen(home: Path) -> float:
     return took
 
 
+def _bearer(path: str) -> tuple[tuple[str, str]]:
+    return (("authorization", "Bearer " + Path(path).read_text().strip()),)
+
+
+def _code(call: Callable[[], object]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as err:
+        return err.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _internal_rpcs(state: dict[str, Any], channel: Callable[[str], grpc.Channel], metadata: Any = ()) -> dict[str, Any]:
+    """The status of internal RPCs of the suite made on `channel`s, each an attack of issue 16: KV events
+    published (forged) and read, an index query, a checkpoint, free generation and an abort on a worker, a
+    forged router registration, traffic weights, a drain."""
+    cm, worker, router = (_address(state, n) for n in ("cache-manager", "worker", "router"))
+    hello = cache_manager_pb2.WorkerHello(worker_id="worker-local-0", instance_id="forged", block_size=32)
+    codes = {}
+    with channel(cm) as ch:
+        publish = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).PublishKvEvents(
+            iter([cache_manager_pb2.PublishKvEventsRequest(hello=hello)]), timeout=10, metadata=metadata
+        )
+        codes["PublishKvEvents"] = _code(lambda: list(publish))
+        find = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).FindMatches
+        req = cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=list(range(64))))
+        codes["FindMatches"] = _code(lambda: find(req, timeout=10, metadata=metadata))
+        checkpoint = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).Checkpoint
+        codes["Checkpoint"] = _code(
+            lambda: checkpoint(cache_manager_pb2.CheckpointRequest(), timeout=10, metadata=metadata)
+        )
+    with channel(worker) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        events = stub.StreamKvEvents(worker_pb2.StreamKvEventsRequest(), timeout=10, metadata=metadata)
+        codes["StreamKvEvents"] = _code(lambda: next(events))
+        prompt = worker_pb2.GenerateRequest(request_id="free", token_ids=common_pb2.TokenIds(ids=list(range(3, 40))))
+        codes["WorkerGenerate"] = _code(lambda: list(stub.Generate(prompt, timeout=10, metadata=metadata)))
+        abort = worker_pb2.AbortRequest(request_id="someone-else")
+        codes["Abort"] = _code(lambda: stub.Abort(abort, timeout=10, metadata=metadata))
+    with channel(_address(state, "failover")) as ch:
+        fo = failover_pb2_grpc.FailoverServiceStub(ch)
+        fake = failover_pb2.RegisterRequest(
+            endpoint=common_pb2.Endpoint(id="evil", address="127.0.0.1:1", role=common_pb2.SERVICE_ROLE_ROUTER)
+        )
+        codes["Register"] = _code(lambda: fo.Register(fake, timeout=10, metadata=metadata))
+        weights = failover_pb2.SetTrafficWeightsRequest()
+        codes["SetTrafficWeights"] = _code(lambda: fo.SetTrafficWeights(weights, timeout=10, metadata=metadata))
+    with channel(router) as ch:
+        drain = router_pb2_grpc.RouterAdminServiceStub(ch).DrainWorker
+        codes["DrainWorker"] = _code(
+            lambda: drain(
+                router_pb2.DrainWorkerRequest(worker_id="worker-local-0", drain=True), timeout=10, metadata=metadata
+            )
+        )
+    return codes
+
+
+def _all_but_publish(codes: dict[str, Any]) -> set[grpc.StatusCode]:
+    """The codes of every internal RPC but PublishKvEvents (a worker's own; whether it may publish as the worker
+    its hello names is the cache-manager's check)."""
+    return {c for name, c in codes.items() if name != "PublishKvEvents"}
+
+
+def _least_privilege(home: Path) -> None:
+    """A plain `kvmesh up` suite: an anonymous caller gets no internal RPC (no KV events published or read, no
+    drain, no admin HTTP route); a worker's own identity does not make it an admin or an index reader; the
+    provisioned token files are the user's alone."""
+    state = json.loads((home / "run" / "suite.json").read_text())
+    anonymous = _internal_rpcs(state, grpc.insecure_channel)
+    assert set(anonymous.values()) == {grpc.StatusCode.UNAUTHENTICATED}, anonymous
+    worker_token = home / "run" / "auth" / "worker-worker-local-0.token"
+    as_worker = _internal_rpcs(state, grpc.insecure_channel, _bearer(str(worker_token)))
+    assert _all_but_publish(as_worker) == {grpc.StatusCode.PERMISSION_DENIED}, as_worker
+    router = next(s for s in state["services"] if s["name"] == "router")
+    url = f"http://127.0.0.1:{router['http_port']}/admin/drain"
+    req = urllib.request.Request(url, data=b'{"worker_id": "worker-local-0"}', method="POST")
+    req.add_header("Content-Type", "application/json")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 401
+    with grpc.insecure_channel(router["grpc"]) as ch:  # the operator's provisioned token is an admin
+        listed = router_pb2_grpc.RouterAdminServiceStub(ch).ListWorkers(
+            router_pb2.ListWorkersRequest(), timeout=10, metadata=_bearer(state["auth"]["tokens"]["admin"])
+        )
+    assert len(listed.workers) == 2 and all(
+        w.endpoint.health == common_pb2.HEALTH_STATE_PASSING for w in listed.workers
+    )
+    for path in (home / "run" / "auth").iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = _kvmesh(home, "up", "--detach", "--workers", "2")
@@ -117,6 +234,7 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "completion (worker-local-" in demo.stdout
         assert "completion=8" in demo.stdout
+        _least_privilege(home)
         _served_through_failover(home)
         _router_kill_is_seen(home)
     finally:
@@ -154,3 +272,35 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
         for pid in [*pids, proc.pid]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -> None:
+    """`kvmesh up --tls`: the suite serves (status, demo, kvmesh.client through the failover service) with
+    identities from its development CA; a plaintext caller gets nothing, and a worker's certificate neither
+    reads the index nor drains."""
+    home = tmp_path / "home"
+    up = _kvmesh(home, "up", "--detach", "--workers", "1", "--tls")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        state = json.loads((home / "run" / "suite.json").read_text())
+        tls = state["auth"]["tls"]
+        status = _kvmesh(home, "status", timeout=60)
+        assert status.returncode == 0 and status.stdout.count("SERVING") == 4, status.stdout
+        demo = _kvmesh(home, "demo", "--max-tokens", "4", timeout=120)
+        assert demo.returncode == 0 and "completion=4" in demo.stdout, demo.stdout + demo.stderr
+        pki = home / "run" / "pki"
+
+        def creds(stem: str) -> grpc.ChannelCredentials:
+            return grpc.ssl_channel_credentials(
+                (pki / "ca.pem").read_bytes(), (pki / f"{stem}.key").read_bytes(), (pki / f"{stem}.pem").read_bytes()
+            )
+
+        plaintext = _internal_rpcs(state, grpc.insecure_channel)
+        assert set(plaintext.values()) == {grpc.StatusCode.UNAVAILABLE}, plaintext  # TLS only: no handshake
+        as_worker = _internal_rpcs(state, lambda a: grpc.secure_channel(a, creds("worker-worker-local-0")))
+        assert _all_but_publish(as_worker) == {grpc.StatusCode.PERMISSION_DENIED}, as_worker
+        client = ChannelSecurity(tls["ca"], *tls["client"])
+        _served_through_failover(home, creds("client-demo"), client)
+    finally:
+        down = _kvmesh(home, "down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -36,7 +36,8 @@ GENERATE = "/kvmesh.v1.RouterService/Generate"
 KEYS = """
 - {key: sk-alice, id: alice, tenants: [alice]}
 - {key: sk-bob, id: bob, tenants: [bob]}
-- {key: sk-signer, id: signer, signing_secret: signer-secret, require_signature: true}
+- {key: sk-signer, id: signer, signing_secret: signer-secret, require_signature: true, role: admin}
+- {key: sk-ops, id: ops, role: admin}
 """
 SECRET = "signer-secret"
 
@@ -138,7 +139,9 @@ def test_grpc_admin_calls_are_signed_over_the_message(router: ServiceProcess) ->
     path, now = "/kvmesh.v1.RouterAdminService/DrainWorker", int(time.time())
     with grpc.insecure_channel(router.address) as ch:
         admin = router_pb2_grpc.RouterAdminServiceStub(ch)
-        wid = admin.ListWorkers(router_pb2.ListWorkersRequest(), metadata=[("x-api-key", "sk-alice")]).workers[0]
+        e = refused(lambda: admin.ListWorkers(router_pb2.ListWorkersRequest(), metadata=[("x-api-key", "sk-alice")]))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "role client" in (e.details() or "")
+        wid = admin.ListWorkers(router_pb2.ListWorkersRequest(), metadata=[("x-api-key", "sk-ops")]).workers[0]
         req = router_pb2.DrainWorkerRequest(worker_id=wid.endpoint.id, drain=False)
         md = [("x-api-key", "sk-signer"), ("x-kvmesh-timestamp", str(now))]
         sig = ("x-kvmesh-signature", sign(SECRET, "POST", path, req.SerializeToString(), now))
@@ -148,7 +151,7 @@ def test_grpc_admin_calls_are_signed_over_the_message(router: ServiceProcess) ->
         assert e.code() == grpc.StatusCode.UNAUTHENTICATED and "does not match" in (e.details() or "")
         e = refused(lambda: admin.DrainWorker(other, metadata=[("x-api-key", "sk-signer")]))
         assert e.code() == grpc.StatusCode.UNAUTHENTICATED and "requires a signed request" in (e.details() or "")
-        listed = admin.ListWorkers(router_pb2.ListWorkersRequest(), metadata=[("x-api-key", "sk-alice")])
+        listed = admin.ListWorkers(router_pb2.ListWorkersRequest(), metadata=[("x-api-key", "sk-ops")])
         assert not listed.workers[0].draining  # the refused drain did nothing
 
 
@@ -200,7 +203,9 @@ def test_http_signed_requests(router: ServiceProcess) -> None:
     )
     assert get.status_code == 200, get.text
     # an admin route: the signature covers its JSON body
-    wid = httpx.get(f"http://127.0.0.1:{router.http_port}/admin/workers", headers={"X-Api-Key": "sk-alice"}).json()
+    workers = f"http://127.0.0.1:{router.http_port}/admin/workers"
+    assert httpx.get(workers, headers={"X-Api-Key": "sk-alice"}).status_code == 403  # a client key is no admin
+    wid = httpx.get(workers, headers={"X-Api-Key": "sk-ops"}).json()
     drain = json.dumps({"worker_id": wid["workers"][0]["endpoint"]["id"], "drain": False}).encode()
     r = http_post(router, "/admin/drain", drain, "sk-signer", **signed_headers("/admin/drain", drain, ts))
     assert r.status_code == 200 and r.json() == {"in_flight": 0}, r.text

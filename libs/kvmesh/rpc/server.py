@@ -5,6 +5,10 @@
   error map per handler), `grpc.health.v1` health and server reflection, optional TLS / mTLS;
 - HTTP: `GET /metrics` (Prometheus), `GET /healthz`, plus any routes the service adds (OpenAI API, admin);
   a malformed HTTP request or a client that went away is logged at INFO without a traceback;
+- authorisation (`kvmesh.security`): when the settings give an identity source (`auth_tokens_file`, mTLS) or
+  `auth_mode=enforce`, every gRPC call (health and reflection included) and every HTTP request is admitted
+  by the one table (`kvmesh.security.authz`) before its handler runs, the caller's identity set in
+  `identity_var`; without one the service is open, as before the table;
 - limits (`ServerLimits`, per service): the largest request message each gRPC method decodes (refused
   INVALID_ARGUMENT on its size, before decoding), the transport's own limit above that, and the largest
   HTTP body;
@@ -38,7 +42,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from kvmesh.config import ServerSettings, load_settings
 from kvmesh.discovery.model import Health, Role
@@ -48,6 +52,8 @@ from kvmesh.errors import KvmeshError
 from kvmesh.rpc.background import BackgroundTasks, Job
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.security.grpc_auth import Guard, GuardedServer
+from kvmesh.security.http_auth import http_guard
 from kvmesh.tasks import stop_task
 from kvmesh.telemetry import metrics
 from kvmesh.telemetry.logging import setup_logging
@@ -143,6 +149,7 @@ class ServiceRunner:
     settings: ServerSettings
     limits: ServerLimits = field(default_factory=ServerLimits)
     server: grpc.aio.Server = field(init=False)
+    guard: Guard | None = field(init=False)
     health: HealthServicer = field(init=False)
     http_app: web.Application = field(init=False)
     stopping: asyncio.Event = field(init=False)
@@ -159,11 +166,14 @@ class ServiceRunner:
 
     def __post_init__(self) -> None:
         self.server = grpc.aio.server(options=_server_options(self.limits))
+        self.guard = Guard.from_settings(self.settings, self.name)
         self.health = HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc_own())
         self.stopping = asyncio.Event()
         self.background = BackgroundTasks(self.stopping)
         self.http_app = web.Application(client_max_size=self.limits.http_max_body_bytes)
+        if self.guard is not None:
+            self.http_app.middlewares.append(http_guard(self.guard))
         if _QUIET not in logging.getLogger("aiohttp.server").filters:
             logging.getLogger("aiohttp.server").addFilter(_QUIET)
         self.http_app.router.add_get("/metrics", self._metrics)
@@ -181,9 +191,13 @@ class ServiceRunner:
         self, add_to_server: Callable[[Any, grpc.aio.Server], None], servicer: Any, full_name: str
     ) -> None:
         """Registers a generated servicer; `full_name` (e.g. `kvmesh.v1.WorkerService`) gets health + reflection."""
-        server = InstrumentedServer(self.server, self.name, self.limits.grpc_requests)
+        server = InstrumentedServer(self.server, self.name, self.limits.grpc_requests, self.guard)
         add_to_server(servicer, server)  # type: ignore[arg-type]
         self._service_names.append(full_name)
+
+    def _grpc_own(self) -> Any:
+        """Where grpc's own services (health, reflection) register: behind the guard when there is one."""
+        return self.server if self.guard is None else GuardedServer(self.server, self.guard)
 
     def every(self, interval_s: float, fn: Job, *, name: str) -> None:
         """Runs `await fn()` every `interval_s` seconds until shutdown (errors logged and counted); <= 0: off."""
@@ -201,9 +215,11 @@ class ServiceRunner:
     async def start(self) -> BoundPorts:
         """Binds and starts gRPC and HTTP, marks every service SERVING and writes the ready file."""
         s = self.settings
-        reflection.enable_server_reflection(
-            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self.server,
+        health = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        names = [*self._service_names, health, reflection.SERVICE_NAME]
+        # registered by hand, not enable_server_reflection: that picks the sync servicer for a wrapped server
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(names), self._grpc_own()
         )
         address = f"{s.host}:{s.port}"
         if s.tls_cert:

@@ -24,6 +24,12 @@ LOG_RECORDS_SUPPRESSED = Counter(
     "Log records dropped by the repeat limit (same logger, level and message template within a window)",
     ["logger", "level"],
 )
+AUTHZ_DENIED = Counter(
+    "kvmesh_authz_denied_total",
+    "Calls refused by the authorisation table (UNAUTHENTICATED / PERMISSION_DENIED, HTTP 401 / 403), by the "
+    "gRPC method or HTTP route and the caller's role (anonymous: none)",
+    ["service", "method", "role"],
+)
 SERVICE_INFO = Gauge("kvmesh_service_info", "Static service information (value 1)", ["service", "zone", "version"])
 
 

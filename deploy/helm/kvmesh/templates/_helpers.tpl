@@ -29,6 +29,8 @@ kvmesh.io/version: {{ .Values.version }}
   value: {{ include "kvmesh.consulUrl" . | quote }}
 - name: KVMESH_SERVICE_ID
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: KVMESH_AUTH_MODE
+  value: {{ .Values.auth.mode | quote }}
 {{- if .Values.tls.enabled }}
 - name: KVMESH_TLS_CERT
   value: /etc/kvmesh/tls/tls.crt
