@@ -88,7 +88,7 @@ class HttpApi:
         return parsed, lora
 
     def _gen_request(self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str) -> RouterRequest:
-        session = request.headers.get("X-Session-Id") or parsed.user
+        session = _header(request, "X-Session-Id") or parsed.user
         return RouterRequest(
             f"http-{uuid.uuid4().hex}",
             common_pb2.TokenIds(ids=ids),
@@ -199,9 +199,21 @@ class HttpApi:
         return web.json_response({"in_flight": n})
 
 
+def _header(request: web.Request, name: str) -> str | None:
+    """A request header as text; InvalidArgument naming it when its bytes are not UTF-8 (aiohttp passes those
+    on as lone surrogates, which no encoder, hash or key comparison takes)."""
+    value = request.headers.get(name)
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument(name, "must be UTF-8 text") from None
+    return value
+
+
 def _bearer(request: web.Request) -> str | None:
-    h = request.headers.get("Authorization", "")
-    return h[7:].strip() if h.lower().startswith("bearer ") else request.headers.get("X-Api-Key")
+    h = _header(request, "Authorization") or ""
+    return h[7:].strip() if h.lower().startswith("bearer ") else _header(request, "X-Api-Key")
 
 
 def _finish(c: Chunk) -> str | None:

@@ -4,11 +4,15 @@ service must have answered every case without INTERNAL / UNKNOWN or a 5xx, and s
 
 from __future__ import annotations
 
+import http.client
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kvmesh.bench.fuzz import NAMES, fuzz_service, fuzz_suite, healthy, suite, target_of
+from kvmesh.launcher import ServiceProcess
 from tests.support.sim_worker import start_sim_worker
 
 pytestmark = pytest.mark.integration
@@ -39,3 +43,30 @@ def test_a_dead_service_is_a_crash_and_not_healthy(tmp_path: Path) -> None:
     assert (o.crashes, o.cases) == (1, 1)
     assert o.findings[-1]["answer"] == "process died"
     assert not healthy(worker)
+
+
+@pytest.mark.parametrize("header", ["X-Session-Id", "Authorization", "X-Api-Key"])
+def test_router_refuses_a_header_that_is_not_utf8_naming_it(
+    services: Callable[..., ServiceProcess], tmp_path: Path, header: str
+) -> None:
+    """Found by the fuzzer: a Latin-1 byte in X-Session-Id (hashed for affinity) or in the API key (compared
+    as UTF-8) reached the router as a lone surrogate and was answered 500."""
+    keys = tmp_path / "keys"
+    keys.write_text("sk-k\n")
+    worker = services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", "16")
+    router = services("router", "--workers", worker.address, "--block-size", "16", "--api-keys-file", str(keys))
+    value = b"Bearer \xe9" if header == "Authorization" else b"\xe9\x8a"
+    hdrs = {"Authorization": b"Bearer sk-k", header: value} if header == "X-Session-Id" else {header: value}
+    conn = http.client.HTTPConnection("127.0.0.1", router.http_port, timeout=30)
+    body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+    conn.putrequest("POST", "/v1/completions")
+    for k, v in hdrs.items():
+        conn.putheader(k, v)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    resp = conn.getresponse()
+    err = json.loads(resp.read())["error"]
+    assert (resp.status, err["param"]) == (400, header), err
+    assert "UTF-8" in err["message"]
+    conn.close()

@@ -54,6 +54,7 @@ from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.v1 import cache_manager_pb2, failover_pb2, kvsync_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 
 NAMES = ("router", "worker", "cache-manager", "failover")
+ROUTER_KEY = "sk-kvmesh-fuzz"  # the client API key of the suite's router (a loopback-only test suite)
 MAX_RESPONSES = 3
 UNARY_TIMEOUT_S = 5.0
 STREAM_TIMEOUT_S = 0.5
@@ -388,7 +389,8 @@ def fuzz_service(target: Target, cases: int, time_limit_s: float | None = None, 
 # ---- the suite -------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
-    """cache-manager, a sim worker pushing to it, a router over both, a failover service; all stopped after."""
+    """cache-manager, a sim worker pushing to it, a router over both (client API keys on: `ROUTER_KEY`), a
+    failover service; all stopped after."""
     started: list[ServiceProcess] = []
 
     def start(name: str, *args: str) -> ServiceProcess:
@@ -405,7 +407,13 @@ def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
             *("--engine", "sim", "--sim-speed", "0", "--block-size", "16", "--kv-blocks", "2048"),
             *("--max-model-len", "8192", "--cache-manager", cm.address),
         )
-        router = start("router", "--workers", worker.address, "--cache-manager", cm.address, "--block-size", "16")
+        keys = tmp / "api-keys"
+        keys.write_text(ROUTER_KEY + "\n")
+        router = start(
+            "router",
+            *("--workers", worker.address, "--cache-manager", cm.address, "--block-size", "16"),
+            *("--api-keys-file", str(keys)),
+        )
         failover = start(
             "failover",
             *("--registry-file", str(tmp / "registry.yaml"), "--lkg-file", str(tmp / "lkg.json")),
@@ -438,8 +446,9 @@ def fuzz_suite(
     tokens: dict[str, str] | None = None,
     log: Callable[[str], None] = lambda _s: None,
 ) -> dict[str, Outcome]:
-    """Fuzzes each of `names` in turn (`time_limit_s` per service), then checks every one is healthy."""
-    tokens = tokens or {}
+    """Fuzzes each of `names` in turn (`time_limit_s` per service), then checks every one is healthy. The
+    router's calls carry `ROUTER_KEY` unless `tokens` name another."""
+    tokens = {"router": ROUTER_KEY, **(tokens or {})}
     outcomes: dict[str, Outcome] = {}
     for i, name in enumerate(names):
         token = tokens.get(name, tokens.get("*", ""))

@@ -287,8 +287,8 @@ def _unknown_field(desc: Descriptor) -> st.SearchStrategy[bytes]:
     number = st.integers(1, FIELD_NUMBER_MAX).filter(lambda n: n not in known and n not in RESERVED)
 
     def encode(n: int, wt: int, payload: bytes) -> bytes:
-        if wt == 3:  # a group: start, one field inside, end with the same number
-            return _key(n, 3) + _key(1, 0) + varint(len(payload)) + _key(n, 4)
+        if wt == 3:  # a group: start, one varint field inside, end with the same number
+            return _key(n, 3) + _key(1, 0) + payload + _key(n, 4)
         return _key(n, wt) + payload
 
     wts = st.sampled_from([0, 1, 2, 3, 5])
