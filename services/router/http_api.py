@@ -136,7 +136,7 @@ class HttpApi:
         """Auth, body, the tenant, the adapter "model" selects (checked before anything is tokenised), the
         request; returns (request, lora, tenant)."""
         ident, raw = await self._auth(request)
-        tenant = bind_tenant(ident, request.headers.get(TENANT_HEADER, ""))
+        tenant = bind_tenant(ident, _header(request, TENANT_HEADER) or "")
         body = parse_json_object(raw)
         lora = self.front.lora_for(parse_model(body), "")
         limit = self.front.core.limits.max_tokens_limit
@@ -147,7 +147,7 @@ class HttpApi:
     def _gen_request(
         self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str, tenant: str
     ) -> RouterRequest:
-        session = request.headers.get("X-Session-Id") or parsed.user
+        session = _header(request, "X-Session-Id") or parsed.user
         return RouterRequest(
             f"http-{uuid.uuid4().hex}",
             common_pb2.TokenIds(ids=ids),
@@ -274,9 +274,21 @@ class HttpApi:
         return web.json_response({"in_flight": n})
 
 
+def _header(request: web.Request, name: str) -> str | None:
+    """A request header as text; InvalidArgument naming it when its bytes are not UTF-8 (aiohttp passes those
+    on as lone surrogates, which no encoder, hash or key comparison takes)."""
+    value = request.headers.get(name)
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgument(name, "must be UTF-8 text") from None
+    return value
+
+
 def _bearer(request: web.Request) -> str | None:
-    h = request.headers.get("Authorization", "")
-    return h[7:].strip() if h.lower().startswith("bearer ") else request.headers.get("X-Api-Key")
+    h = _header(request, "Authorization") or ""
+    return h[7:].strip() if h.lower().startswith("bearer ") else _header(request, "X-Api-Key")
 
 
 def _finish(c: Chunk) -> str | None:

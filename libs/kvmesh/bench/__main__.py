@@ -1,4 +1,5 @@
-"""``python -m kvmesh.bench <index|worker|router|grpc-hop|fleet|fleet-live|failover|oversize|balance> [args...]``.
+"""``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
+fleet-live, failover, oversize, balance, kvsync, fuzz).
 
 Each prints one JSON line.
 
@@ -11,7 +12,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ("index", "worker", "router", "grpc-hop", "fleet", "fleet-live", "failover", "oversize", "balance", "kvsync")
+BENCHES = (
+    "index",
+    "worker",
+    "router",
+    "grpc-hop",
+    "fleet",
+    "fleet-live",
+    "failover",
+    "oversize",
+    "balance",
+    "kvsync",
+    "fuzz",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
