@@ -407,8 +407,8 @@ def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
             *("--engine", "sim", "--sim-speed", "0", "--block-size", "16", "--kv-blocks", "2048"),
             *("--max-model-len", "8192", "--cache-manager", cm.address),
         )
-        keys = tmp / "api-keys"
-        keys.write_text(ROUTER_KEY + "\n")
+        keys = tmp / "api-keys.yaml"  # role admin: the fuzz reaches the admin handlers, not only the key check
+        keys.write_text(f"- {{key: {ROUTER_KEY}, id: fuzz, role: admin}}\n")
         router = start(
             "router",
             *("--workers", worker.address, "--cache-manager", cm.address, "--block-size", "16"),
