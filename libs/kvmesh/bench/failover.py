@@ -14,7 +14,7 @@ first) send requests in a loop for the whole run. Scenarios (times as fractions 
 
 Prints one JSON line. ``switchover_s``: per client, ``max(0, last send to zone 0 in [kill,
 restore) - kill)`` (the time until that client sends only to other zones), p50 and max over
-clients; ``requests_lost``: requests that failed or ended short; ``requests_duplicated``: requests
+clients; ``outage_s``: from the kill to the start of the restore; ``requests_lost``: requests that failed or ended short; ``requests_duplicated``: requests
 that delivered more tokens than asked; ``failback_s``: from zone 0 restored (serving and registered)
 to the first request a client sends to it.
 """
@@ -354,6 +354,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             "switchover_s": {"p50": round(statistics.median(switch), 3), "max": round(max(switch), 3)}
             if a.scenario != "failover"
             else {"p50": 0.0, "max": 0.0},
+            "outage_s": round(t_restore_start - t_kill, 3),
             "requests_total": stats.total,
             "requests_lost": stats.lost,
             "requests_duplicated": stats.duplicated,
