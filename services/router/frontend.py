@@ -53,13 +53,27 @@ class Frontend:
             return chunks
         return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt.ids))
 
+    def caller_key(self, presented: str | None) -> ClientKey | None:
+        """The API key presented (`ClientKeys.lookup`); None when the service skeleton already authenticated the
+        caller as a client or admin (an mTLS certificate, or a role token in the same header), which
+        `authenticate` then binds instead."""
+        if _skeleton_client() is not None:
+            return None
+        return self.keys.lookup(presented)
+
     def authenticate(
         self, key: ClientKey | None, req: SignedRequest, charge: Callable[[str], None] = lambda _: None
     ) -> Identity | None:
         """`key`'s signing rules on `req` against the wall clock (Unauthenticated), `charge` in between
-        (`ClientKeys.verify`); the identity is the call's (`identity_var`) from here on. None: no keys
-        configured (an open router)."""
-        ident = self.keys.verify(key, req, time.time(), charge)
+        (`ClientKeys.verify`); with no key, the skeleton's client or admin identity and its tenants
+        (`ClientKeys.for_certificate`). The identity is the call's (`identity_var`) from here on. None: no
+        keys configured and no certificate (an open router)."""
+        peer = _skeleton_client() if key is None else None
+        if peer is not None:
+            ident: Identity | None = self.keys.for_certificate(peer)
+            charge(peer.id)
+        else:
+            ident = self.keys.verify(key, req, time.time(), charge)
         if ident is not None:
             identity_var.set(ident)
         return ident
@@ -171,3 +185,10 @@ class Frontend:
             st.in_flight = v.inflight_requests
             st.selections_total = h.selections_total
         return out
+
+
+def _skeleton_client() -> Identity | None:
+    """The call's skeleton-authenticated identity (an mTLS certificate or a role token) when it is a client's
+    or an admin's."""
+    ident = current_identity()
+    return ident if ident is not None and ident.role in (CallerRole.CLIENT, CallerRole.ADMIN) else None

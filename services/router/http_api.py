@@ -113,7 +113,7 @@ class HttpApi:
         is absent), then, for an unsigned request, its rate-limit token (a client call) before the body is
         read, for a signed one the body (bounded) and the signature over it, then the token. Returns the
         identity (None: open router) and the body."""
-        key = self.front.keys.lookup(_bearer(request))
+        key = self.front.caller_key(_bearer(request))
         signed = SignedRequest(
             request.method,
             request.url.raw_path,

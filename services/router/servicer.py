@@ -91,7 +91,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         outcome = "error"
         request, raw = received
         try:
-            ident = f.authorize(f.keys.lookup(api_key_from(context)), signed_from(context, _GENERATE, raw))
+            ident = f.authorize(f.caller_key(api_key_from(context)), signed_from(context, _GENERATE, raw))
             tenant = bind_tenant(ident, request.tenant)  # the cache salt: never another key's tenant
             which = request.WhichOneof("prompt")
             require(which is not None, "prompt", "one of text, token_ids or chat is required")
@@ -148,7 +148,7 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
         so that is the bytes a protobuf client sent)."""
         signed = signed_from(context, f"/{_ADMIN}/{method}", request.SerializeToString())
         return self.front.authenticate_admin(
-            self.front.keys.lookup(api_key_from(context)), signed, f"/{_ADMIN}/{method}"
+            self.front.caller_key(api_key_from(context)), signed, f"/{_ADMIN}/{method}"
         )
 
     async def Rebalance(  # type: ignore[override]

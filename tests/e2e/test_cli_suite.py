@@ -186,6 +186,26 @@ def _internal_rpcs(state: dict[str, Any], channel: Callable[[str], grpc.Channel]
     return codes
 
 
+def _tenant_is_bound(router: str, channel: grpc.Channel, metadata: Any = ()) -> None:
+    """The demo client (its role token or its certificate) runs as its own tenant: declaring another is
+    PERMISSION_DENIED naming it, declaring its own serves."""
+    stub = router_pb2_grpc.RouterServiceStub(channel)
+
+    def gen(tenant: str) -> list[router_pb2.RouterServiceGenerateResponse]:
+        req = router_pb2.RouterServiceGenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=list(range(3, 40))),
+            sampling=common_pb2.SamplingParams(max_tokens=1, ignore_eos=True),
+            tenant=tenant,
+        )
+        return list(stub.Generate(req, timeout=30, metadata=metadata))
+
+    with pytest.raises(grpc.RpcError) as err:
+        gen("alice")
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, router
+    assert "tenant 'alice' is not allowed for client 'demo'" in (err.value.details() or "")
+    assert gen("demo")[-1].usage.completion_tokens == 1
+
+
 def _all_but_publish(codes: dict[str, Any]) -> set[grpc.StatusCode]:
     """The codes of every internal RPC but PublishKvEvents (a worker's own; whether it may publish as the worker
     its hello names is the cache-manager's check)."""
@@ -216,6 +236,8 @@ def _least_privilege(home: Path) -> None:
     assert len(listed.workers) == 2 and all(
         w.endpoint.health == common_pb2.HEALTH_STATE_PASSING for w in listed.workers
     )
+    with grpc.insecure_channel(router["grpc"]) as ch:
+        _tenant_is_bound(router["grpc"], ch, _bearer(state["auth"]["tokens"]["client"]))
     for path in (home / "run" / "auth").iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
@@ -299,6 +321,8 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
         assert set(plaintext.values()) == {grpc.StatusCode.UNAVAILABLE}, plaintext  # TLS only: no handshake
         as_worker = _internal_rpcs(state, lambda a: grpc.secure_channel(a, creds("worker-worker-local-0")))
         assert _all_but_publish(as_worker) == {grpc.StatusCode.PERMISSION_DENIED}, as_worker
+        with grpc.secure_channel(_address(state, "router"), creds("client-demo")) as ch:
+            _tenant_is_bound(_address(state, "router"), ch)
         client = ChannelSecurity(tls["ca"], *tls["client"])
         _served_through_failover(home, creds("client-demo"), client)
     finally:

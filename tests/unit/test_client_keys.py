@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvmesh.errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unauthenticated
-from kvmesh.security.client_keys import ClientKey, ClientKeys, bind_tenant, default_key_id
+from kvmesh.security.client_keys import ClientKey, ClientKeys, bind_tenant, default_key_id, parse_keys_text
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.signing import SignedRequest, sign
 from kvmesh.services.router.auth import RateLimiter
@@ -29,6 +29,9 @@ YAML = """
   id: ops
   role: admin
 """
+
+
+CAROL = "spiffe://kvmesh/-/client/carol"
 
 
 def unsigned(body: bytes = b"{}") -> SignedRequest:
@@ -103,7 +106,7 @@ def test_tenant_bound_to_the_key() -> None:
     alice = Identity(CallerRole.CLIENT, "alice", tenants=("alice", "shared"))
     assert bind_tenant(alice, "") == "alice"
     assert bind_tenant(alice, "shared") == "shared"
-    with pytest.raises(PermissionDenied, match="tenant 'bob' is not allowed for API key 'alice'"):
+    with pytest.raises(PermissionDenied, match="tenant 'bob' is not allowed for client 'alice'"):
         bind_tenant(alice, "bob")
 
 
@@ -122,6 +125,13 @@ def test_tenant_bound_to_the_key() -> None:
         ("- key: a\n  id: [x\n", "keys.yaml"),
         ("keys: 3\n", "want a YAML list"),
         ("- 3\n", "want a mapping"),
+        (f"- certificate: {CAROL}\n  key: a\n", r"keys\[0\].key: not with certificate"),
+        (f"- certificate: {CAROL}\n  signing_secret: s\n", r"keys\[0\].signing_secret: not with certificate"),
+        ("- certificate: https://x/client/carol\n", r"keys\[0\].certificate: not a kvmesh SPIFFE id"),
+        ("- certificate: spiffe://kvmesh/-/worker/w0\n", "role worker is a service's"),
+        (f"- certificate: {CAROL}\n  role: admin\n", "differs from the certificate's role 'client'"),
+        (f"- certificate: {CAROL}\n- certificate: {CAROL}\n", "configured once"),
+        (f"- key: a\n  id: carol\n- certificate: {CAROL}\n", "configured once"),
     ],
 )
 def test_bad_yaml_names_entry_and_field(tmp_path: Path, text: str, message: str) -> None:
@@ -130,6 +140,26 @@ def test_bad_yaml_names_entry_and_field(tmp_path: Path, text: str, message: str)
     with pytest.raises(InvalidArgument, match=message) as ei:
         ClientKeys.load(str(f))
     assert ei.value.field == "api_keys_file" and str(f) in ei.value.message
+
+
+def test_certificates_bound_to_their_tenants() -> None:
+    """A certificate entry gives its tenants; a client certificate named by no entry is its own tenant; a role
+    token's tenants stay its own; none of this enables key authentication."""
+    text = f"- certificate: {CAROL}\n  tenants: [carol, shared]\n- {{certificate: 'spiffe://kvmesh/z/admin/op'}}\n"
+    keys = ClientKeys(parse_keys_text(text, yaml_format=True))
+    assert not keys.enabled
+    carol = keys.for_certificate(Identity(CallerRole.CLIENT, "carol"))
+    assert carol == Identity(CallerRole.CLIENT, "carol", "", ("carol", "shared"))
+    assert bind_tenant(carol, "shared") == "shared" and bind_tenant(carol, "") == "carol"
+    assert keys.for_certificate(Identity(CallerRole.ADMIN, "op", "z")).tenants == ("op",)
+    stranger = keys.for_certificate(Identity(CallerRole.CLIENT, "dave", "z"))
+    assert stranger == Identity(CallerRole.CLIENT, "dave", "z", ("dave",))
+    with pytest.raises(PermissionDenied, match="tenant 'carol' is not allowed for client 'dave'"):
+        bind_tenant(stranger, "carol")
+    token = Identity(CallerRole.CLIENT, "demo", "z", ("demo", "eval"))
+    assert keys.for_certificate(token) == token
+    # carol's entry names zone "-": the same id in another zone is another certificate, its own tenant only
+    assert keys.for_certificate(Identity(CallerRole.CLIENT, "carol", "zone-b")).tenants == ("carol",)
 
 
 def test_token_bucket_per_key() -> None:

@@ -14,9 +14,9 @@ first) send requests in a loop for the whole run. Scenarios (times as fractions 
 
 Prints one JSON line. ``switchover_s``: per client, ``max(0, last send to zone 0 in [kill,
 restore) - kill)`` (the time until that client sends only to other zones), p50 and max over
-clients; ``outage_s``: from the kill to the start of the restore; ``requests_lost``: requests that failed or ended short; ``requests_duplicated``: requests
-that delivered more tokens than asked; ``failback_s``: from zone 0 restored (serving and registered)
-to the first request a client sends to it.
+clients; ``outage_s``: from the kill to the start of the restore; ``requests_lost``: requests that
+failed or ended short; ``requests_duplicated``: requests that delivered more tokens than asked;
+``failback_s``: from zone 0 restored (serving and registered) to the first request a client sends to it.
 """
 
 from __future__ import annotations

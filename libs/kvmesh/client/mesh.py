@@ -9,11 +9,11 @@ exponential back-off (``retryPolicy``; a streaming call is only retried before i
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
-from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.rpc.channel import ChannelSecurity, TokenChannel
 
 ROUTER_SERVICE = "kvmesh.v1.RouterService"
 
@@ -61,10 +61,12 @@ def mesh_channel(
     **kw: Any,
 ) -> grpc.Channel:
     """A sync channel with the service config, e.g. ``mesh_channel("dns:///routers.svc:50051")``; TLS from
-    `credentials` or `security`."""
+    `credentials` or `security`, and `security.token` (a role token or a router API key) as the bearer token
+    of every call."""
     opts = channel_options(**kw)
     credentials = credentials or (security.credentials() if security else None)
-    return grpc.secure_channel(target, credentials, opts) if credentials else grpc.insecure_channel(target, opts)
+    ch = grpc.secure_channel(target, credentials, opts) if credentials else grpc.insecure_channel(target, opts)
+    return cast(grpc.Channel, TokenChannel(ch, security.token)) if security and security.token else ch
 
 
 def mesh_aio_channel(
@@ -77,6 +79,6 @@ def mesh_aio_channel(
     """The aio twin of `mesh_channel`."""
     opts = channel_options(**kw)
     credentials = credentials or (security.credentials() if security else None)
-    if credentials:
-        return grpc.aio.secure_channel(target, credentials, opts)
-    return grpc.aio.insecure_channel(target, opts)
+    secure = grpc.aio.secure_channel
+    ch = secure(target, credentials, opts) if credentials else grpc.aio.insecure_channel(target, opts)
+    return cast(grpc.aio.Channel, TokenChannel(ch, security.token)) if security and security.token else ch

@@ -79,7 +79,8 @@ class _WithToken:
 
 
 class TokenChannel:
-    """A `grpc.aio.Channel` whose every call carries this process's bearer token (see `_WithToken`)."""
+    """A `grpc.aio.Channel` (or a sync `grpc.Channel`) whose every call carries a bearer token (see
+    `_WithToken`)."""
 
     def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
         self._channel = channel
@@ -102,6 +103,12 @@ class TokenChannel:
 
     async def __aenter__(self) -> TokenChannel:
         return self
+
+    def __enter__(self) -> TokenChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._channel.close()
 
     async def __aexit__(self, *exc: object) -> None:
         await self._channel.close()

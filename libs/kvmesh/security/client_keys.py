@@ -9,7 +9,12 @@ The keys file (``--api-keys-file``) is either the plain format, one key per line
       signing_secret: ...          # HMAC-SHA256 secret for signed requests (kvmesh.security.signing)
       require_signature: true      # unsigned requests are refused (needs signing_secret)
       role: client                 # client (default) or admin
+    - certificate: spiffe://kvmesh/-/client/bob   # instead of key: an mTLS client certificate's identity
+      tenants: [bob, shared]
 
+A certificate entry names a client (or admin) certificate by its URI SAN and gives it tenants (and an id, by
+default the certificate's); it takes no signing fields, the TLS handshake already proves every call. A
+client certificate named by no entry is its own tenant (its id), as a plain key is.
 A plain key is ``{key, id: key-<sha256 prefix>, tenants: [that id]}``: every key its own tenant, so no key sees
 another's cache; give keys a common tenant in YAML to share a cache on purpose. ``KVMESH_API_KEYS`` (comma-
 separated plain keys) adds to the file. Lookup is by SHA-256 of the presented key, confirmed with
@@ -29,7 +34,7 @@ from typing import Any
 import yaml
 
 from kvmesh.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from kvmesh.security.identity import CallerRole, Identity
+from kvmesh.security.identity import CallerRole, Identity, parse_spiffe_id
 from kvmesh.security.signing import (
     DEFAULT_WINDOW_S,
     SIGNATURE_HEADER,
@@ -40,7 +45,7 @@ from kvmesh.security.signing import (
     verify,
 )
 
-_FIELDS = frozenset({"key", "id", "tenants", "signing_secret", "require_signature", "role"})
+_FIELDS = frozenset({"key", "certificate", "id", "tenants", "signing_secret", "require_signature", "role"})
 _ROLES = (CallerRole.CLIENT, CallerRole.ADMIN)
 
 
@@ -63,6 +68,7 @@ class ClientKey:
     signing_secret: str = ""
     require_signature: bool = False
     role: CallerRole = CallerRole.CLIENT
+    certificate: str = ""  # set instead of `key`: the SPIFFE id of an mTLS client certificate
 
     @classmethod
     def plain(cls, key: str) -> ClientKey:
@@ -92,6 +98,8 @@ def parse_entry(i: int, entry: Any) -> ClientKey:
     unknown = sorted(set(map(str, entry)) - _FIELDS)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(_FIELDS))})")
+    if "certificate" in entry:
+        return _certificate_entry(entry, where)
     key = _string(entry, "key", where, required=True)
     kid = _string(entry, "id", where) or default_key_id(key)
     tenants = _tenants(entry.get("tenants"), where) or (kid,)
@@ -105,6 +113,25 @@ def parse_entry(i: int, entry: Any) -> ClientKey:
     if role not in _ROLES:
         raise ValueError(f"{where}.role: must be one of {', '.join(_ROLES)}, got {role!r}")
     return ClientKey(key, kid, tenants, secret, require, CallerRole(role))
+
+
+def _certificate_entry(entry: Mapping[str, Any], where: str) -> ClientKey:
+    """A ``certificate:`` entry: the SPIFFE id of a client or admin certificate and its tenants."""
+    for field in ("key", "signing_secret", "require_signature"):
+        if field in entry:
+            raise ValueError(f"{where}.{field}: not with certificate (mTLS authenticates every call)")
+    spiffe = _string(entry, "certificate", where, required=True)
+    try:
+        peer = parse_spiffe_id(spiffe)
+    except ValueError as e:
+        raise ValueError(f"{where}.certificate: {e}") from None
+    if peer.role not in _ROLES:
+        raise ValueError(f"{where}.certificate: role {peer.role.value} is a service's, not a client's or admin's")
+    role = _string(entry, "role", where) or peer.role.value
+    if role != peer.role.value:
+        raise ValueError(f"{where}.role: {role!r} differs from the certificate's role {peer.role.value!r}")
+    kid = _string(entry, "id", where) or peer.id
+    return ClientKey("", kid, _tenants(entry.get("tenants"), where) or (kid,), role=peer.role, certificate=spiffe)
 
 
 def _string(entry: Mapping[str, Any], name: str, where: str, required: bool = False) -> str:
@@ -155,12 +182,18 @@ class ClientKeys:
         self, keys: Iterable[ClientKey], window_s: float = DEFAULT_WINDOW_S, replay_capacity: int = 100_000
     ) -> None:
         self._by_digest: dict[bytes, ClientKey] = {}
+        self._by_certificate: dict[str, ClientKey] = {}
         ids: set[str] = set()
         for k in keys:
-            d = _digest(k.key)
-            if d in self._by_digest or k.id in ids:
-                raise ValueError(f"API key {k.id!r}: a key and an id may be configured once")
-            self._by_digest[d] = k
+            if k.certificate:
+                if k.certificate in self._by_certificate or k.id in ids:
+                    raise ValueError(f"certificate {k.certificate!r}: a certificate and an id may be configured once")
+                self._by_certificate[k.certificate] = k
+            else:
+                d = _digest(k.key)
+                if d in self._by_digest or k.id in ids:
+                    raise ValueError(f"API key {k.id!r}: a key and an id may be configured once")
+                self._by_digest[d] = k
             ids.add(k.id)
         self.window_s = window_s
         self.replay = ReplayGuard(window_s, replay_capacity)
@@ -217,6 +250,15 @@ class ClientKeys:
             charge(key.id)
         return key.identity
 
+    def for_certificate(self, peer: Identity) -> Identity:
+        """The identity an mTLS client (or admin) certificate, or role token, acts as: its certificate entry's
+        id and tenants; else the tenants it came with (a token's); else its id as its one tenant (so no
+        certificate sees another's cache)."""
+        k = self._by_certificate.get(peer.spiffe_id)
+        if k is not None:
+            return Identity(peer.role, k.id, peer.zone, k.tenants)
+        return Identity(peer.role, peer.id, peer.zone, peer.tenants or (peer.id,))
+
     def authenticate(self, presented: str | None, req: SignedRequest, now: float) -> Identity | None:
         """`lookup` then `verify`, for a request whose body is already in hand."""
         return self.verify(self.lookup(presented), req, now)
@@ -232,6 +274,7 @@ def bind_tenant(identity: Identity | None, declared: str) -> str:
         return identity.tenants[0] if identity.tenants else ""
     if declared not in identity.tenants:
         raise PermissionDenied(
-            f"tenant {declared!r} is not allowed for API key {identity.id!r} (allowed: {', '.join(identity.tenants)})"
+            f"tenant {declared!r} is not allowed for {identity.role.value} {identity.id!r} "
+            f"(allowed: {', '.join(identity.tenants)})"
         )
     return declared
