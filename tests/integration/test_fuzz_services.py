@@ -9,10 +9,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
-from kvmesh.bench.fuzz import NAMES, fuzz_service, fuzz_suite, healthy, suite, target_of
+from kvmesh.bench.fuzz import NAMES, fuzz_service, fuzz_suite, healthy, role_tokens, suite, target_of
 from kvmesh.launcher import ServiceProcess
+from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 from tests.support.sim_worker import start_sim_worker
 
 pytestmark = pytest.mark.integration
@@ -20,9 +22,17 @@ CASES = 250
 TIME_LIMIT_S = 60.0  # per service; at ~25-65 cases/s on 2 shared cores a run takes 4-10 s
 
 
-def test_every_service_survives_a_bounded_fuzz_run(tmp_path: Path) -> None:
-    with suite(tmp_path) as procs:
-        outcomes = fuzz_suite(procs, NAMES, CASES, TIME_LIMIT_S)
+@pytest.mark.parametrize("auth", [False, True], ids=["open", "least-privilege"])
+def test_every_service_survives_a_bounded_fuzz_run(tmp_path: Path, auth: bool) -> None:
+    """Open services, and services enforcing the table whose every case carries an allowed role's token (so
+    the cases get past the gate: the same OK / INVALID_ARGUMENT mix as open services show)."""
+    with suite(tmp_path, auth) as procs:
+        by_role = role_tokens(tmp_path) if auth else None
+        outcomes = fuzz_suite(procs, NAMES, CASES, TIME_LIMIT_S, by_role=by_role)
+        with grpc.insecure_channel(procs["cache-manager"].address) as ch:  # the gate is on: anonymous is refused
+            find = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).FindMatches
+            anonymous = _code(lambda: find(cache_manager_pb2.FindMatchesRequest(), timeout=10))
+        assert anonymous == (grpc.StatusCode.UNAUTHENTICATED if auth else grpc.StatusCode.INVALID_ARGUMENT)
     for name in NAMES:
         o = outcomes[name]
         assert o.crashes == 0, (name, o.findings[:3])
@@ -33,6 +43,14 @@ def test_every_service_survives_a_bounded_fuzz_run(tmp_path: Path) -> None:
         # the cases got past decoding and routing: some calls served, some refused on their content
         assert o.answers["OK"] > 0 and o.answers["INVALID_ARGUMENT"] > 0, (name, dict(o.answers))
         assert o.answers["HTTP 200"] > 0 and o.answers["HTTP 400"] + o.answers["HTTP 405"] > 0, (name, o.answers)
+
+
+def _code(call: Callable[[], object]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as e:
+        return e.code()  # type: ignore[no-any-return,attr-defined]
+    return grpc.StatusCode.OK
 
 
 def test_a_dead_service_is_a_crash_and_not_healthy(tmp_path: Path) -> None:

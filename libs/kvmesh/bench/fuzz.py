@@ -17,9 +17,13 @@ ends there); `internal` counts calls answered INTERNAL or UNKNOWN; `http_5xx` an
 `GET /healthz` answers 200. Each finding (method, case kind, status, the first bytes of the request) is
 printed to stderr as a JSON line.
 
-`--token-file F` (lines `SERVICE TOKEN`, `*` for every service) sends `authorization: Bearer TOKEN` with every
-call and request that does not draw its own Authorization header: the fuzzer then reaches past an
-authorisation layer.
+`--auth` runs the suite least-privilege, as `kvmesh up` does: every service enforces the authorisation table
+(kvmesh.security.authz) with role tokens provisioned for the run, and each call or request the fuzzer sends
+carries the token of a role the table lets call that method or route (the most privileged such role:
+admin, then the services'), so the cases reach the handlers behind the gate, with the identities the
+services see in production. `--token-file F` (lines `SERVICE TOKEN`, `*` for every service) instead sends
+one `authorization: Bearer TOKEN` with every call and request that does not draw its own Authorization
+header.
 """
 
 from __future__ import annotations
@@ -51,9 +55,23 @@ from hypothesis.errors import HypothesisWarning
 from kvmesh.fuzzing.http import HttpCase, HttpRoute, http_cases
 from kvmesh.fuzzing.proto import GrpcCase, RpcMethod, grpc_cases, methods_of
 from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.security.authz import Policy, Rule
+from kvmesh.security.identity import CallerRole, Identity
+from kvmesh.security.tokens import accepted_file, provision, read_own_token
 from kvmesh.v1 import cache_manager_pb2, failover_pb2, kvsync_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 
 NAMES = ("router", "worker", "cache-manager", "failover")
+R = CallerRole
+# the roles the fuzzer acts as under --auth, most privileged first (`Target.token_for`)
+ACTING_ROLES = (R.ADMIN, R.ROUTER, R.CACHE_MANAGER, R.WORKER, R.FAILOVER, R.PEER_ZONE, R.CLIENT)
+SUITE_IDENTITIES = {
+    "cache-manager": Identity(R.CACHE_MANAGER, "cache-manager-fuzz"),
+    "worker": Identity(R.WORKER, "worker-fuzz-0"),
+    "router": Identity(R.ROUTER, "router-fuzz"),
+    "failover": Identity(R.FAILOVER, "failover-fuzz"),
+    **{f"fuzzer-{r.value}": Identity(r, f"fuzzer-{r.value}") for r in ACTING_ROLES},
+}
+POLICY = Policy()
 ROUTER_KEY = "sk-kvmesh-fuzz"  # the client API key of the suite's router (a loopback-only test suite)
 MAX_RESPONSES = 3
 UNARY_TIMEOUT_S = 5.0
@@ -120,39 +138,56 @@ class Target:
     addresses: dict[str, str]  # full gRPC service name -> address
     methods: list[RpcMethod]
     token: str = ""
+    role_tokens: dict[CallerRole, str] = field(default_factory=dict)  # --auth: a token per acting role
 
-    @property
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+    def token_for(self, rule: Rule | None) -> str:
+        """The token to send where `rule` applies: `token`, or with role tokens the most privileged role the
+        rule allows (admin for a path the table does not know, which the gate refuses to anyone)."""
+        if not self.role_tokens:
+            return self.token
+        roles = rule.roles if rule is not None else frozenset({R.ADMIN})
+        return next((self.role_tokens[r] for r in ACTING_ROLES if r in roles), "")
+
+    def grpc_metadata(self, full_method: str) -> tuple[tuple[str, str], ...]:
+        token = self.token_for(POLICY.grpc_rule(full_method))
+        return (("authorization", f"Bearer {token}"),) if token else ()
+
+    def http_token(self, method: str, path: str) -> str:
+        return self.token_for(POLICY.http_rule(self.name, method, path))
 
 
 class StopFuzz(Exception):
     """Ends a run early: the time bound passed, or the service crashed."""
 
 
-def served_services(address: str, timeout: float = 10.0) -> list[str]:
+def served_services(address: str, metadata: Any = (), timeout: float = 10.0) -> list[str]:
     """The kvmesh gRPC services a server lists through reflection."""
     with grpc.insecure_channel(address) as ch:
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
-        for reply in stub.ServerReflectionInfo(iter([request]), timeout=timeout):
+        for reply in stub.ServerReflectionInfo(iter([request]), timeout=timeout, metadata=metadata):
             names = [s.name for s in reply.list_services_response.service]
             return sorted(n for n in names if n.startswith("kvmesh."))
     return []
 
 
-def target_of(name: str, sp: ServiceProcess, token: str = "") -> Target:
+def target_of(
+    name: str, sp: ServiceProcess, token: str = "", role_tokens: dict[CallerRole, str] | None = None
+) -> Target:
     """Every RPC `sp` serves (and, for a worker, its KvSyncService's)."""
     pool = descriptor_pool.Default()
-    addresses = {s: sp.address for s in served_services(sp.address)}
+    target = Target(name, sp, {}, [], token, dict(role_tokens or {}))
+    reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    addresses = {s: sp.address for s in served_services(sp.address, target.grpc_metadata(reflection))}
     if name == "worker":
         with grpc.insecure_channel(sp.address) as ch:
-            md = (("authorization", f"Bearer {token}"),) if token else ()
+            md = target.grpc_metadata(f"/{worker_pb2.DESCRIPTOR.services_by_name['WorkerService'].full_name}/GetInfo")
             info = worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(worker_pb2.GetInfoRequest(), timeout=10, metadata=md)
         if info.kvsync_address:
             addresses[kvsync_pb2.DESCRIPTOR.services_by_name["KvSyncService"].full_name] = info.kvsync_address
-    methods = [m for s in addresses for m in methods_of(pool.FindServiceByName(s))]
-    return Target(name, sp, addresses, methods, token)
+    target.addresses = addresses
+    target.methods = [m for s in addresses for m in methods_of(pool.FindServiceByName(s))]
+    return target
 
 
 # ---- gRPC ------------------------------------------------------------------------------------------------
@@ -171,7 +206,7 @@ class GrpcSender:
         """The call's final status code (CANCELLED when a response stream was cut short by us)."""
         m = case.method
         ch = self.channels[self.target.addresses[m.service]]
-        md = self.target.metadata
+        md = self.target.grpc_metadata(m.path)
         try:
             if m.server_streaming:
                 return self._read_stream(ch, m, case.messages, md)
@@ -204,9 +239,9 @@ class HttpSender:
     """Sends an `HttpCase` on one kept-alive connection (reopened after any error); returns the status, or 0
     when no HTTP answer came (the server closed the connection, e.g. on a malformed request)."""
 
-    def __init__(self, port: int, token: str = "") -> None:
+    def __init__(self, port: int, token_for: Callable[[str, str], str] = lambda _m, _p: "") -> None:
         self.port = port
-        self.token = token
+        self.token_for = token_for  # (method, path) -> the bearer token to send, "" for none
         self.conn: http.client.HTTPConnection | None = None
 
     def close(self) -> None:
@@ -230,8 +265,9 @@ class HttpSender:
         names = {k.lower() for k, _ in case.headers}
         for k, v in case.headers:
             conn.putheader(k, v.encode("latin-1"))
-        if self.token and "authorization" not in names:
-            conn.putheader("Authorization", f"Bearer {self.token}")
+        token = self.token_for(case.method, case.path.split("?", 1)[0])
+        if token and "authorization" not in names:
+            conn.putheader("Authorization", f"Bearer {token}")
         if case.body or case.method in ("POST", "PUT", "PATCH"):
             conn.putheader("Content-Length", str(len(case.body)))
         conn.endheaders(case.body or None)
@@ -333,7 +369,7 @@ def fuzz_service(target: Target, cases: int, time_limit_s: float | None = None, 
     """Sends up to `cases` hypothesis-drawn cases to `target` (fewer if the time bound passes or the service
     crashes); healthy_after is left for the caller (the suite is checked once every service ran)."""
     out = Outcome()
-    grpc_send, http_send = GrpcSender(target), HttpSender(target.proc.http_port, target.token)
+    grpc_send, http_send = GrpcSender(target), HttpSender(target.proc.http_port, target.http_token)
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     strategy: st.SearchStrategy[Any] = st.one_of(grpc_cases(target.methods), http_cases(ROUTES[target.name]))
 
@@ -388,13 +424,19 @@ def fuzz_service(target: Target, cases: int, time_limit_s: float | None = None, 
 
 # ---- the suite -------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
+def suite(tmp: Path, auth: bool = False) -> Iterator[dict[str, ServiceProcess]]:
     """cache-manager, a sim worker pushing to it, a router over both (client API keys on: `ROUTER_KEY`), a
-    failover service; all stopped after."""
+    failover service; all stopped after. `auth`: every service enforces the table with tokens provisioned in
+    ``tmp/auth`` (`role_tokens` reads the fuzzer's)."""
     started: list[ServiceProcess] = []
+    own = provision(tmp / "auth", list(SUITE_IDENTITIES.values())) if auth else {}
 
     def start(name: str, *args: str) -> ServiceProcess:
-        sp = start_service(name, tmp / "svc", *args, timeout=90)
+        flags = list(args)
+        if auth:
+            flags += ["--auth-mode", "enforce", "--auth-tokens-file", str(accepted_file(tmp / "auth"))]
+            flags += ["--auth-token-file", str(own[SUITE_IDENTITIES[name]])]
+        sp = start_service(name, tmp / "svc", *flags, timeout=90)
         started.append(sp)
         return sp
 
@@ -406,6 +448,7 @@ def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
             "worker",
             *("--engine", "sim", "--sim-speed", "0", "--block-size", "16", "--kv-blocks", "2048"),
             *("--max-model-len", "8192", "--cache-manager", cm.address),
+            *("--service-id", SUITE_IDENTITIES["worker"].id),
         )
         keys = tmp / "api-keys.yaml"  # role admin: the fuzz reaches the admin handlers, not only the key check
         keys.write_text(f"- {{key: {ROUTER_KEY}, id: fuzz, role: admin}}\n")
@@ -428,6 +471,12 @@ def suite(tmp: Path) -> Iterator[dict[str, ServiceProcess]]:
                 sp.kill()
 
 
+def role_tokens(tmp: Path) -> dict[CallerRole, str]:
+    """The fuzzer's token per acting role, from the files `suite(tmp, auth=True)` provisioned."""
+    ids = [SUITE_IDENTITIES[f"fuzzer-{r.value}"] for r in ACTING_ROLES]
+    return {i.role: read_own_token(str(tmp / "auth" / f"{i.role.value}-{i.id}.token")) for i in ids}
+
+
 def read_tokens(path: str) -> dict[str, str]:
     """`SERVICE TOKEN` lines (`*`: every service; `#` comments)."""
     tokens: dict[str, str] = {}
@@ -445,15 +494,18 @@ def fuzz_suite(
     time_limit_s: float | None = None,
     tokens: dict[str, str] | None = None,
     log: Callable[[str], None] = lambda _s: None,
+    by_role: dict[CallerRole, str] | None = None,
 ) -> dict[str, Outcome]:
     """Fuzzes each of `names` in turn (`time_limit_s` per service), then checks every one is healthy. The
-    router's calls carry `ROUTER_KEY` unless `tokens` name another."""
+    router's calls carry `ROUTER_KEY` unless `tokens` name another; with `by_role` (an --auth suite's
+    `role_tokens`) each call carries the token of a role the table allows for it instead."""
     tokens = {"router": ROUTER_KEY, **(tokens or {})}
     outcomes: dict[str, Outcome] = {}
     for i, name in enumerate(names):
         token = tokens.get(name, tokens.get("*", ""))
         t0 = time.monotonic()
-        outcomes[name] = fuzz_service(target_of(name, procs[name], token), cases, time_limit_s, rng_seed=i)
+        target = target_of(name, procs[name], token, by_role)
+        outcomes[name] = fuzz_service(target, cases, time_limit_s, rng_seed=i)
         took = time.monotonic() - t0
         o = outcomes[name]
         progress = {"service": name, "cases": o.cases, "seconds": round(took, 1), "answers": dict(o.answers)}
@@ -471,15 +523,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--services", default=",".join(NAMES), help="comma list of " + ", ".join(NAMES))
     ap.add_argument("--time-limit-s", type=float, default=None, help="bound per service (default: none)")
     ap.add_argument("--token-file", default="", help="lines 'SERVICE TOKEN' ('*' = all): bearer token per service")
+    ap.add_argument("--auth", action="store_true", help="services enforce the table; calls carry allowed roles' tokens")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.services.split(",") if n.strip()]
     unknown = [n for n in names if n not in NAMES]
     if unknown:
         ap.error(f"unknown services {unknown}; known: {', '.join(NAMES)}")
     tokens = read_tokens(args.token_file) if args.token_file else {}
-    with tempfile.TemporaryDirectory(prefix="kvmesh-fuzz-") as tmp, suite(Path(tmp)) as procs:
-        outcomes = fuzz_suite(procs, names, args.cases, args.time_limit_s, tokens, log=_stderr)
-    print(json.dumps({"services": {n: o.row() for n, o in outcomes.items()}}), flush=True)
+    with tempfile.TemporaryDirectory(prefix="kvmesh-fuzz-") as tmp, suite(Path(tmp), args.auth) as procs:
+        by_role = role_tokens(Path(tmp)) if args.auth else None
+        outcomes = fuzz_suite(procs, names, args.cases, args.time_limit_s, tokens, _stderr, by_role)
+    print(json.dumps({"services": {n: o.row() for n, o in outcomes.items()}, "auth": args.auth}), flush=True)
     return 0
 
 
