@@ -184,23 +184,24 @@ class Placement:
         src = by_id.get(plan.source or "")
         new = plan.pull_blocks and src is not None and blocks > plan.gpu_blocks + plan.load_blocks
         if new and src is not None and (pending is None or blocks > pending.blocks):
-            expires = now + PULL_HINT_TTL_MS / 1000
-            self.pending.add(plan.worker, int(hashes[blocks - 1]), PendingPull(src.id, blocks, expires))
-            return self._hint_msg(src, blocks, expires, now), "sent"
+            unix_ms = int(time.time() * 1000) + PULL_HINT_TTL_MS
+            pull = PendingPull(src.id, blocks, now + PULL_HINT_TTL_MS / 1000, unix_ms)
+            self.pending.add(plan.worker, int(hashes[blocks - 1]), pull)
+            return self._hint_msg(src, blocks, unix_ms), "sent"
         if pending is not None and blocks >= pending.blocks:
             src = by_id.get(pending.source)
             if src is not None and src.kvsync_address:
-                return self._hint_msg(src, pending.blocks, pending.expires, now), "joined"
+                return self._hint_msg(src, pending.blocks, pending.expires_unix_ms), "joined"
         return None, ""
 
     @staticmethod
-    def _hint_msg(src: WorkerView, blocks: int, expires: float, now: float) -> worker_pb2.KvPullHint:
-        """The hint for the prompt's `blocks` leading blocks from `src`, void at monotonic `expires`."""
+    def _hint_msg(src: WorkerView, blocks: int, expires_unix_ms: int) -> worker_pb2.KvPullHint:
+        """The hint for the prompt's `blocks` leading blocks from `src`, void at `expires_unix_ms`."""
         return worker_pb2.KvPullHint(
             source_worker_id=src.id,
             source_address=src.kvsync_address,
             region=src.tier_region,
             region_shm_name=src.tier_shm_name,
             num_blocks=blocks,
-            expires_unix_ms=int((time.time() + max(expires - now, 0.0)) * 1000),
+            expires_unix_ms=expires_unix_ms,
         )

@@ -114,7 +114,7 @@ async def test_two_requests_for_one_prefix_on_one_worker_pull_it_once() -> None:
     assert wid == "b" and first is not None and second is not None
     assert (plan["pull_blocks"], plan["load_blocks"], plan["hint"]) == (0, N - 1, "joined")  # as b's own tier
     assert (second.source_worker_id, second.num_blocks) == (first.source_worker_id, first.num_blocks)
-    assert second.expires_unix_ms <= first.expires_unix_ms + 1  # the same hint: the worker joins the pull
+    assert second.expires_unix_ms == first.expires_unix_ms  # the same hint: the worker joins the pull
     assert (hints("sent"), hints("joined")) == (sent + 1, joined + 1)
 
 

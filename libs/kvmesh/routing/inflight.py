@@ -196,11 +196,13 @@ class InflightTracker:
 @dataclass(frozen=True, slots=True)
 class PendingPull:
     """A pull this router hinted to a worker: the prompt's `blocks` leading blocks from `source`, the hint void
-    after `expires` (the caller's clock)."""
+    after `expires` (the caller's clock); `expires_unix_ms`: the same instant as the hint said it (wall clock,
+    taken once), so a request that joins the pull gets the very hint the first one got."""
 
     source: str
     blocks: int
     expires: float
+    expires_unix_ms: int = 0
 
 
 class PendingPulls:
