@@ -19,6 +19,9 @@ disables both (`NO_DEPS`) unless the example already points at external ones. Th
 from __future__ import annotations
 
 import copy
+import dataclasses
+import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from kvmesh.config import load_settings
 from kvmesh.security.authz import GRPC_RULES, HTTP_RULES
 from kvmesh.security.identity import CallerRole, parse_spiffe_id
 from tests.support.helm_render import KUBE_VERSION, render
@@ -247,3 +251,39 @@ def test_tls_identities_from_cert_manager(rendered: tuple[dict[str, Any], list[d
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls")["mountPath"]
         for var in ("KVMESH_TLS_CERT", "KVMESH_TLS_KEY", "KVMESH_TLS_CLIENT_CA", "KVMESH_TLS_CA"):
             assert env[var].startswith(mount + "/")
+
+
+_SETTINGS = {
+    "router": "kvmesh.services.router.settings:RouterSettings",
+    "cache-manager": "kvmesh.services.cache_manager.settings:CacheManagerSettings",
+    "worker": "kvmesh.services.worker.settings:WorkerSettings",
+    "failover": "kvmesh.services.failover.settings:FailoverSettings",
+}
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion of variables defined earlier in the container's env."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+
+
+def test_rendered_environment_is_accepted_by_the_services_settings(
+    rendered: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """Every KVMESH_* variable the chart sets names a field of the component's settings, and the services' own
+    loader (`kvmesh.config.load_settings`) accepts the values (a typo or a bad value would be a crash loop)."""
+    _, manifests = rendered
+    for d in _of(manifests, "Deployment"):
+        zone, name = _component(d)
+        module, cls_name = _SETTINGS[name].split(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        pod = f"{d['metadata']['name']}-7d9f-x2b4c"
+        field_refs = {"metadata.name": pod, "status.podIP": "10.1.2.3"}
+        env: dict[str, str] = {}
+        for e in d["spec"]["template"]["spec"]["containers"][0]["env"]:
+            value = field_refs[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
+            env[e["name"]] = _expand(value, env)
+        fields = {"KVMESH_" + f.name.upper() for f in dataclasses.fields(cls)}
+        assert {k for k in env if k.startswith("KVMESH_")} - fields == set(), name
+        settings = load_settings(cls, argv=[], env=env, service=name)
+        assert (settings.zone, settings.service_id) == (zone, pod)
+        assert settings.advertise_address == f"10.1.2.3:{settings.port}"
