@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--tls", action="store_true", help="mTLS everywhere, identities from a development CA")
     p_up.add_argument("--log-level", default="INFO")
     p_up.add_argument("--observe", action="store_true", help="also start a local Prometheus scraping the suite")
-    p_up.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT)
+    p_up.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT, help="--observe's Prometheus")
     p_up.set_defaults(func=up)
     sub.add_parser("status", help="health of the running suite").set_defaults(func=status)
     sub.add_parser("down", help="stop a detached suite").set_defaults(func=down)
