@@ -13,7 +13,9 @@ disables both (`NO_DEPS`) unless the example already points at external ones. Th
 - the NetworkPolicies admit exactly the calls derived from the authorisation table (kvmesh.security.authz)
   plus the failover service's health probes (DESIGN.md §2), each edge allowed on both ends;
 - with TLS, every pod gets a cert-manager CSI certificate whose URI SAN kvmesh.security.identity parses to the
-  component's role and zone, with the pod name as id (= KVMESH_SERVICE_ID).
+  component's role and zone, with the pod name as id (= KVMESH_SERVICE_ID), and whose DNS SANs hold every name
+  peers dial (the Service's, and the pod's own under its headless Service: the address it advertises);
+- every KVMESH_* variable is a settings field, and the services' own settings loader accepts the values.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ def test_dependencies_declared_and_refused_when_missing() -> None:
         render(CHART, {})
 
 
+def test_names_longer_than_a_pod_hostname_allows_are_refused() -> None:
+    with pytest.raises(RuntimeError, match="release and zone names too long"):
+        render(CHART, {**NO_DEPS, "zones": [{"name": "a-zone-name-long-enough-to-overflow-63"}]})
+
+
 def test_every_manifest_is_schema_valid(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     values, manifests = rendered
     for m in manifests:
@@ -104,8 +111,11 @@ def test_every_manifest_is_schema_valid(rendered: tuple[dict[str, Any], list[dic
         kubernetes_validate.validate(m, KUBE_VERSION, strict=True)
     zones = [z["name"] for z in values["zones"]]
     want = {(z, c) for z in zones for c in COMPONENTS}
-    for kind in ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"):
+    for kind in ("Deployment", "PodDisruptionBudget", "NetworkPolicy"):
         assert sorted(_component(m) for m in _of(manifests, kind)) == sorted(want), kind
+    services = _of(manifests, "Service")  # per component: its ClusterIP Service and the headless <name>-pods
+    assert sorted(_component(m) for m in services if m["spec"].get("clusterIP") != "None") == sorted(want)
+    assert sorted(_component(m) for m in services if m["spec"].get("clusterIP") == "None") == sorted(want)
 
 
 def test_gpu_workers_and_grpc_probes(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
@@ -247,7 +257,12 @@ def test_tls_identities_from_cert_manager(rendered: tuple[dict[str, Any], list[d
         assert uri.endswith("/${POD_NAME}"), uri  # the CSI driver's per-pod variable: id = pod name
         ident = parse_spiffe_id(uri.replace("${POD_NAME}", f"{d['metadata']['name']}-7d9f-x2b4c"))
         assert (ident.role.value, ident.zone) == (roles[name], zone)
-        assert d["metadata"]["name"] in attrs["csi.cert-manager.io/dns-names"].split(",")
+        # every name a peer dials is in the certificate: the Service's and the pod's own (its advertised address)
+        pod_name, ns = f"{d['metadata']['name']}-7d9f-x2b4c", "prod"
+        sans = attrs["csi.cert-manager.io/dns-names"].replace("${POD_NAME}", pod_name).replace("${POD_NAMESPACE}", ns)
+        advertised = env["KVMESH_ADVERTISE_ADDRESS"].replace("$(KVMESH_SERVICE_ID)", pod_name)
+        advertised = advertised.replace("$(POD_NAMESPACE)", ns).rsplit(":", 1)[0]
+        assert {d["metadata"]["name"], f"{d['metadata']['name']}.{ns}.svc", advertised} <= set(sans.split(","))
         mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tls")["mountPath"]
         for var in ("KVMESH_TLS_CERT", "KVMESH_TLS_KEY", "KVMESH_TLS_CLIENT_CA", "KVMESH_TLS_CA"):
             assert env[var].startswith(mount + "/")
@@ -277,7 +292,7 @@ def test_rendered_environment_is_accepted_by_the_services_settings(
         module, cls_name = _SETTINGS[name].split(":")
         cls = getattr(importlib.import_module(module), cls_name)
         pod = f"{d['metadata']['name']}-7d9f-x2b4c"
-        field_refs = {"metadata.name": pod, "status.podIP": "10.1.2.3"}
+        field_refs = {"metadata.name": pod, "metadata.namespace": "prod"}
         env: dict[str, str] = {}
         for e in d["spec"]["template"]["spec"]["containers"][0]["env"]:
             value = field_refs[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
@@ -286,4 +301,8 @@ def test_rendered_environment_is_accepted_by_the_services_settings(
         assert {k for k in env if k.startswith("KVMESH_")} - fields == set(), name
         settings = load_settings(cls, argv=[], env=env, service=name)
         assert (settings.zone, settings.service_id) == (zone, pod)
-        assert settings.advertise_address == f"10.1.2.3:{settings.port}"
+        pods = d["spec"]["template"]["spec"]["subdomain"]
+        assert settings.advertise_address == f"{pod}.{pods}.prod.svc:{settings.port}"  # the pod's own DNS name
+        headless = next(m for m in _of(manifests, "Service") if m["metadata"]["name"] == pods)
+        assert headless["spec"]["clusterIP"] == "None"
+        assert headless["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]

@@ -51,10 +51,10 @@ kvmesh.io/version: {{ .root.Values.version }}
 {{- $v := .root.Values }}
 {{- $c := index (include "kvmesh.components" . | fromYaml) .name }}
 {{- $cv := index $v $c.key }}
-- name: POD_IP
-  valueFrom: {fieldRef: {fieldPath: status.podIP}}
 - name: KVMESH_SERVICE_ID
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
 - name: KVMESH_HOST
   value: "0.0.0.0"
 - name: HOME                    # the root filesystem is read-only: caches (vLLM, torch) go to the /tmp volume
@@ -63,8 +63,9 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $cv.grpcPort | quote }}
 - name: KVMESH_HTTP_PORT
   value: {{ $cv.httpPort | quote }}
+# peers dial this pod by its own DNS name (the headless Service <name>-pods): a name its certificate carries
 - name: KVMESH_ADVERTISE_ADDRESS
-  value: "$(POD_IP):{{ $cv.grpcPort }}"
+  value: "$(KVMESH_SERVICE_ID).{{ include "kvmesh.fullname" . }}-pods.$(POD_NAMESPACE).svc:{{ $cv.grpcPort }}"
 - name: KVMESH_ZONE
   value: {{ .zone.name | quote }}
 - name: KVMESH_VERSION
