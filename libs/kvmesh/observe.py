@@ -113,6 +113,19 @@ def start(
     raise FailedPrecondition(f"prometheus not ready on {url} within {timeout_s:.0f} s; see {log}")
 
 
+def gone(pid: int) -> bool:
+    """No such process, or a zombie (exited; its parent, a detached `kvmesh up`, is gone and init has not
+    reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def stop(pid: int, timeout_s: float = 30.0) -> None:
     """SIGTERM, wait (bounded), then SIGKILL; a process already gone is fine."""
     try:
@@ -124,9 +137,7 @@ def stop(pid: int, timeout_s: float = 30.0) -> None:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # started by another `kvmesh up` process: poll for existence
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if gone(pid):
                 return
             done = 0
         if done:

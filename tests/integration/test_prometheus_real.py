@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kvmesh import observe
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +74,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     finally:
         down = _kvmesh(home, "down")
         assert down.returncode == 0, down.stdout + down.stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(int(state["prometheus"]["pid"]), 0)
+    assert observe.gone(int(state["prometheus"]["pid"])), "kvmesh down left Prometheus running"
 
 
 def test_every_service_is_an_up_target(suite: dict[str, Any]) -> None:
