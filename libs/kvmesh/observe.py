@@ -58,6 +58,7 @@ def scrape_config(state: dict[str, Any], rules: Path, interval_s: float) -> dict
 
 def _check_port(port: int) -> None:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Prometheus binds: TIME_WAIT is no conflict
         try:
             s.bind(("127.0.0.1", port))
         except OSError as err:
