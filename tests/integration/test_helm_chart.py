@@ -8,7 +8,8 @@ disables both (`NO_DEPS`) unless the example already points at external ones. Th
 - every manifest is valid for Kubernetes `KUBE_VERSION` (kubernetes-validate, strict: unknown fields fail);
   cert-manager's Issuer has no schema there and is checked field by field;
 - GPU workers request and limit `nvidia.com/gpu` and tolerate the GPU taint; nothing else does;
-- readiness, liveness (and the worker's startup) probes are gRPC probes of the container's gRPC port;
+- readiness, liveness (and the worker's startup) probes are gRPC probes of the container's gRPC port, or with
+  TLS (the kubelet's gRPC probes speak no TLS) GET /healthz on its plain HTTP port;
 - a PodDisruptionBudget per zone and component selects exactly its Deployment's pods and keeps one serving;
 - the NetworkPolicies admit exactly the calls derived from the authorisation table (kvmesh.security.authz)
   plus the failover service's health probes (DESIGN.md §2), each edge allowed on both ends;
@@ -137,9 +138,13 @@ def test_gpu_workers_and_grpc_probes(rendered: tuple[dict[str, Any], list[dict[s
         grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
         probes = [k for k in ("readinessProbe", "livenessProbe", "startupProbe") if k in container]
         assert {"readinessProbe", "livenessProbe"} <= set(probes)
+        http_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
         for probe in probes:
-            assert set(container[probe]) - {"periodSeconds", "failureThreshold"} == {"grpc"}, probe
-            assert container[probe]["grpc"]["port"] == grpc_port
+            handler = set(container[probe]) - {"periodSeconds", "failureThreshold"}
+            if values["tls"]["enabled"]:  # the kubelet's gRPC probes speak no TLS: /healthz on the plain HTTP port
+                assert handler == {"httpGet"} and container[probe]["httpGet"] == {"path": "/healthz", "port": http_port}
+            else:
+                assert handler == {"grpc"} and container[probe]["grpc"]["port"] == grpc_port, probe
         env = {e["name"]: e for e in container["env"]}
         assert env["KVMESH_ZONE"]["value"] == zone and env["KVMESH_PORT"]["value"] == str(grpc_port)
         assert env["KVMESH_SERVICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
