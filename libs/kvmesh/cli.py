@@ -38,8 +38,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvmesh import observe
 from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
+from kvmesh.errors import FailedPrecondition
 from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
 from kvmesh.security.certs import DevPki, make_dev_pki
 from kvmesh.security.identity import CallerRole, Identity
@@ -273,8 +275,19 @@ def up(args: argparse.Namespace) -> int:
         "redis_pid": redis_proc.pid if redis_proc else None,
         "auth": auth.state(),
     }
+    prom: observe.Prometheus | None = None
+    if args.observe:  # a real Prometheus scraping the suite, deploy/'s alert rules loaded (kvmesh.observe)
+        try:
+            prom = observe.start(rd / "prometheus", state, port=args.prometheus_port)
+            state["prometheus"] = vars(prom)
+        except FailedPrecondition as err:
+            print(f"--observe: {err}", file=sys.stderr)
+            _stop_state(state)
+            return 1
     _state_path().write_text(json.dumps(state, indent=1))
     _print_endpoints(state)
+    if prom is not None:
+        print(f"  prometheus     {prom.url}  (config {prom.config})")
     admin_token = auth.state()["tokens"]["admin"]
     print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if args.tls else ""))
     if args.detach:
@@ -316,6 +329,8 @@ def _alive(state: dict[str, Any]) -> bool:
 def _stop_state(state: dict[str, Any]) -> int:
     """SIGTERM every service in reverse start order and wait for each (bounded), then SIGKILL stragglers."""
     worst = 0
+    if state.get("prometheus"):
+        observe.stop(int(state["prometheus"]["pid"]))
     pids = [int(s["pid"]) for s in reversed(state["services"])]
     if state.get("redis_pid"):
         pids.append(int(state["redis_pid"]))
@@ -436,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_up.add_argument("--detach", action="store_true", help="leave the suite running and return")
     p_up.add_argument("--tls", action="store_true", help="mTLS everywhere, identities from a development CA")
     p_up.add_argument("--log-level", default="INFO")
+    p_up.add_argument("--observe", action="store_true", help="also start a local Prometheus scraping the suite")
+    p_up.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT, help="--observe's Prometheus")
     p_up.set_defaults(func=up)
     sub.add_parser("status", help="health of the running suite").set_defaults(func=status)
     sub.add_parser("down", help="stop a detached suite").set_defaults(func=down)

@@ -1,96 +1,168 @@
+{{/* The four components: chart name → values key and the role its identity carries (kvmesh.security). */}}
+{{- define "kvmesh.components" -}}
+router: {key: router, role: router}
+cache-manager: {key: cacheManager, role: cache-manager}
+worker: {key: worker, role: worker}
+failover: {key: failover, role: failover}
+{{- end -}}
+
+{{/* Resource name of a component in a zone: <release>-<zone>-<component>. Args: root, zone, name. */}}
+{{- define "kvmesh.fullname" -}}
+{{ .root.Release.Name }}-{{ .zone.name }}-{{ .name }}
+{{- end -}}
+
+{{- define "kvmesh.selector" -}}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/name: kvmesh-{{ .name }}
+kvmesh.io/zone: {{ .zone.name }}
+{{- end -}}
+
 {{- define "kvmesh.labels" -}}
+{{ include "kvmesh.selector" . }}
 app.kubernetes.io/part-of: kvmesh
-app.kubernetes.io/instance: {{ .Release.Name }}
-kvmesh.io/zone: {{ .Values.zone }}
-kvmesh.io/version: {{ .Values.version }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ .root.Chart.Name }}-{{ .root.Chart.Version }}
+kvmesh.io/version: {{ .root.Values.version }}
+{{- end -}}
+
+{{/* Every pod of a zone in the release (a NetworkPolicy peer). Args: root, zone, name ("" = any component). */}}
+{{- define "kvmesh.peer" -}}
+- podSelector:
+    matchLabels:
+      app.kubernetes.io/instance: {{ .root.Release.Name }}
+      {{- if .name }}
+      app.kubernetes.io/name: kvmesh-{{ .name }}
+      {{- end }}
+      {{- if .zone }}
+      kvmesh.io/zone: {{ .zone.name }}
+      {{- end }}
 {{- end -}}
 
 {{- define "kvmesh.consulUrl" -}}
-{{- if .Values.consul.enabled -}}http://{{ .Release.Name }}-consul-server:8500{{- else -}}{{ .Values.consul.url }}{{- end -}}
+{{- if .Values.consul.enabled -}}http://{{ .Release.Name }}-consul-server:8500{{- else -}}{{ required "consul.url is required when consul.enabled=false" .Values.consul.url }}{{- end -}}
 {{- end -}}
 
 {{- define "kvmesh.redisUrl" -}}
-{{- if .Values.redis.enabled -}}redis://{{ .Release.Name }}-redis-master:6379/0{{- else -}}{{ .Values.redis.url }}{{- end -}}
+{{- if .Values.redis.enabled -}}redis://{{ .Release.Name }}-redis-master:6379/0{{- else -}}{{ required "redis.url is required when redis.enabled=false" .Values.redis.url }}{{- end -}}
 {{- end -}}
 
-{{/* Environment shared by every service (read as KVMESH_* settings). */}}
+{{/* Environment shared by every service (read as KVMESH_* settings, kvmesh.config). Args: root, zone, name. */}}
 {{- define "kvmesh.commonEnv" -}}
-- name: KVMESH_HOST
-  value: "0.0.0.0"
-- name: KVMESH_ZONE
-  value: {{ .Values.zone | quote }}
-- name: KVMESH_VERSION
-  value: {{ .Values.version | quote }}
-- name: KVMESH_LOG_FORMAT
-  value: {{ .Values.telemetry.logFormat | quote }}
-- name: KVMESH_OTLP_ENDPOINT
-  value: {{ .Values.telemetry.otlpEndpoint | quote }}
-- name: KVMESH_CONSUL_URL
-  value: {{ include "kvmesh.consulUrl" . | quote }}
+{{- $v := .root.Values }}
+{{- $c := index (include "kvmesh.components" . | fromYaml) .name }}
+{{- $cv := index $v $c.key }}
 - name: KVMESH_SERVICE_ID
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+- name: KVMESH_HOST
+  value: "0.0.0.0"
+- name: HOME                    # the root filesystem is read-only: caches (vLLM, torch) go to the /tmp volume
+  value: /tmp
+- name: KVMESH_PORT
+  value: {{ $cv.grpcPort | quote }}
+- name: KVMESH_HTTP_PORT
+  value: {{ $cv.httpPort | quote }}
+# peers dial this pod by its own DNS name (the headless Service <name>-pods): a name its certificate carries
+- name: KVMESH_ADVERTISE_ADDRESS
+  value: "$(KVMESH_SERVICE_ID).{{ include "kvmesh.fullname" . }}-pods.$(POD_NAMESPACE).svc:{{ $cv.grpcPort }}"
+- name: KVMESH_ZONE
+  value: {{ .zone.name | quote }}
+- name: KVMESH_VERSION
+  value: {{ $v.version | quote }}
+- name: KVMESH_LOG_FORMAT
+  value: {{ $v.telemetry.logFormat | quote }}
+- name: KVMESH_OTLP_ENDPOINT
+  value: {{ $v.telemetry.otlpEndpoint | quote }}
+- name: KVMESH_CONSUL_URL
+  value: {{ include "kvmesh.consulUrl" .root | quote }}
 - name: KVMESH_AUTH_MODE
-  value: {{ .Values.auth.mode | quote }}
-{{- if .Values.tls.enabled }}
-- name: KVMESH_TLS_CERT
-  value: /etc/kvmesh/tls/tls.crt
-- name: KVMESH_TLS_KEY
-  value: /etc/kvmesh/tls/tls.key
-- name: KVMESH_TLS_CLIENT_CA
-  value: /etc/kvmesh/tls/ca.crt
-- name: KVMESH_TLS_CA
-  value: /etc/kvmesh/tls/ca.crt
-- name: KVMESH_TLS_CLIENT_CERT
-  value: /etc/kvmesh/tls/tls.crt
-- name: KVMESH_TLS_CLIENT_KEY
-  value: /etc/kvmesh/tls/tls.key
+  value: {{ $v.auth.mode | quote }}
+{{- if $v.tls.enabled }}
+{{- range $var, $file := dict "KVMESH_TLS_CERT" "tls.crt" "KVMESH_TLS_KEY" "tls.key" "KVMESH_TLS_CLIENT_CA" "ca.crt" "KVMESH_TLS_CA" "ca.crt" "KVMESH_TLS_CLIENT_CERT" "tls.crt" "KVMESH_TLS_CLIENT_KEY" "tls.key" }}
+- name: {{ $var }}
+  value: /etc/kvmesh/tls/{{ $file }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
-{{- define "kvmesh.router.env" -}}
+{{/* Per-component environment. Args: root, zone, name. */}}
+{{- define "kvmesh.env.router" -}}
+{{- $v := .root.Values }}
 - name: KVMESH_CACHE_MANAGER
-  value: "{{ .Release.Name }}-cache-manager:{{ .Values.cacheManager.grpcPort }}"
+  value: "{{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "cache-manager") }}:{{ $v.cacheManager.grpcPort }}"
 - name: KVMESH_FAILOVER
-  value: "{{ .Release.Name }}-failover:{{ .Values.failover.grpcPort }}"
+  value: "{{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "failover") }}:{{ $v.failover.grpcPort }}"
+- name: KVMESH_ROUTER_REPLICAS
+  value: {{ $v.router.replicas | quote }}
 - name: KVMESH_MODEL
-  value: {{ .Values.model.path | quote }}
+  value: {{ $v.model.path | quote }}
 - name: KVMESH_MODEL_NAME
-  value: {{ .Values.model.name | quote }}
+  value: {{ $v.model.name | quote }}
+- name: KVMESH_SALT_MODEL
+  value: {{ $v.model.name | quote }}
 - name: KVMESH_BLOCK_SIZE
-  value: {{ .Values.model.blockSize | quote }}
+  value: {{ $v.model.blockSize | quote }}
 - name: KVMESH_LONG_PROMPT_TOKENS
-  value: {{ .Values.router.longPromptTokens | quote }}
-{{- if .Values.router.apiKeysSecret }}
+  value: {{ $v.router.longPromptTokens | quote }}
+{{- if $v.router.apiKeysSecret }}
 - name: KVMESH_API_KEYS_FILE
   value: /etc/kvmesh/keys/keys
 {{- end }}
 {{- end -}}
 
-{{- define "kvmesh.cache-manager.env" -}}
+{{- define "kvmesh.env.cache-manager" -}}
+{{- $v := .root.Values }}
 - name: KVMESH_REDIS_URL
-  value: {{ include "kvmesh.redisUrl" . | quote }}
+  value: {{ include "kvmesh.redisUrl" .root | quote }}
+- name: KVMESH_REDIS_PREFIX
+  value: "kvmesh:cm:{{ .zone.name }}"
 - name: KVMESH_BLOCK_SIZE
-  value: {{ .Values.model.blockSize | quote }}
+  value: {{ $v.model.blockSize | quote }}
 - name: KVMESH_MODEL
-  value: {{ .Values.model.name | quote }}
+  value: {{ $v.model.name | quote }}
 - name: KVMESH_CHECKPOINT_INTERVAL_S
-  value: {{ .Values.cacheManager.checkpointIntervalS | quote }}
+  value: {{ $v.cacheManager.checkpointIntervalS | quote }}
 {{- end -}}
 
-{{- define "kvmesh.worker.env" -}}
+{{- define "kvmesh.env.worker" -}}
+{{- $v := .root.Values }}
 - name: KVMESH_ENGINE
-  value: {{ .Values.worker.engine | quote }}
+  value: {{ $v.worker.engine | quote }}
 - name: KVMESH_MODEL
-  value: {{ .Values.model.path | quote }}
+  value: {{ $v.model.path | quote }}
 - name: KVMESH_BLOCK_SIZE
-  value: {{ .Values.model.blockSize | quote }}
+  value: {{ $v.model.blockSize | quote }}
 - name: KVMESH_CACHE_MANAGER
-  value: "{{ .Release.Name }}-cache-manager:{{ .Values.cacheManager.grpcPort }}"
+  value: "{{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "cache-manager") }}:{{ $v.cacheManager.grpcPort }}"
+- name: KVMESH_KVSYNC_PORT
+  value: {{ $v.worker.kvsyncPort | quote }}
+- name: KVMESH_GRACE_S
+  value: "45"
 - name: KVMESH_VLLM_ARGS
-  value: "--tensor-parallel-size {{ .Values.worker.tensorParallelSize }} {{ .Values.worker.vllmArgs }}"
+  value: "--tensor-parallel-size {{ $v.worker.tensorParallelSize }} {{ $v.worker.vllmArgs }}"
 {{- end -}}
 
-{{- define "kvmesh.failover.env" -}}
+{{- define "kvmesh.env.failover" -}}
+{{- $v := .root.Values }}
 - name: KVMESH_HEALTH_INTERVAL_S
-  value: {{ .Values.failover.healthIntervalS | quote }}
+  value: {{ $v.failover.healthIntervalS | quote }}
+- name: KVMESH_ZONES
+  value: {{ include "kvmesh.zoneNames" .root | quote }}
+{{- end -}}
+
+{{- define "kvmesh.zoneNames" -}}
+{{- $names := list }}{{ range .Values.zones }}{{ $names = append $names .name }}{{ end }}{{ join "," $names }}
+{{- end -}}
+
+{{/* A probe's handler: grpc.health.v1 on the service's gRPC port (every kvmesh server serves it). The kubelet's
+     gRPC probes speak no TLS, so with tls.enabled (that port is mTLS only) the probe is GET /healthz on the
+     plain HTTP port (open in the authorisation table; SERVING, or 503 once draining). Args: root, zone, name. */}}
+{{- define "kvmesh.probe" -}}
+{{- $v := index .root.Values (index (include "kvmesh.components" . | fromYaml) .name).key }}
+{{- if .root.Values.tls.enabled -}}
+httpGet: {path: /healthz, port: {{ $v.httpPort }}}
+{{- else -}}
+grpc: {port: {{ $v.grpcPort }}, service: ""}
+{{- end }}
 {{- end -}}
