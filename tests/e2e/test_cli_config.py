@@ -84,10 +84,10 @@ def _chat(http_port: int) -> dict[str, Any]:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def _zones_healthy(failover: str) -> list[tuple[str, bool, int]]:
+def _zones_healthy(failover: str, creds: grpc.ChannelCredentials | None = None) -> list[tuple[str, bool, int]]:
     """The failover service's endpoint sets until both zones are healthy (the stream's deadline bounds it)."""
     seen: list[tuple[str, bool, int]] = []
-    with grpc.insecure_channel(failover) as ch:
+    with grpc.secure_channel(failover, creds) if creds else grpc.insecure_channel(failover) as ch:
         stream = failover_pb2_grpc.FailoverServiceStub(ch).WatchEndpoints(
             failover_pb2.WatchEndpointsRequest(), timeout=60
         )
@@ -99,6 +99,44 @@ def _zones_healthy(failover: str) -> list[tuple[str, bool, int]]:
     return seen
 
 
+def _by_zone(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    state = json.loads((home / "run" / "suite.json").read_text())
+    by_zone: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for s in state["services"]:
+        by_zone.setdefault(s["zone"], {}).setdefault(s["name"], []).append(s)
+    return by_zone
+
+
+def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
+    """Two sim zones (zone b with its own worker count) under one CA and one set of identities, checkpoints in
+    one redis-server: every service serves, the demo answers, each failover service sees both zones."""
+    f = tmp_path / "k.yaml"
+    f.write_text("worker: {replicas: 1}\nzones:\n  - name: a\n  - name: b\n    worker: {replicas: 2}\n")
+    home = tmp_path / "home"
+    up = _kvmesh(home, "up", "--config", str(f), "--ports", "auto", "--tls", "--redis", "--detach", timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        by_zone = _by_zone(home)
+        assert [w["id"] for w in by_zone["b"]["worker"]] == ["worker-b-0", "worker-b-1"]
+        assert len(by_zone["a"]["worker"]) == 1
+        status = _kvmesh(home, "status", timeout=60)
+        assert status.returncode == 0 and status.stdout.count("SERVING") == 9, status.stdout
+        demo = _kvmesh(home, "demo", "--max-tokens", "3", timeout=120)
+        assert demo.returncode == 0 and "completion=3" in demo.stdout, demo.stdout + demo.stderr
+        pki = home / "run" / "pki"
+        creds = grpc.ssl_channel_credentials(
+            (pki / "ca.pem").read_bytes(),
+            (pki / "admin-operator.key").read_bytes(),
+            (pki / "admin-operator.pem").read_bytes(),
+        )
+        for zone in ("a", "b"):
+            seen = _zones_healthy(by_zone[zone]["failover"][0]["grpc"], creds)
+            assert [(z, h) for z, h, _ in seen] == [("a", True), ("b", True)], (zone, seen)
+    finally:
+        down = _kvmesh(home, "down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two vLLM engines start one after the other (about 2 min on 2 shared cores)
@@ -108,10 +146,7 @@ def test_two_zone_vllm_example_serves_in_both_zones(tmp_path: Path) -> None:
     up = _kvmesh(home, "up", "--config", str(example), "--ports", "auto", "--detach", timeout=720)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
-        state = json.loads((home / "run" / "suite.json").read_text())
-        by_zone: dict[str, dict[str, Any]] = {}
-        for s in state["services"]:
-            by_zone.setdefault(s["zone"], {}).setdefault(s["name"], []).append(s)
+        by_zone = _by_zone(home)
         assert sorted(by_zone) == ["zone-a", "zone-b"]
         for zone, services in by_zone.items():
             assert {n: len(v) for n, v in services.items()} == {
