@@ -101,6 +101,9 @@ def up(args: argparse.Namespace) -> int:
     except suite.PortsInUse as err:
         print(f"kvmesh up: nothing started:\n{err}", file=sys.stderr)
         return 1
+    except (RuntimeError, TimeoutError) as err:  # a service that did not start: the others were stopped
+        print(f"kvmesh up: {err}\nkvmesh up: every service it had started was stopped", file=sys.stderr)
+        return 1
     auth = started.auth
     state: dict[str, Any] = {
         "services": [

@@ -58,7 +58,7 @@ class RouterSettings:
     grpc_port: int = _port(50051)
     http_port: int = _port(8000)  # OpenAI HTTP API, /metrics (as `vllm serve`)
     long_prompt_tokens: int = _f(2048, min=1)
-    profile: Any = _f(None, profile=True)  # routing profile: a file path, or inline
+    profile: str | dict[str, Any] | None = _f(None, profile=True)  # routing profile: a file path, or inline
     api_keys_file: str = ""  # client API keys (docs/security.md); "" = the suite's provisioned tokens only
 
 
@@ -127,6 +127,10 @@ class ZoneSettings:
     cache_manager: CacheManagerSettings
     worker: WorkerSettings
     failover: FailoverSettings
+
+    def section(self, key: str) -> Any:
+        """The section of a `ZONE_SECTIONS` key (`cacheManager` ...)."""
+        return getattr(self, camel_to_snake(key))
 
 
 @dataclass(frozen=True)
@@ -300,7 +304,8 @@ def _fields(cls: type[Any]) -> dict[str, dataclasses.Field[Any]]:
 
 def load(path: Path | None, sets: typing.Sequence[str] = (), flags: Mapping[str, Any] | None = None) -> SuiteSettings:
     """Reads `path` (None: no file), applies `--set KEY=VALUE`s then the named flags (`{"worker.replicas": 3}`,
-    None values skipped), and parses. A relative `router.profile` path is relative to the file."""
+    None values skipped), and parses; a `router.profile` file (relative to the config file, else to the
+    working directory) is read and checked too."""
     raw: Any = {}
     if path is not None:
         try:
@@ -324,20 +329,30 @@ def load(path: Path | None, sets: typing.Sequence[str] = (), flags: Mapping[str,
     for key, value in (flags or {}).items():
         if value is not None:
             override(raw, key, value)
-    settings = parse(raw)
-    if path is not None:
-        settings = _relative_profiles(settings, path.parent)
-    return settings
+    return _file_profiles(parse(raw), path.parent if path is not None else Path.cwd())
 
 
-def _relative_profiles(s: SuiteSettings, base: Path) -> SuiteSettings:
-    def fix(z: ZoneSettings) -> ZoneSettings:
+def _file_profiles(s: SuiteSettings, base: Path) -> SuiteSettings:
+    """Every zone's `router.profile` file made absolute (relative to `base`, the config file's folder), read
+    and checked by the profile parser: a missing or bad one is a ConfigError before anything starts."""
+
+    def fix(k: int, z: ZoneSettings) -> ZoneSettings:
         p = z.router.profile
-        if isinstance(p, str) and p and not Path(p).is_absolute():
-            return dataclasses.replace(z, router=dataclasses.replace(z.router, profile=str(base / p)))
-        return z
+        if not isinstance(p, str) or not p:
+            return z
+        path = Path(p) if Path(p).is_absolute() else base / p
+        where = f"zones[{k}].router.profile" if s.zones_listed else "router.profile"
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError(where, f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            _profile(yaml.safe_load(text), where)
+        except yaml.YAMLError as exc:
+            raise ConfigError(where, f"{path} is not YAML: {exc}") from exc
+        return dataclasses.replace(z, router=dataclasses.replace(z.router, profile=str(path)))
 
-    return dataclasses.replace(s, zones=tuple(fix(z) for z in s.zones))
+    return dataclasses.replace(s, zones=tuple(fix(k, z) for k, z in enumerate(s.zones)))
 
 
 _STEP = re.compile(r"([A-Za-z][A-Za-z0-9]*)|\[(\d+)\]")
@@ -426,7 +441,7 @@ def plan(s: SuiteSettings) -> list[PlannedPort]:
     for k, z in enumerate(s.zones):
         zone_path = f"zones[{k}]." if s.zones_listed else ""
         for service, _kind, key, what in PORT_TABLE[1:]:
-            section = {"router": z.router, "cacheManager": z.cache_manager, "worker": z.worker}.get(service, z.failover)
+            section = z.section(service)
             attr = camel_to_snake(key.split(".")[1])
             base = getattr(section, attr)
             count = z.worker.replicas if service == "worker" else 1

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvmesh.suite_config import ConfigError, load, parse, plan
 
@@ -69,6 +70,12 @@ def test_inline_routing_profile_is_checked_and_a_relative_path_is_the_files(tmp_
     )
     f = tmp_path / "k.yaml"
     f.write_text("router: {profile: prof.yaml}\n")
+    with pytest.raises(ConfigError, match=r"^router\.profile: cannot read .*prof\.yaml"):
+        load(f)
+    (tmp_path / "prof.yaml").write_text("scorers: [{type: nope}]\n")
+    with pytest.raises(ConfigError, match=r"^router\.profile: bad routing profile"):
+        load(f)
+    (tmp_path / "prof.yaml").write_text(yaml.safe_dump(good))
     assert load(f).zones[0].router.profile == str(tmp_path / "prof.yaml")
 
 
