@@ -326,9 +326,12 @@ def load(path: Path | None, sets: typing.Sequence[str] = (), flags: Mapping[str,
         except yaml.YAMLError as exc:
             raise ConfigError(key, f"--set value is not YAML: {exc}") from exc
         assign(raw, key, value)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            override(raw, key, value)
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    fixed = [FLAGS[k] for k in FLAGS if k in flags]
+    if flags.get("ports.auto") and fixed:
+        raise ConfigError("ports.auto", f"--ports auto picks every port: drop {' and '.join(fixed)}")
+    for key, value in flags.items():
+        override(raw, key, value)
     return _file_profiles(parse(raw), path.parent if path is not None else Path.cwd())
 
 

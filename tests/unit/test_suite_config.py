@@ -56,6 +56,12 @@ def test_flags_override_the_file_and_every_zone_entry(tmp_path: Path) -> None:
     assert [z.router.long_prompt_tokens for z in s.zones] == [2048, 100]
 
 
+def test_ports_auto_and_a_fixed_port_flag_is_an_error_not_a_silent_choice() -> None:
+    with pytest.raises(ConfigError, match=r"^ports\.auto: --ports auto picks every port: drop --http-port"):
+        load(None, (), {"ports.auto": True, "router.httpPort": 8000})
+    assert load(None, (), {"ports.auto": False, "router.httpPort": 8001}).zones[0].router.http_port == 8001
+
+
 def test_zone_flag_renames_the_one_zone_and_refuses_two() -> None:
     assert load(None, (), {"zone": "z1"}).zones[0].name == "z1"
     with pytest.raises(ConfigError, match=r"^zone: --zone names the one zone"):
