@@ -1,6 +1,7 @@
 """`kvmesh`: the umbrella command.
 
-    kvmesh up [--workers N] [--engine sim|vllm] [--redis] [--tls] [--detach]   start the whole suite locally
+    kvmesh up [--config FILE] [--set K=V] [--ports auto] [--workers N] [--engine sim|vllm] [--detach] ...
+                                                                       start the whole suite locally
     kvmesh status                                                      health of every service of the suite
     kvmesh demo [--prompt TEXT]                                        one real request through the router
     kvmesh down                                                        stop a detached suite
@@ -10,7 +11,8 @@
 `up` starts each service as its own process with embedded defaults: a static registry file instead of Consul
 (the failover service probes its instances' gRPC health: a killed service leaves the endpoint sets in seconds),
 file checkpoints instead of Redis (unless --redis), simulated workers unless --engine vllm (real vLLM on the
-CPU with the tiny local model). State lives in `$KVMESH_HOME/run` (default `./var/run`).
+CPU with the tiny local model). State lives in `$KVMESH_HOME/run` (default `./var/run`). Its ports, zones
+and the rest: `kvmesh up --help` and `kvmesh.suite_config` (the router's OpenAI API is on port 8000).
 
 `up` is least-privilege by default: it provisions an identity per service (a random bearer token in
 `run/auth/`, mode 0600, readable by this user only) and starts every service with the authorisation table
@@ -24,10 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -38,14 +37,26 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvmesh import observe
-from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
-from kvmesh.discovery.static import write_catalog
+from kvmesh import observe, suite, suite_config
 from kvmesh.errors import FailedPrecondition
-from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
-from kvmesh.security.certs import DevPki, make_dev_pki
-from kvmesh.security.identity import CallerRole, Identity
-from kvmesh.security.tokens import accepted_file, provision
+from kvmesh.security.certs import make_dev_pki
+from kvmesh.suite import suite_identities
+
+_Raw = argparse.RawDescriptionHelpFormatter
+UP_HELP = """Start the whole suite locally: per zone a cache-manager, workers, a router and a failover service.
+
+Ports (fixed by default; zone k adds 100 k, worker i adds i; --ports auto: every one picks a free port):
+  service         gRPC    HTTP                                  key of --config / --set
+  router          50051   8000 (OpenAI API, /metrics)           router.grpcPort, router.httpPort
+  cache-manager   50052   51052 (/metrics)                      cacheManager.grpcPort, .httpPort
+  failover        50053   51053 (/metrics)                      failover.grpcPort, .httpPort
+  worker i        50060+i 51060+i (/metrics, OpenAI API)        worker.grpcPort, .httpPort
+  worker i kv-sync 52060+i                                      worker.kvSyncPort
+  redis-server    50050   (with --redis)                        redis.port
+A port in use stops `up` before anything starts, naming the port and the flag that moves it.
+
+--config FILE: the suite in one YAML file, in the Helm values' shape (docs/examples/); --set KEY=VALUE
+changes one of its keys; the named flags win over both."""
 
 
 def kvmesh_home() -> Path:
@@ -58,112 +69,6 @@ def run_dir() -> Path:
 
 def _state_path() -> Path:
     return run_dir() / "suite.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise SystemExit("redis-server is not installed: run scripts/bootstrap.sh (or drop --redis)")
-    port = _free_port()
-    directory.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(directory),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("redis-server did not start") from None
-            time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
-
-
-def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
-    """The suite's static registry (the failover service's `--registry-file`), in the registry's own format."""
-    instances = []
-    for p in procs:
-        host, _, port = p.address.rpartition(":")
-        zone = str(p.info.get("zone", "local"))
-        meta = {"http": f"127.0.0.1:{p.info['http_port']}"}
-        instances.append(ServiceInstance(p.info["id"], Role(p.name), zone, "v1", host, int(port), meta=meta))
-    write_catalog(path, CatalogSnapshot.of(instances))
-
-
-def suite_identities(zone: str, workers: int) -> dict[str, Identity]:
-    """The identities `kvmesh up` (and `kvmesh certs`) provisions, by name; a worker's is named by its service
-    id and carries it as its id, the worker its KV events name."""
-    R = CallerRole
-    return {
-        "cache-manager": Identity(R.CACHE_MANAGER, f"cache-manager-{zone}", zone),
-        **{f"worker-{zone}-{i}": Identity(R.WORKER, f"worker-{zone}-{i}", zone) for i in range(workers)},
-        "router": Identity(R.ROUTER, f"router-{zone}", zone),
-        "failover": Identity(R.FAILOVER, f"failover-{zone}", zone),
-        "admin": Identity(R.ADMIN, "operator", zone),
-        "client": Identity(R.CLIENT, "demo", zone, tenants=("demo",)),
-        "peer-zone": Identity(R.PEER_ZONE, f"peer-of-{zone}", zone),
-    }
-
-
-class SuiteAuth:
-    """Per-service identities of one suite: tokens always, certificates with `--tls`; the flags each service
-    is started with, and the state `status` / `demo` connect with."""
-
-    def __init__(self, rd: Path, zone: str, workers: int, tls: bool) -> None:
-        self.ids = suite_identities(zone, workers)
-        self.token_files = provision(rd / "auth", list(self.ids.values()))
-        self.accepted = accepted_file(rd / "auth")
-        self.pki: DevPki | None = make_dev_pki(rd / "pki", list(self.ids.values())) if tls else None
-
-    def flags(self, name: str) -> list[str]:
-        ident = self.ids[name]
-        out = ["--auth-mode", "enforce", "--auth-tokens-file", str(self.accepted)]
-        out += ["--auth-token-file", str(self.token_files[ident])]
-        if self.pki is not None:
-            pair, ca = self.pki.pairs[ident], str(self.pki.ca)
-            out += ["--tls-cert", str(pair.cert), "--tls-key", str(pair.key), "--tls-client-ca", ca, "--tls-ca", ca]
-            out += ["--tls-client-cert", str(pair.cert), "--tls-client-key", str(pair.key)]
-        return out
-
-    def credentials(self, name: str = "admin") -> grpc.ChannelCredentials | None:
-        return _credentials(self.state(), name)
-
-    def state(self) -> dict[str, Any]:
-        """What the state file records: the operator's and the demo client's token and certificate files."""
-        out: dict[str, Any] = {
-            "tokens": {n: str(self.token_files[self.ids[n]]) for n in ("admin", "client")},
-            "tls": None,
-        }
-        if self.pki is not None:
-            pairs = {n: self.pki.pairs[self.ids[n]] for n in ("admin", "client")}
-            out["tls"] = {"ca": str(self.pki.ca), **{n: [str(p.cert), str(p.key)] for n, p in pairs.items()}}
-        return out
 
 
 def _credentials(auth: dict[str, Any] | None, name: str) -> grpc.ChannelCredentials | None:
@@ -181,86 +86,27 @@ def _suite_channel(address: str, auth: dict[str, Any] | None, name: str) -> grpc
 
 
 def up(args: argparse.Namespace) -> int:
+    try:
+        settings = suite_config.load(args.config, args.set, _flag_overrides(args))
+    except suite_config.ConfigError as err:
+        where = f"{args.config}: " if args.config else ""
+        print(f"kvmesh up: {where}{err}", file=sys.stderr)
+        return 2
     rd = run_dir()
     if _state_path().exists() and _alive(json.loads(_state_path().read_text())):
         print(f"a suite is already running (state in {_state_path()}); `kvmesh down` first", file=sys.stderr)
         return 1
     rd.mkdir(parents=True, exist_ok=True)
-    logs = rd / "logs"
-    started: list[ServiceProcess] = []
-    redis_proc: subprocess.Popen[bytes] | None = None
-    common = ("--zone", args.zone, "--log-level", args.log_level)
-    auth = SuiteAuth(rd, args.zone, args.workers, args.tls)
-    creds = auth.credentials()
     try:
-        cm_flags = [
-            *common,
-            "--block-size",
-            str(args.block_size),
-            "--checkpoint-dir",
-            str(rd / "checkpoints"),
-            "--model",
-            args.salt_model,
-        ]  # the index hash salt's model string, equal to the router's
-        if args.redis:
-            redis_proc, url = _start_redis(rd / "redis")
-            cm_flags += ["--redis-url", url]
-        cache = start_service(
-            "cache-manager", logs, *cm_flags, *auth.flags("cache-manager"), timeout=60, credentials=creds
-        )
-        started.append(cache)
-        timeout = 300 if args.engine == "vllm" else 60
-        workers = []
-        worker_env = vllm_core_env(args.workers) if args.engine == "vllm" else [{}] * args.workers
-        for i in range(args.workers):
-            flags = [
-                *common,
-                *auth.flags(f"worker-{args.zone}-{i}"),
-                "--service-id",
-                f"worker-{args.zone}-{i}",
-                "--engine",
-                args.engine,
-                "--block-size",
-                str(args.block_size),
-                "--cache-manager",
-                cache.address,
-            ]
-            if args.model:
-                flags += ["--model", args.model]
-            workers.append(start_service("worker", logs, *flags, env=worker_env[i], timeout=timeout, credentials=creds))
-        started.extend(workers)
-        r_flags = [
-            *common,
-            *auth.flags("router"),
-            "--block-size",
-            str(args.block_size),
-            "--cache-manager",
-            cache.address,
-            "--workers",
-            ",".join(w.address for w in workers),
-            "--salt-model",
-            args.salt_model,
-        ]
-        if args.model:
-            r_flags += ["--model", args.model]
-        if args.engine == "vllm":  # the router checks token ids against the model's own vocabulary
-            r_flags += ["--vocab-size", "0"]
-        router = start_service("router", logs, *r_flags, timeout=120, credentials=creds)
-        started.append(router)
-        registry = rd / "registry.yaml"
-        _write_registry(registry, started)
-        fo_flags = [*common, *auth.flags("failover"), "--registry-file", str(registry)]
-        failover = start_service(
-            "failover", logs, *fo_flags, "--lkg-file", str(rd / "lkg.json"), timeout=60, credentials=creds
-        )
-        started.append(failover)
-    except BaseException:
-        for sp in reversed(started):
-            sp.kill()
-        if redis_proc is not None:
-            redis_proc.kill()
-        raise
-    state = {
+        started = suite.start(settings, rd)
+    except suite.PortsInUse as err:
+        print(f"kvmesh up: nothing started:\n{err}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError) as err:  # a service that did not start: the others were stopped
+        print(f"kvmesh up: {err}\nkvmesh up: every service it had started was stopped", file=sys.stderr)
+        return 1
+    auth = started.auth
+    state: dict[str, Any] = {
         "services": [
             {
                 "name": p.name,
@@ -268,11 +114,12 @@ def up(args: argparse.Namespace) -> int:
                 "pid": p.proc.pid,
                 "grpc": p.address,
                 "http_port": p.info["http_port"],
+                "zone": p.info.get("zone", ""),
                 "log": str(p.log_path),
             }
-            for p in started
+            for p in started.services
         ],
-        "redis_pid": redis_proc.pid if redis_proc else None,
+        "redis_pid": started.redis.pid if started.redis else None,
         "auth": auth.state(),
     }
     prom: observe.Prometheus | None = None
@@ -289,7 +136,10 @@ def up(args: argparse.Namespace) -> int:
     if prom is not None:
         print(f"  prometheus     {prom.url}  (config {prom.config})")
     admin_token = auth.state()["tokens"]["admin"]
-    print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if args.tls else ""))
+    print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if settings.tls.enabled else ""))
+    for z in settings.zones:
+        http = next(x["http_port"] for x in state["services"] if x["name"] == "router" and x["zone"] == z.name)
+        print(f"  OpenAI API     http://127.0.0.1:{http}/v1  (zone {z.name})")
     if args.detach:
         print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
         return 0
@@ -303,9 +153,10 @@ def up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     print("press Ctrl-C to stop", flush=True)
-    while not stop.is_set() and all(p.proc.poll() is None for p in started):
+    procs = started.services
+    while not stop.is_set() and all(p.proc.poll() is None for p in procs):
         stop.wait(1.0)  # the timeout only serves to notice a dead service
-    dead = [p.name for p in started if p.proc.poll() is not None]
+    dead = [p.info.get("id", p.name) for p in procs if p.proc.poll() is not None]
     if dead:
         print(f"stopping: {', '.join(dead)} exited", file=sys.stderr)
     return _stop_state(state)
@@ -313,7 +164,7 @@ def up(args: argparse.Namespace) -> int:
 
 def _print_endpoints(state: dict[str, Any]) -> None:
     for s in state["services"]:
-        print(f"  {s['name']:<14} {s['id']:<24} grpc {s['grpc']:<22} http 127.0.0.1:{s['http_port']}")
+        print(f"  {s['name']:<14} {s['id']:<28} grpc {s['grpc']:<17} http 127.0.0.1:{s['http_port']}")
 
 
 def _alive(state: dict[str, Any]) -> bool:
@@ -376,7 +227,7 @@ def status(_args: argparse.Namespace) -> int:
         except grpc.RpcError as err:
             text = f"UNREACHABLE ({err.code().name})"
         ok &= text == "SERVING"
-        print(f"  {s['name']:<14} {s['id']:<24} {s['grpc']:<22} {text}")
+        print(f"  {s['name']:<14} {s['id']:<28} {s['grpc']:<22} {text}")
     return 0 if ok else 1
 
 
@@ -427,6 +278,67 @@ def certs(args: argparse.Namespace) -> int:
     return 0
 
 
+# `kvmesh up`'s flags that name one setting of kvmesh.suite_config (flag dest -> key path); None = not given
+UP_FLAGS = {
+    "workers": "worker.replicas",
+    "engine": "worker.engine",
+    "model": "model.path",
+    "block_size": "model.blockSize",
+    "salt_model": "model.salt",
+    "zone": "zone",
+    "redis": "redis.enabled",
+    "tls": "tls.enabled",
+    "log_level": "logLevel",
+    "http_port": "router.httpPort",
+    "grpc_port": "router.grpcPort",
+}
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = {key: getattr(args, dest) for dest, key in UP_FLAGS.items()}
+    out["ports.auto"] = None if args.ports is None else args.ports == "auto"
+    return out
+
+
+def add_up_parser(sub: Any) -> argparse.ArgumentParser:
+    """`kvmesh up`: every flag defaults to None (not given), so that the config file's value stands."""
+    p = sub.add_parser("up", help="start the whole suite locally", description=UP_HELP, formatter_class=_Raw)
+    p.add_argument("--config", type=Path, help="the suite in one YAML file (docs/examples/, Helm values' shape)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one setting of the file, e.g. --set zones[1].worker.replicas=3 (a YAML value); flags below win over it",
+    )
+    p.add_argument(
+        "--ports",
+        choices=("fixed", "auto"),
+        help="fixed: the documented ports (default); "
+        "auto: every service picks a free port (suites side by side, tests)",
+    )
+    p.add_argument("--http-port", type=int, help="the router's OpenAI HTTP port (default 8000; zone k: + 100 k)")
+    p.add_argument("--grpc-port", type=int, help="the router's gRPC port (default 50051; zone k: + 100 k)")
+    p.add_argument("--workers", type=int, help="workers per zone (default 2)")
+    p.add_argument("--engine", choices=("sim", "vllm"), help="worker engine (default sim)")
+    p.add_argument("--model", help="model folder (default: the tiny local model)")
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
+    p.add_argument(
+        "--salt-model",
+        help="model string of the KV index hash salt, given to the cache-manager "
+        "(--model) and the router (--salt-model) alike (default '')",
+    )
+    p.add_argument("--zone", help="name of the one zone (default local)")
+    p.add_argument("--redis", action="store_const", const=True, help="checkpoints in a local redis-server")
+    p.add_argument("--tls", action="store_const", const=True, help="mTLS everywhere, identities from a dev CA")
+    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument("--detach", action="store_true", help="leave the suite running and return")
+    p.add_argument("--observe", action="store_true", help="also start a local Prometheus scraping the suite")
+    p.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT, help="--observe's Prometheus")
+    p.set_defaults(func=up)
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -435,25 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(bench_main(argv[1:]) or 0)
     parser = argparse.ArgumentParser(prog="kvmesh", description=__doc__.split("\n\n")[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_up = sub.add_parser("up", help="start the whole suite locally")
-    p_up.add_argument("--workers", type=int, default=2)
-    p_up.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    p_up.add_argument("--model", default="", help="model folder (default: the tiny local model)")
-    p_up.add_argument("--block-size", type=int, default=32)
-    p_up.add_argument(
-        "--salt-model",
-        default="",
-        help="model string of the KV index hash salt, given to the "
-        "cache-manager (--model) and the router (--salt-model) alike",
-    )
-    p_up.add_argument("--zone", default="local")
-    p_up.add_argument("--redis", action="store_true", help="checkpoints in a local redis-server")
-    p_up.add_argument("--detach", action="store_true", help="leave the suite running and return")
-    p_up.add_argument("--tls", action="store_true", help="mTLS everywhere, identities from a development CA")
-    p_up.add_argument("--log-level", default="INFO")
-    p_up.add_argument("--observe", action="store_true", help="also start a local Prometheus scraping the suite")
-    p_up.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT, help="--observe's Prometheus")
-    p_up.set_defaults(func=up)
+    add_up_parser(sub)
     sub.add_parser("status", help="health of the running suite").set_defaults(func=status)
     sub.add_parser("down", help="stop a detached suite").set_defaults(func=down)
     p_demo = sub.add_parser("demo", help="send one real request through the router")

@@ -1,4 +1,5 @@
-"""Service processes: start on port 0, wait for readiness (ready file + gRPC health), stop.
+"""Service processes: check ports are free, start (on given ports, or 0: a free one), wait for readiness
+(ready file + gRPC health), stop.
 
 Used by `kvmesh up` and by the tests.
 
@@ -12,9 +13,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,3 +160,24 @@ def wait_serving(
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True)
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             raise RuntimeError(f"{address} is {reply.status}")
+
+
+def ports_in_use(ports: Sequence[int], host: str = "127.0.0.1") -> list[int]:
+    """Those of `ports` that a listening socket holds on `host` already (a bind test, SO_REUSEADDR so that
+    TIME_WAIT leftovers do not count: the services' own servers bind the same way)."""
+    busy = []
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now (for a process that cannot pick its own, e.g. redis-server)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -244,7 +244,7 @@ def _least_privilege(home: Path) -> None:
 
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    up = _kvmesh(home, "up", "--detach", "--workers", "2")
+    up = _kvmesh(home, "up", "--detach", "--ports", "auto", "--workers", "2")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         pids = _pids(home)
@@ -270,7 +270,7 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {**os.environ, "KVMESH_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvmesh.cli", "up", "--workers", "1"],
+        [sys.executable, "-m", "kvmesh.cli", "up", "--ports", "auto", "--workers", "1"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -301,7 +301,7 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
     identities from its development CA; a plaintext caller gets nothing, and a worker's certificate neither
     reads the index nor drains."""
     home = tmp_path / "home"
-    up = _kvmesh(home, "up", "--detach", "--workers", "1", "--tls")
+    up = _kvmesh(home, "up", "--detach", "--ports", "auto", "--workers", "1", "--tls")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         state = json.loads((home / "run" / "suite.json").read_text())

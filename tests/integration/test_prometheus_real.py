@@ -64,7 +64,9 @@ def _until(what: str, check: Callable[[], list[str]], timeout_s: float = 90) -> 
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("observe")
     port = _free_port()
-    up = _kvmesh(home, "up", "--detach", "--observe", "--prometheus-port", str(port), "--workers", "2")
+    up = _kvmesh(
+        home, "up", "--detach", "--ports", "auto", "--observe", "--prometheus-port", str(port), "--workers", "2"
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     state = json.loads((home / "run" / "suite.json").read_text())
     try:
