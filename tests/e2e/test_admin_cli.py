@@ -17,7 +17,15 @@ from typing import Any
 import grpc
 import pytest
 
-from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc, router_pb2, router_pb2_grpc
+from kvmesh.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    failover_pb2,
+    failover_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -152,7 +160,21 @@ def test_index(suite: Suite) -> None:
     doc = suite.json("index")
     assert doc["cache_manager"] == suite.address("cache-manager")
     assert doc["block_size"] == 32 and doc["blocks"] >= 1 and doc["pairs"] >= doc["blocks"]
-    assert doc["warming_policy"]["hot_threshold"] >= 1 and doc["top_prefixes"] is None
+    assert doc["warming_policy"]["hot_threshold"] >= 1
+    # Prefix statistics count FindMatches queries; a router with a fresh index replica makes none, so make the
+    # router's fallback query here, with its identity: 96 tokens, 3 blocks, observed at checkpoints 1, 2 and 3
+    router_token = Path(suite.home / "run" / "auth" / "router-router-local.token").read_text().strip()
+    with grpc.insecure_channel(suite.address("cache-manager")) as ch:
+        cache_manager_pb2_grpc.CacheManagerServiceStub(ch).FindMatches(
+            cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=list(range(3, 99)))),
+            timeout=10,
+            metadata=(("authorization", f"Bearer {router_token}"),),
+        )
+    doc = suite.json("index")
+    assert [(p["blocks"], p["window_count"]) for p in doc["top_prefixes"]] == [(3, 1), (2, 1), (1, 1)]
+    assert len(suite.json("index", "--top", "1")["top_prefixes"]) == 1
+    too_many = _kvmesh(suite.home, "index", "--top", "1001")
+    assert too_many.returncode == 1 and "INVALID_ARGUMENT: top_prefixes" in too_many.stderr, too_many.stderr
 
 
 def test_top(suite: Suite) -> None:

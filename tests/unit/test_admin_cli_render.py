@@ -81,15 +81,23 @@ def test_weights_text() -> None:
     assert render.weights(views.traffic_weights(failover_pb2.TrafficWeights())) == "no traffic weights set"
 
 
-def test_index_says_top_prefixes_are_not_served() -> None:
+def test_index_with_its_top_prefixes() -> None:
     stats = cache_manager_pb2.GetStatsResponse(workers=2, blocks=10, pairs=15, hit_ratio=0.875, block_size=32)
+    stats.top_prefixes.add(key=0xAB, blocks=4, window_count=7, total=9, last_seen=5.0, tenant="alice")
     policy = cache_manager_pb2.WarmingPolicy(hot_threshold=5, window_s=60, max_replicas=4, capacity=100, lfu_weight=0.5)
     doc = views.index(stats, policy, "c:1")
-    assert doc["top_prefixes"] is None and doc["warming_policy"]["capacity"] == 100
-    text = render.index(doc)
-    assert text.splitlines()[2].split() == ["2", "10", "15", "88%", "0", "0", "0", "0"]
-    assert "hot at 5 hits in 60s, up to 4 replicas, 100 prefixes kept warm, LFU weight 0.50" in text
-    assert "top prefixes: not served" in text
+    assert doc["warming_policy"]["capacity"] == 100
+    assert doc["top_prefixes"] == [
+        {"key": "00000000000000ab", "blocks": 4, "tokens": 128, "window_count": 7, "total": 9, "last_seen": 5.0}
+        | {"tenant": "alice"}
+    ]
+    lines = render.index(doc).splitlines()
+    assert lines[2].split() == ["2", "10", "15", "88%", "0", "0", "0", "0"]
+    assert lines[3] == "warming: hot at 5 hits in 60s, up to 4 replicas, 100 prefixes kept warm, LFU weight 0.50"
+    assert lines[4] == "top 1 prefixes in the last 60s:"
+    assert lines[6].split() == ["00000000000000ab", "4", "128", "7", "9", "alice"]
+    del stats.top_prefixes[:]
+    assert render.index(views.index(stats, policy, "c:1")).endswith("no prefix queried in the last 60s")
 
 
 def test_top_frame_shows_each_part_or_its_error() -> None:

@@ -72,7 +72,7 @@ async def _weights(args: argparse.Namespace) -> int:
 
 
 async def _index(args: argparse.Namespace) -> int:
-    doc = await calls.index(_target(args, "cache-manager"), args.timeout)
+    doc = await calls.index(_target(args, "cache-manager"), args.timeout, args.top)
     return _emit(args, doc, render.index(doc))
 
 
@@ -154,7 +154,8 @@ def register(sub: Any) -> None:
     p.add_argument("--zones", metavar="Z=W,...", help="zone weights, e.g. a=0.9,b=0.1")
     p.add_argument("--versions", metavar="V=W,...", help="version weights, e.g. v1=0.95,v2=0.05")
     p.add_argument("--rollback", action="store_true", help="restore the weights before the last change")
-    add("index", "the cache-manager's index statistics and warming policy", _index)
+    p = add("index", "the cache-manager's index statistics, top prefixes and warming policy", _index)
+    p.add_argument("--top", type=int, default=10, help="most-queried prefixes to show (default 10, at most 1000)")
     p = add("top", "a live view of the fleet: workers, zones, index, refreshed", _top)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
     p.add_argument("--iterations", type=int, help="frames to show, then exit (default: until Ctrl-C; 1 with --json)")

@@ -124,13 +124,13 @@ async def weights(
     return {"failover": t.address, "action": action, **views.traffic_weights(w)}
 
 
-async def index(t: Target, timeout: float) -> dict[str, Any]:
-    """Statistics and the warming policy (a SetWarmingPolicy whose policy has every field 0
-    changes nothing and reads it)."""
+async def index(t: Target, timeout: float, top: int = 0) -> dict[str, Any]:
+    """Statistics with the `top` most-queried prefixes, and the warming policy (a SetWarmingPolicy whose
+    policy has every field 0 changes nothing and reads it)."""
 
     async def run(ch: Any) -> tuple[cache_manager_pb2.GetStatsResponse, cache_manager_pb2.WarmingPolicy]:
         stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
-        stats = await stub.GetStats(cache_manager_pb2.GetStatsRequest(), timeout=timeout)
+        stats = await stub.GetStats(cache_manager_pb2.GetStatsRequest(top_prefixes=top), timeout=timeout)
         policy = await stub.SetWarmingPolicy(
             cache_manager_pb2.SetWarmingPolicyRequest(policy=cache_manager_pb2.WarmingPolicy()), timeout=timeout
         )

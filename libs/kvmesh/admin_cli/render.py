@@ -128,8 +128,13 @@ def index(doc: Mapping[str, Any]) -> str:
         f"warming: hot at {p['hot_threshold']} hits in {p['window_s']:g}s, up to {p['max_replicas']} replicas, "
         f"{p['capacity']} prefixes kept warm, LFU weight {p['lfu_weight']:.2f}",
     ]
-    if doc["top_prefixes"] is None:
-        lines.append("top prefixes: not served by this cache-manager's API (GetStats has no prefix statistics)")
+    top = doc["top_prefixes"]
+    if top:
+        rows = [[t["key"], t["blocks"], t["tokens"], t["window_count"], t["total"], t["tenant"] or "-"] for t in top]
+        lines.append(f"top {len(top)} prefixes in the last {p['window_s']:g}s:")
+        lines.append(table(["PREFIX", "BLOCKS", "TOKENS", "IN WINDOW", "TOTAL", "TENANT"], rows))
+    else:
+        lines.append(f"no prefix queried in the last {p['window_s']:g}s")
     return "\n".join(lines)
 
 

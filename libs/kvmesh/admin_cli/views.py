@@ -98,8 +98,7 @@ def warming_policy(p: cache_manager_pb2.WarmingPolicy) -> dict[str, Any]:
 def index(
     stats: cache_manager_pb2.GetStatsResponse, policy: cache_manager_pb2.WarmingPolicy, cache_manager: str
 ) -> dict[str, Any]:
-    """The cache-manager's statistics and its warming policy. The API has no per-prefix statistics yet, so
-    `top_prefixes` is None (not an empty list, which would claim there are none)."""
+    """The cache-manager's statistics, its most-queried prefixes (as many as asked for) and its warming policy."""
     return {
         "cache_manager": cache_manager,
         "workers": stats.workers,
@@ -113,5 +112,16 @@ def index(
         "block_size": stats.block_size,
         "model": stats.model,
         "warming_policy": warming_policy(policy),
-        "top_prefixes": None,
+        "top_prefixes": [
+            {
+                "key": f"{p.key:016x}",
+                "blocks": p.blocks,
+                "tokens": p.blocks * stats.block_size,
+                "window_count": p.window_count,
+                "total": p.total,
+                "last_seen": p.last_seen,
+                "tenant": p.tenant,
+            }
+            for p in stats.top_prefixes
+        ],
     }
