@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvmesh import observe, suite, suite_config
+from kvmesh import admin_cli, observe, suite, suite_config
 from kvmesh.errors import FailedPrecondition
 from kvmesh.security.certs import make_dev_pki
 from kvmesh.suite import suite_identities
@@ -361,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_certs.add_argument("--host", action="append", default=[], help="extra DNS name / IP of the servers")
     p_certs.set_defaults(func=certs)
     sub.add_parser("bench", help="benchmarks: kvmesh bench <index|worker|router|fleet|failover> ...")
+    admin_cli.register(sub)  # workers, rebalance, drain, undrain, zones, weights, index, top
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -260,6 +260,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             warming_actions_total=self.warmer.actions_total,
             block_size=core.block_size,
             model=core.model,
+            top_prefixes=top_prefixes(core, request.top_prefixes),
         )
 
 
@@ -280,6 +281,27 @@ def snapshot_messages(snap: list[tuple[Stored, Media]], revision: int) -> list[p
     return [
         pb.WatchIndexResponse(deltas=[d], snapshot=True, revision=revision, snapshot_done=i == last)
         for i, d in enumerate(deltas)
+    ]
+
+
+MAX_TOP_PREFIXES = 1000
+
+
+def top_prefixes(core: CacheCore, n: int) -> list[pb.PrefixStat]:
+    """The `n` (at most MAX_TOP_PREFIXES) most-queried prefixes of the statistics window, most first."""
+    require(n <= MAX_TOP_PREFIXES, "top_prefixes", f"at most {MAX_TOP_PREFIXES}")
+    if n == 0:
+        return []
+    return [
+        pb.PrefixStat(
+            key=k,
+            blocks=v.n_blocks,
+            window_count=v.count,
+            total=v.total,
+            last_seen=v.last_seen,
+            tenant=v.tenant or "",
+        )
+        for k, v in core.stats.top(time.time(), n)
     ]
 
 

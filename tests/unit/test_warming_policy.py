@@ -56,6 +56,20 @@ def test_hot_prefers_longest_hot_prefix() -> None:
 
 
 @pytest.mark.unit
+def test_top_is_most_seen_then_longest_within_the_window() -> None:
+    s = PrefixStats(window_s=60.0)
+    shared = hashes(7, 8)
+    for i in range(3):  # the shared 8-block prefix three times, with a different 2-block tail each time
+        s.observe(shared + [90_000 + i * 10 + j for j in range(2)], now=float(i))
+    s.observe(hashes(3, 2), now=3.0)  # a 2-block prompt once
+    top = s.top(10.0, 3)
+    assert [(v.n_blocks, v.count) for _, v in top] == [(8, 3), (4, 3), (2, 3)]  # checkpoints of the shared one
+    assert top[0][0] == shared[7]
+    assert len(s.top(10.0, 100)) == len(s.info) and s.top(10.0, 0) == []
+    assert s.top(62.5, 10) == [(k, v) for k, v in s.top(62.5, 10) if v.count == 1]  # the first two left the window
+
+
+@pytest.mark.unit
 def test_dynamic_warming_picks_least_loaded_non_holders() -> None:
     cfg = WarmingConfig(threshold=5, max_replicas=3)
     s = PrefixStats(window_s=60.0)

@@ -611,16 +611,63 @@ class GetStatsRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    TOP_PREFIXES_FIELD_NUMBER: _builtins.int
+    top_prefixes: _builtins.int
+    """How many of the most-queried prefixes to return in top_prefixes (at most 1000); 0 returns none."""
     def __init__(
         self,
+        *,
+        top_prefixes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["top_prefixes", b"top_prefixes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsRequest: _TypeAlias = GetStatsRequest  # noqa: Y015
+
+@_typing.final
+class PrefixStat(_message.Message):
+    """One prefix of the cache-manager's sliding-window prefix statistics (what warming decides on)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    WINDOW_COUNT_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    key: _builtins.int
+    """Index hash of the prefix's last block, which names the whole prefix."""
+    blocks: _builtins.int
+    """Blocks in the prefix."""
+    window_count: _builtins.int
+    """Queries that used the prefix within the statistics window."""
+    total: _builtins.int
+    """Queries that used it since it was first tracked."""
+    last_seen: _builtins.float
+    """When it was last queried, seconds since the Unix epoch."""
+    tenant: _builtins.str
+    """Tenant (cache salt) it was queried under; empty for none."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.int = ...,
+        blocks: _builtins.int = ...,
+        window_count: _builtins.int = ...,
+        total: _builtins.int = ...,
+        last_seen: _builtins.float = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "key", b"key", "last_seen", b"last_seen", "tenant", b"tenant", "total", b"total", "window_count", b"window_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrefixStat: _TypeAlias = PrefixStat  # noqa: Y015
 
 @_typing.final
 class GetStatsResponse(_message.Message):
@@ -638,6 +685,7 @@ class GetStatsResponse(_message.Message):
     WARMING_ACTIONS_TOTAL_FIELD_NUMBER: _builtins.int
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
+    TOP_PREFIXES_FIELD_NUMBER: _builtins.int
     workers: _builtins.int
     """Workers known."""
     blocks: _builtins.int
@@ -658,6 +706,10 @@ class GetStatsResponse(_message.Message):
     """Tokens per KV block (must equal the routers' and workers' --block-size)."""
     model: _builtins.str
     """Model string of the block-hash salt make_salt(model, lora, tenant) (must equal the routers' --salt-model)."""
+    @_builtins.property
+    def top_prefixes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PrefixStat]:
+        """The most-queried prefixes within the window, most first (as many as the request's top_prefixes)."""
+
     def __init__(
         self,
         *,
@@ -671,10 +723,11 @@ class GetStatsResponse(_message.Message):
         warming_actions_total: _builtins.int = ...,
         block_size: _builtins.int = ...,
         model: _builtins.str = ...,
+        top_prefixes: _abc.Iterable[Global___PrefixStat] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "warming_actions_total", b"warming_actions_total", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "top_prefixes", b"top_prefixes", "warming_actions_total", b"warming_actions_total", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,7 @@ its parent checkpoint key so that the warming decision can prefer the longest ho
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,6 +124,11 @@ class PrefixStats:
         out = [(k, v) for k, v in hot.items() if k not in dominated]
         out.sort(key=lambda kv: (-kv[1].count, -kv[1].n_blocks, kv[0]))
         return out
+
+    def top(self, now: float, n: int) -> list[tuple[int, PrefixInfo]]:
+        """The `n` keys seen most in the window, most first (longer prefixes first among equals), O(keys · log n)."""
+        self.advance(now)
+        return heapq.nsmallest(n, self.info.items(), key=lambda kv: (-kv[1].count, -kv[1].n_blocks, kv[0]))
 
     def export(self) -> dict[str, object]:
         """Plain data for checkpoints."""
