@@ -81,6 +81,7 @@ def test_max_completion_tokens_wins_as_in_vllm() -> None:
     assert parse(CHAT_BASE | {"max_completion_tokens": None, "max_tokens": 9}, True).sampling.max_tokens == 9
     assert refused_field(CHAT_BASE | {"max_completion_tokens": 65}, True) == "max_completion_tokens"
     assert refused_field(CHAT_BASE | {"max_completion_tokens": "3"}, True) == "max_completion_tokens"
+    assert refused_field(CHAT_BASE | {"max_completion_tokens": 3, "max_tokens": "9"}, True) == "max_tokens"
 
 
 def test_stream_options() -> None:

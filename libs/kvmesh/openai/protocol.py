@@ -185,6 +185,7 @@ def parse_sampling(
 ) -> SamplingParams:
     """The sampling fields, type-checked here and range-checked by `validate_sampling` (gRPC's bounds)."""
     max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    _int(body, "max_tokens", None)  # typed even when max_completion_tokens wins
     seed = _int(body, "seed", None)
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise InvalidArgument("seed", f"must be in [0, {SEED_MAX}], got {seed}")
