@@ -130,7 +130,8 @@ def main(argv: Sequence[str]) -> int:
     if model is None:
         print("no model folder: build the tiny model (scripts/build_tiny_model.py) or pass --model", file=sys.stderr)
         return 2
-    result: dict[str, Any] = {"bench": "vllm-serve", "engine": a.engine, "workers": a.workers, "backends": {}}
+    where = {"router_url": a.router_url} if a.router_url else {"engine": a.engine, "workers": a.workers}
+    result: dict[str, Any] = {"bench": "vllm-serve", **where, "backends": {}}
     with tempfile.TemporaryDirectory(prefix="kvmesh-vllm-serve-") as tmp, _router(a, model, Path(tmp)) as url:
         for backend in a.backends.split(","):
             args = client_args(a, backend, url, model)
