@@ -18,7 +18,8 @@ Auth: `Authorization: Bearer <key>` (or `X-Api-Key`), signed requests with `X-Kv
 `X-Session-Id` (or `"user"`/`"session_id"` in the body).
 Parsing, bounds, response objects and errors are `kvmesh.openai`'s (shared with the worker): errors are
 `{"error": {"message", "type", "param", "code"}}` from its one table (400 / 401 / 404 / 429 + Retry-After /
-503 ...); an error after an SSE stream started is sent as a final `data: {"error": ...}` event. A body
+503 ...); an error after an SSE stream started is sent as a final `data: {"error": ...}` event. A stream
+carries `usage` only when `stream_options.include_usage` asks for it, in a last chunk with empty `choices`. A body
 that does not arrive within `body_timeout_s` is answered 408 and its connection closed; an SSE client that
 disconnects is logged at INFO, its request cancelled on the worker and its admission slot freed.
 """
@@ -198,10 +199,15 @@ class HttpApi:
         outcome = "ok"
         try:
             await sse.start(request)
+            usage = None
             if first is not None:
-                await sse.send(build.chunk(first.text, _finish(first), first=True, usage=first.usage))
+                await sse.send(build.chunk(first.text, _finish(first), first=True))
+                usage = first.usage
                 async for c in gen:
-                    await sse.send(build.chunk(c.text, _finish(c), first=False, usage=c.usage))
+                    await sse.send(build.chunk(c.text, _finish(c), first=False))
+                    usage = c.usage or usage
+            if parsed.include_usage:  # OpenAI's and vLLM's place: a last chunk, empty choices
+                await sse.send(build.usage_chunk(usage))
         except KvmeshError as e:
             outcome = "error"
             await self._fail(sse, e)

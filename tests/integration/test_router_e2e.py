@@ -112,6 +112,7 @@ def test_grpc_and_openai_http_roundtrip(engine: str, services: Callable[..., Ser
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 5,
                 "stream": True,
+                "stream_options": {"include_usage": True},
                 "ignore_eos": True,
             },
         ) as s:
@@ -119,8 +120,8 @@ def test_grpc_and_openai_http_roundtrip(engine: str, services: Callable[..., Ser
             events = [ln[6:] for ln in s.iter_lines() if ln.startswith("data: ")]
         assert events[-1] == "[DONE]"
         chunks = [json.loads(e) for e in events[:-1]]
-        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        assert chunks[-1]["usage"]["completion_tokens"] == 5
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5  # include_usage
 
 
 def test_auth_validation_and_keeps_serving(engine: str, services: Callable[..., ServiceProcess], keyfile: str) -> None:

@@ -44,12 +44,12 @@ def test_openai_helpers() -> None:
     assert parse_sampling({}, True, None, None).max_tokens is None
     assert parse_sampling({}, False, None, 16).max_tokens == 16
     with pytest.raises(InvalidArgument) as ei:
-        parse_sampling({"n": 2}, False, None, 16)
+        parse_request({"prompt": "x", "n": 2}, False, None, 16)
     assert ei.value.field == "n"
 
 
 def test_messages_text_parts_and_bad_entries() -> None:
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"text": "b"}]}]}
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     assert parse_messages(parts) == (("user", "ab"),)
     assert field_of(parse_messages, {"messages": [{"content": "x"}]}) == "messages[0]"
     assert field_of(parse_messages, {"messages": [{"role": "user", "content": 3}]}) == "messages[0].content"
@@ -82,7 +82,6 @@ def test_messages_text_parts_and_bad_entries() -> None:
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
-        ({"n": 3}, "n"),
     ],
 )
 def test_sampling_bounds_name_the_field(body: dict[str, Any], field: str) -> None:
@@ -148,7 +147,7 @@ def test_response_objects_and_sse_framing() -> None:
         "delta": {"content": "b"},
     }
     text = ResponseBuilder("id2", chat=False, created=9, model="m")
-    assert text.chunk("t", None, first=True, usage=u)["usage"]["total_tokens"] == 7
+    assert "usage" not in text.chunk("t", None, first=True)
     assert text.usage_chunk(u) | {"usage": None} == {
         "id": "id2",
         "created": 9,
@@ -196,6 +195,7 @@ def test_http_error_table(exc: BaseException, status: int, etype: str) -> None:
         ({"prompt": [5], "n": True}, "n"),  # True == 1 in Python, but it is not the integer 1
         ({"prompt": [5], "best_of": 2}, "best_of"),
         ({"prompt": [5], "logprobs": 1}, "logprobs"),
+        ({"prompt": [5], "logprobs": 0}, "logprobs"),  # 0 asks vLLM for the sampled token's logprob
         ({"prompt": [5], "logprobs": True}, "logprobs"),
         ({"prompt": [5], "echo": True}, "echo"),
         ({"prompt": [5], "suffix": "s"}, "suffix"),
@@ -219,15 +219,14 @@ def test_chat_unsupported_and_surrogates_name_the_field() -> None:
     chat = [{"role": "user", "content": "hi"}]
     assert field_of(parse_request, {"messages": chat, "top_logprobs": 2}, True, 64, None) == "top_logprobs"
     assert field_of(parse_request, {"messages": chat, "prompt": "x"}, True, 64, None) == "prompt"
-    bad = [{"role": "user", "content": [{"text": "a"}, {"text": "\ud800"}]}]
-    assert field_of(parse_request, {"messages": bad}, True, 64, None) == "messages[0].content"
-    assert field_of(parse_request, {"messages": [{"role": "user", "content": [{"text": 5}]}]}, True, 64, None) == (
-        "messages[0].content"
-    )
+    bad = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "\ud800"}]}]
+    assert field_of(parse_request, {"messages": bad}, True, 64, None) == "messages[0].content[1].text"
+    five = [{"role": "user", "content": [{"type": "text", "text": 5}]}]
+    assert field_of(parse_request, {"messages": five}, True, 64, None) == "messages[0].content[0].text"
 
 
 def test_off_values_of_unsupported_fields_are_accepted() -> None:
-    off = {"n": 1, "best_of": 1, "logprobs": 0, "echo": False, "suffix": "", "logit_bias": {}}
+    off = {"n": 1, "best_of": 1, "logprobs": None, "echo": False, "suffix": None, "logit_bias": {}}
     assert parse_request({"prompt": [5], **off}, False, 64, None).prompt_ids == (5,)
     nulls = dict.fromkeys(off)
     assert parse_request({"prompt": [5], **nulls}, False, 64, None).prompt_ids == (5,)

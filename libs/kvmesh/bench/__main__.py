@@ -1,5 +1,5 @@
 """``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
-fleet-live, failover, oversize, balance, kvsync, fuzz).
+fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve).
 
 Each prints one JSON line.
 
@@ -24,6 +24,7 @@ BENCHES = (
     "balance",
     "kvsync",
     "fuzz",
+    "vllm-serve",
 )
 
 

@@ -1,18 +1,13 @@
 """Parsing and validation of OpenAI completion and chat requests (pure): a JSON body in, an `OpenAIRequest`
 out, or `InvalidArgument` naming the field (the HTTP `param`).
 
-Accepted (what the router's and the worker's HTTP layers served): `model`; `prompt` as text, token ids or a
-one-element list of either (completions); `messages` of `{role, content}` with text or text parts (chat);
-`max_tokens` (chat also `max_completion_tokens`), `min_tokens`, `temperature`, `top_p`, `top_k`, `seed`,
-`stop` (string or list), `stop_token_ids`, `ignore_eos`, `presence_penalty`, `frequency_penalty`,
-`repetition_penalty`, `stream`, `stream_options.include_usage`, `user` / `session_id`. The sampling bounds
-are `kvmesh.engine.validation`'s, the same as gRPC's.
-
-Every other field is refused with InvalidArgument naming it: OpenAI fields kvmesh does not implement (`n`,
-`best_of`, `logprobs`, `top_logprobs`, `echo`, `suffix`, `logit_bias`) are accepted only with the value that
-means "off" (`n: 1`, `echo: false`, `logit_bias: {}`, null ...), and unknown fields always (a typo or a
-feature the client relies on is never silently ignored). Text must be valid Unicode (a lone surrogate such
-as "\\ud800", which JSON can carry but UTF-8 cannot, is refused); token ids are integers, never booleans.
+Which fields are served, which are accepted only with the value that means "off" (`n: 1`, `logprobs:
+false`, `response_format: {"type": "text"}`, null ...) and which are refused is `kvmesh.openai.fields`'
+table (docs/openai-compatibility.md); any field outside it is refused with InvalidArgument naming it (a typo
+or a feature the client relies on is never silently ignored). Chat content is a string or parts of type
+`text` (another part type is refused naming `messages[i].content[j].type`). The sampling bounds are
+`kvmesh.engine.validation`'s, the same as gRPC's. Text must be valid Unicode (a lone surrogate such as
+"\\ud800", which JSON can carry but UTF-8 cannot, is refused); token ids are integers, never booleans.
 """
 
 from __future__ import annotations
@@ -24,31 +19,14 @@ from typing import Any
 from kvmesh.engine.base import SamplingParams
 from kvmesh.engine.validation import validate_sampling
 from kvmesh.errors import InvalidArgument
+from kvmesh.openai.fields import fields_of
 
 SEED_MAX = 2**63 - 1  # int64 in vLLM, uint64 on kvmesh's wire: [0, 2**63) fits both
 
 Message = tuple[str, str]  # (role, content)
 
-# fields served by both endpoints
-_COMMON = frozenset(
-    {
-        "model", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-        "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "stream", "stream_options",
-        "user", "session_id",
-    }
-)  # fmt: skip
-# OpenAI fields kvmesh does not implement -> the values that mean "off" (accepted; anything else is refused)
-_OFF_ONLY: dict[str, tuple[object, ...]] = {
-    "n": (1,),
-    "best_of": (1,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "echo": (False,),
-    "suffix": ("",),
-    "logit_bias": ({},),
-}
-_COMPLETION_FIELDS = _COMMON | {"prompt", "n", "best_of", "logprobs", "echo", "suffix", "logit_bias"}
-_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "n", "logprobs", "top_logprobs", "logit_bias"}
+STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
+_MESSAGE_KEYS = frozenset({"role", "content"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,22 +67,27 @@ def parse_request(
 
 
 def check_fields(body: dict[str, Any], chat: bool) -> None:
-    """InvalidArgument naming the first field the endpoint does not know, or an unimplemented one that is
-    not "off" (see the module docstring)."""
-    known = _CHAT_FIELDS if chat else _COMPLETION_FIELDS
+    """InvalidArgument naming the first field the endpoint's table (`kvmesh.openai.fields`) does not serve:
+    one outside it, a refused one that is not null, an "off only" one with another value."""
+    table = fields_of("chat" if chat else "completions")
     for key, value in body.items():
-        if key not in known:
-            raise InvalidArgument(key, "unknown or unsupported field")
-        offs = _OFF_ONLY.get(key)
-        if offs is not None and not _is_off(value, offs):
+        f = table.get(key)
+        if f is None:
+            raise InvalidArgument(key, "unknown or unsupported field (docs/openai-compatibility.md)")
+        if f.support == "supported" or value is None:
+            continue
+        if f.support == "refused":
+            raise InvalidArgument(key, f"not supported: {f.why}")
+        if not _is_off(value, f.off):
             if key == "logit_bias" and not _is_bias_map(value):
                 raise InvalidArgument(key, "must be an object of token id -> bias in [-100, 100]")
-            raise InvalidArgument(key, f"not supported: only {json.dumps(offs[0])} (or null) is accepted")
+            offs = " or ".join(json.dumps(o) for o in (*f.off, None))
+            raise InvalidArgument(key, f"not supported ({f.why}): only {offs} is accepted")
 
 
 def _is_off(value: object, offs: tuple[object, ...]) -> bool:
-    """None, or one of `offs` of the same type (True is not 1, 0.0 is not 0)."""
-    return value is None or any(type(value) is type(off) and value == off for off in offs)
+    """One of `offs` of the same type (True is not 1, 0.0 is not 0)."""
+    return any(type(value) is type(off) and value == off for off in offs)
 
 
 def _is_bias_map(value: object) -> bool:
@@ -143,7 +126,7 @@ def parse_prompt(body: dict[str, Any]) -> tuple[tuple[int, ...] | None, str | No
 
 
 def parse_messages(body: dict[str, Any]) -> tuple[Message, ...]:
-    """A chat's `messages` as (role, content); text parts of a content list are joined."""
+    """A chat's `messages` as (role, content); the text parts of a content list are joined."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise InvalidArgument("messages", "a non-empty list of {role, content} is required")
@@ -151,31 +134,58 @@ def parse_messages(body: dict[str, Any]) -> tuple[Message, ...]:
     for i, msg in enumerate(msgs):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise InvalidArgument(f"messages[{i}]", "needs a string role")
+        extra = next((k for k in msg if k not in _MESSAGE_KEYS and msg[k] is not None), None)
+        if extra is not None:
+            raise InvalidArgument(f"messages[{i}].{extra}", "not supported: a message is {role, content}")
         content = msg.get("content", "")
-        if isinstance(content, list):  # content parts: keep the text ones
-            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
-            content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
+        if isinstance(content, list):
+            content = _text_parts(content, f"messages[{i}].content")
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content", "must be a string or a list of text parts")
         out.append((check_text(msg["role"], f"messages[{i}].role"), check_text(content, f"messages[{i}].content")))
     return tuple(out)
 
 
+def _text_parts(parts: list[Any], where: str) -> str:
+    """The text of OpenAI's content parts, all of which must be `{"type": "text", "text": str}`."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise InvalidArgument(f"{where}[{j}]", "must be a content part object")
+        kind = part.get("type")
+        if kind != "text":
+            got = json.dumps(kind) if isinstance(kind, str | None) else "a non-string"
+            raise InvalidArgument(f"{where}[{j}].type", f'only "text" parts are served (a text model), got {got}')
+        if not isinstance(part.get("text"), str):
+            raise InvalidArgument(f"{where}[{j}].text", "must be a string")
+        texts.append(check_text(part["text"], f"{where}[{j}].text"))
+    return "".join(texts)
+
+
 def parse_stream(body: dict[str, Any]) -> tuple[bool, bool]:
-    """(`stream`, `stream_options.include_usage`)."""
-    options = body.get("stream_options") or {}
+    """(`stream`, `stream_options.include_usage`); options only with a stream (as vLLM), usage at the end only."""
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
     if not isinstance(options, dict):
         raise InvalidArgument("stream_options", "must be an object")
-    return bool(body.get("stream")), bool(options.get("include_usage"))
+    if not stream:
+        raise InvalidArgument("stream_options", "only with stream: true (as vLLM)")
+    for key in options:
+        if key not in STREAM_OPTIONS:
+            raise InvalidArgument(f"stream_options.{key}", "unknown option")
+    if _bool(options, "continuous_usage_stats"):
+        raise InvalidArgument("stream_options.continuous_usage_stats", "not supported: usage comes at the end")
+    return stream, _bool(options, "include_usage", "stream_options.include_usage")
 
 
 def parse_sampling(
     body: dict[str, Any], chat: bool, max_tokens_limit: int | None, default_max_tokens: int | None
 ) -> SamplingParams:
     """The sampling fields, type-checked here and range-checked by `validate_sampling` (gRPC's bounds)."""
-    if _int(body, "n", 1) != 1:
-        raise InvalidArgument("n", "only n=1 is supported")
     max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    _int(body, "max_tokens", None)  # typed even when max_completion_tokens wins
     seed = _int(body, "seed", None)
     if seed is not None and not 0 <= seed <= SEED_MAX:
         raise InvalidArgument("seed", f"must be in [0, {SEED_MAX}], got {seed}")
@@ -193,7 +203,12 @@ def parse_sampling(
         frequency_penalty=_float(body, "frequency_penalty", 0.0),
         repetition_penalty=_float(body, "repetition_penalty", 1.0),
     )
-    validate_sampling(sp, max_tokens_limit)
+    try:
+        validate_sampling(sp, max_tokens_limit)
+    except InvalidArgument as e:  # the bound of the limit, named as the client named it
+        raise (
+            InvalidArgument(max_key, e.message.removeprefix("max_tokens: ")) if e.field == "max_tokens" else e
+        ) from None
     return sp
 
 
@@ -219,10 +234,10 @@ def _float(body: dict[str, Any], key: str, default: float) -> float:
     return float(v)
 
 
-def _bool(body: dict[str, Any], key: str) -> bool:
+def _bool(body: dict[str, Any], key: str, name: str = "") -> bool:
     v = body.get(key)
     if v is not None and not isinstance(v, bool):
-        raise InvalidArgument(key, "must be a boolean")
+        raise InvalidArgument(name or key, "must be a boolean")
     return bool(v)
 
 

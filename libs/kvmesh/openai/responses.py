@@ -54,19 +54,14 @@ class ResponseBuilder:
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head, "object": obj, "choices": [choice], "usage": usage_json(usage)}
 
-    def chunk(
-        self, text: str, finish_reason: str | None, first: bool, usage: UsageLike | None = None
-    ) -> dict[str, Any]:
-        """A stream chunk; a chat's first delta carries the assistant role; `usage` where given."""
+    def chunk(self, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+        """A stream chunk; a chat's first delta carries the assistant role (usage: `usage_chunk`)."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         if self.chat:
             choice["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
         else:
             choice["text"] = text
-        out = {**self._head, "object": self._chunk_object, "choices": [choice]}
-        if usage is not None:
-            out["usage"] = usage_json(usage)
-        return out
+        return {**self._head, "object": self._chunk_object, "choices": [choice]}
 
     def usage_chunk(self, usage: UsageLike | None) -> dict[str, Any]:
         """The final chunk of `stream_options.include_usage`: no choices, the usage."""
