@@ -17,13 +17,18 @@ from kvmesh.engine.sim.tiers import DiskTier, HostTiers, sim_layout, tiny_block_
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.kvsync.tier import TierRegion, region_name
+from kvmesh.modelfiles import resolve_model_dir
 from kvmesh.services.worker.settings import WorkerSettings
 
 SIM_MODEL_NAME = "sim-llama-3.1-70b-fp8"
 
 
 def tiny_model_dir() -> Path:
-    """Where scripts/build_tiny_model.py puts the tiny test model."""
+    """The tiny test model scripts/build_tiny_model.py built, where `kvmesh.modelfiles` finds it (as the
+    router does); where that script puts it by default when it is not built yet (the engine then says so)."""
+    found = resolve_model_dir("")
+    if found is not None:
+        return found
     home = os.environ.get("KVMESH_HOME")
     return (Path(home) if home else Path.home() / ".cache" / "kvmesh") / "models" / "tiny-llama"
 
