@@ -6,10 +6,7 @@ where nothing listens (exit 4)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +23,9 @@ from kvmesh.v1 import (
     router_pb2,
     router_pb2_grpc,
 )
+from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration]
-
-
-def _kvmesh(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_") or k == "KVMESH_REQUIRE_NATIVE"}
-    return subprocess.run(
-        [sys.executable, "-m", "kvmesh.cli", *args],
-        env={**env, "KVMESH_HOME": str(home)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 class Suite:
@@ -54,7 +41,7 @@ class Suite:
 
     def json(self, *args: str) -> Any:
         """`kvmesh ARGS --json` as the operator: exit 0 and one JSON document on stdout."""
-        done = _kvmesh(self.home, *args, "--json")
+        done = kvmesh_cli(self.home, *args, "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         return json.loads(done.stdout)
 
@@ -89,7 +76,7 @@ def _one_request(suite: Suite) -> None:
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
     home = tmp_path_factory.mktemp("admin") / "home"
-    up = _kvmesh(home, "up", "--detach", "--ports", "auto", "--workers", "2", timeout=180)
+    up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "2", timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         s = Suite(home)
@@ -97,7 +84,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
         _one_request(s)  # something routed and cached, for the selections and the index
         yield s
     finally:
-        down = _kvmesh(home, "down", timeout=120)
+        down = kvmesh_cli(home, "down", timeout=120)
         assert down.returncode == 0, down.stdout + down.stderr
 
 
@@ -109,7 +96,7 @@ def test_workers(suite: Suite) -> None:
         assert (w["state"], w["health"], w["circuit"], w["draining"]) == ("passing", "passing", "closed", False)
         assert w["kv_blocks_total"] > 0 and 0.0 <= w["kv_usage"] <= 1.0
     assert sum(w["selections_total"] for w in doc["workers"]) >= 1
-    text = _kvmesh(suite.home, "workers")
+    text = kvmesh_cli(suite.home, "workers")
     assert text.returncode == 0 and "worker-local-0" in text.stdout and "SELECTED" in text.stdout
 
 
@@ -118,7 +105,7 @@ def test_rebalance(suite: Suite) -> None:
     doc = suite.json("rebalance", "--prefill-weight", "0.7", "--decode-weight", "0.3")
     assert doc["prefill_weight"] == pytest.approx(0.7) and doc["decode_weight"] == pytest.approx(0.3)
     assert suite.json("workers")["prefill_weight"] == pytest.approx(0.7)
-    bad = _kvmesh(suite.home, "rebalance", "--prefill-weight", "-1", "--decode-weight", "1")
+    bad = kvmesh_cli(suite.home, "rebalance", "--prefill-weight", "-1", "--decode-weight", "1")
     assert bad.returncode == 1 and "INVALID_ARGUMENT: prefill_weight" in bad.stderr, bad.stderr
     w = [str(before["prefill_weight"]), str(before["decode_weight"])]
     suite.json("rebalance", "--prefill-weight", w[0], "--decode-weight", w[1])
@@ -131,7 +118,7 @@ def test_drain_and_undrain(suite: Suite) -> None:
     assert states == {"worker-local-0": "draining", "worker-local-1": "passing"}
     assert suite.json("undrain", "worker-local-0")["draining"] is False
     assert {w["state"] for w in suite.json("workers")["workers"]} == {"passing"}
-    unknown = _kvmesh(suite.home, "drain", "worker-nope")
+    unknown = kvmesh_cli(suite.home, "drain", "worker-nope")
     assert unknown.returncode == 1 and "NOT_FOUND: unknown worker 'worker-nope'" in unknown.stderr
 
 
@@ -152,7 +139,7 @@ def test_weights_get_set_rollback(suite: Suite) -> None:
     assert suite.json("zones")["version_weights"] == {"v1": 0.75, "v2": 0.25}
     back = suite.json("weights", "--rollback")
     assert back["action"] == "rollback" and back["version_weights"] == before["version_weights"]
-    bad = _kvmesh(suite.home, "weights", "--zones", "local")
+    bad = kvmesh_cli(suite.home, "weights", "--zones", "local")
     assert bad.returncode == 2 and "expected key=weight" in bad.stderr
 
 
@@ -173,7 +160,7 @@ def test_index(suite: Suite) -> None:
     doc = suite.json("index")
     assert [(p["blocks"], p["window_count"]) for p in doc["top_prefixes"]] == [(3, 1), (2, 1), (1, 1)]
     assert len(suite.json("index", "--top", "1")["top_prefixes"]) == 1
-    too_many = _kvmesh(suite.home, "index", "--top", "1001")
+    too_many = kvmesh_cli(suite.home, "index", "--top", "1001")
     assert too_many.returncode == 1 and "INVALID_ARGUMENT: top_prefixes" in too_many.stderr, too_many.stderr
 
 
@@ -183,7 +170,7 @@ def test_top(suite: Suite) -> None:
     for frame in doc["frames"]:
         assert len(frame["workers"]["workers"]) == 2 and frame["zones"]["zones"][0]["zone"] == "local"
         assert frame["index"]["block_size"] == 32
-    text = _kvmesh(suite.home, "top", "--iterations", "2", "--interval", "0")
+    text = kvmesh_cli(suite.home, "top", "--iterations", "2", "--interval", "0")
     assert text.returncode == 0, text.stderr
     assert "frame 1/2" in text.stdout and "frame 2/2" in text.stdout and "\x1b[" not in text.stdout  # no TTY
 
@@ -191,16 +178,16 @@ def test_top(suite: Suite) -> None:
 def test_remote_target_by_flags(suite: Suite, tmp_path: Path) -> None:
     """No local suite in this KVMESH_HOME: addresses and the operator's token given by flags."""
     flags = ["--router", suite.address("router"), "--token-file", suite.token_file("admin")]
-    done = _kvmesh(tmp_path, "workers", *flags, "--json")
+    done = kvmesh_cli(tmp_path, "workers", *flags, "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["workers"]) == 2
     flags = ["--router", suite.address("router"), "--failover", suite.address("failover")]
     flags += ["--cache-manager", suite.address("cache-manager"), "--token-file", suite.token_file("admin")]
-    top = _kvmesh(tmp_path, "top", *flags, "--json")
+    top = kvmesh_cli(tmp_path, "top", *flags, "--json")
     assert top.returncode == 0, top.stderr
     (frame,) = json.loads(top.stdout)["frames"]
     assert {"workers", "zones", "index"} <= set(frame) and not any("error" in frame[k] for k in ("zones", "index"))
-    anonymous = _kvmesh(tmp_path, "zones", "--failover", suite.address("failover"))  # no suite credential sent
+    anonymous = kvmesh_cli(tmp_path, "zones", "--failover", suite.address("failover"))  # no suite credential sent
     assert anonymous.returncode == 3 and "UNAUTHENTICATED, needs role admin" in anonymous.stderr
 
 
@@ -222,7 +209,7 @@ def test_a_client_credential_is_denied_everywhere(suite: Suite) -> None:
     """The demo client's token (role client): every admin command exits 3 naming the role it needs, and
     prints no document; the operator's state is unchanged (no drain happened)."""
     for cmd in COMMANDS:
-        done = _kvmesh(suite.home, *cmd, "--json", "--token-file", suite.token_file("client"))
+        done = kvmesh_cli(suite.home, *cmd, "--json", "--token-file", suite.token_file("client"))
         assert done.returncode == 3, (cmd, done.stdout, done.stderr)
         if cmd[0] == "top":
             (frame,) = json.loads(done.stdout)["frames"]
@@ -236,6 +223,6 @@ def test_unreachable_names_the_address(suite: Suite) -> None:
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    done = _kvmesh(suite.home, "workers", "--router", f"127.0.0.1:{port}", "--timeout", "5")
+    done = kvmesh_cli(suite.home, "workers", "--router", f"127.0.0.1:{port}", "--timeout", "5")
     assert done.returncode == 4, done.stderr
     assert f"cannot reach the router at 127.0.0.1:{port} (flag, plaintext): UNAVAILABLE" in done.stderr

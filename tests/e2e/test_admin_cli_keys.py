@@ -4,15 +4,13 @@ or by `KVMESH_API_KEY` works, a client key is denied with exit 3."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kvmesh.launcher import ServiceProcess, start_service
+from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration]
 BS = 32
@@ -42,22 +40,11 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]
             assert sp.terminate(timeout=30) == 0
 
 
-def _kvmesh(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_") or k == "KVMESH_REQUIRE_NATIVE"}
-    return subprocess.run(
-        [sys.executable, "-m", "kvmesh.cli", *args],
-        env={**base, "KVMESH_HOME": str(home), **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_admin_api_key_by_flag_and_env(router: ServiceProcess, tmp_path: Path) -> None:
-    done = _kvmesh(tmp_path, "workers", "--router", router.address, "--api-key", "sk-ops", "--json")
+    done = kvmesh_cli(tmp_path, "workers", "--router", router.address, "--api-key", "sk-ops", "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)["workers"]) == 1
-    done = _kvmesh(
+    done = kvmesh_cli(
         tmp_path,
         "rebalance",
         "--prefill-weight",
@@ -65,16 +52,15 @@ def test_admin_api_key_by_flag_and_env(router: ServiceProcess, tmp_path: Path) -
         "--decode-weight",
         "1",
         "--json",
-        KVMESH_ROUTER=router.address,
-        KVMESH_API_KEY="sk-ops",
+        env={"KVMESH_ROUTER": router.address, "KVMESH_API_KEY": "sk-ops"},
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["prefill_weight"] == pytest.approx(0.5)
 
 
 def test_client_api_key_is_denied(router: ServiceProcess, tmp_path: Path) -> None:
-    done = _kvmesh(tmp_path, "workers", "--router", router.address, "--api-key", "sk-alice")
+    done = kvmesh_cli(tmp_path, "workers", "--router", router.address, "--api-key", "sk-alice")
     assert done.returncode == 3 and done.stdout == ""
     assert "PERMISSION_DENIED, needs role admin" in done.stderr, done.stderr
-    done = _kvmesh(tmp_path, "workers", "--router", router.address)  # no key at all
+    done = kvmesh_cli(tmp_path, "workers", "--router", router.address)  # no key at all
     assert done.returncode == 3, done.stderr

@@ -4,10 +4,7 @@ of docs/examples starts two zones of real vLLM workers that both answer an OpenA
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,6 +14,7 @@ import grpc
 import pytest
 
 from kvmesh.v1 import failover_pb2, failover_pb2_grpc
+from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration]
 
@@ -27,13 +25,6 @@ PORT_KEYS = {  # every fixed port of a one-zone, one-worker suite
     "failover": ("grpcPort", "httpPort"),
     "worker": ("grpcPort", "httpPort", "kvSyncPort"),
 }
-
-
-def _kvmesh(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KVMESH_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "kvmesh.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def _free_ports(n: int) -> list[int]:
@@ -47,7 +38,7 @@ def _free_ports(n: int) -> list[int]:
 def test_a_bad_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
     f = tmp_path / "k.yaml"
     f.write_text("zones:\n  - name: a\n  - name: b\n    worker: {replicas: two}\n")
-    out = _kvmesh(tmp_path / "home", "up", "--config", str(f), timeout=60)
+    out = kvmesh_cli(tmp_path / "home", "up", "--config", str(f), timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{f}: zones[1].worker.replicas: expected int, got str 'two'" in out.stderr
     assert not (tmp_path / "home" / "run").exists()
@@ -65,7 +56,7 @@ def test_a_port_in_use_stops_up_before_anything_starts(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", busy_port))
         busy.listen()
         args = [x for s in sets for x in ("--set", s)]
-        out = _kvmesh(home, "up", "--detach", "--workers", "1", *args, timeout=60)
+        out = kvmesh_cli(home, "up", "--detach", "--workers", "1", *args, timeout=60)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"port {busy_port} is in use (router HTTP (OpenAI API, /metrics) of zone local, router.httpPort)" in (
         out.stderr
@@ -113,15 +104,15 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
     f = tmp_path / "k.yaml"
     f.write_text("worker: {replicas: 1}\nzones:\n  - name: a\n  - name: b\n    worker: {replicas: 2}\n")
     home = tmp_path / "home"
-    up = _kvmesh(home, "up", "--config", str(f), "--ports", "auto", "--tls", "--redis", "--detach", timeout=240)
+    up = kvmesh_cli(home, "up", "--config", str(f), "--ports", "auto", "--tls", "--redis", "--detach", timeout=240)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         by_zone = _by_zone(home)
         assert [w["id"] for w in by_zone["b"]["worker"]] == ["worker-b-0", "worker-b-1"]
         assert len(by_zone["a"]["worker"]) == 1
-        status = _kvmesh(home, "status", timeout=60)
+        status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0 and status.stdout.count("SERVING") == 9, status.stdout
-        demo = _kvmesh(home, "demo", "--max-tokens", "3", timeout=120)
+        demo = kvmesh_cli(home, "demo", "--max-tokens", "3", timeout=120)
         assert demo.returncode == 0 and "completion=3" in demo.stdout, demo.stdout + demo.stderr
         pki = home / "run" / "pki"
         creds = grpc.ssl_channel_credentials(
@@ -133,7 +124,7 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
             seen = _zones_healthy(by_zone[zone]["failover"][0]["grpc"], creds)
             assert [(z, h) for z, h, _ in seen] == [("a", True), ("b", True)], (zone, seen)
     finally:
-        down = _kvmesh(home, "down", timeout=120)
+        down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
 
 
@@ -143,7 +134,7 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
 def test_two_zone_vllm_example_serves_in_both_zones(tmp_path: Path) -> None:
     home = tmp_path / "home"
     example = EXAMPLES / "kvmesh-two-zones-vllm.yaml"
-    up = _kvmesh(home, "up", "--config", str(example), "--ports", "auto", "--detach", timeout=720)
+    up = kvmesh_cli(home, "up", "--config", str(example), "--ports", "auto", "--detach", timeout=720)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         by_zone = _by_zone(home)
@@ -158,10 +149,10 @@ def test_two_zone_vllm_example_serves_in_both_zones(tmp_path: Path) -> None:
             assert services["worker"][0]["id"] == f"worker-{zone}-0"
             reply = _chat(services["router"][0]["http_port"])
             assert reply["usage"]["completion_tokens"] == 4 and reply["model"] == "tiny-llama", reply
-        status = _kvmesh(home, "status", timeout=60)
+        status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0 and status.stdout.count("SERVING") == 8, status.stdout
         seen = _zones_healthy(by_zone["zone-b"]["failover"][0]["grpc"])
         assert [(z, h) for z, h, _ in seen] == [("zone-a", True), ("zone-b", True)], seen
     finally:
-        down = _kvmesh(home, "down", timeout=180)
+        down = kvmesh_cli(home, "down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -32,15 +32,9 @@ from kvmesh.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration]
-
-
-def _kvmesh(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KVMESH_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "kvmesh.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def _pids(home: Path) -> list[int]:
@@ -244,15 +238,15 @@ def _least_privilege(home: Path) -> None:
 
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    up = _kvmesh(home, "up", "--detach", "--ports", "auto", "--workers", "2")
+    up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "2")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         pids = _pids(home)
         assert len(pids) == 5  # cache-manager, 2 workers, router, failover
-        status = _kvmesh(home, "status", timeout=60)
+        status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("SERVING") == 5
-        demo = _kvmesh(home, "demo", "--max-tokens", "8", timeout=120)
+        demo = kvmesh_cli(home, "demo", "--max-tokens", "8", timeout=120)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "completion (worker-local-" in demo.stdout
         assert "completion=8" in demo.stdout
@@ -260,10 +254,10 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
         _served_through_failover(home)
         _router_kill_is_seen(home)
     finally:
-        down = _kvmesh(home, "down", timeout=120)
+        down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(_alive(p) for p in pids)
-    assert _kvmesh(home, "status", timeout=30).returncode == 1
+    assert kvmesh_cli(home, "status", timeout=30).returncode == 1
 
 
 def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
@@ -301,14 +295,14 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
     identities from its development CA; a plaintext caller gets nothing, and a worker's certificate neither
     reads the index nor drains."""
     home = tmp_path / "home"
-    up = _kvmesh(home, "up", "--detach", "--ports", "auto", "--workers", "1", "--tls")
+    up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "1", "--tls")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         state = json.loads((home / "run" / "suite.json").read_text())
         tls = state["auth"]["tls"]
-        status = _kvmesh(home, "status", timeout=60)
+        status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0 and status.stdout.count("SERVING") == 4, status.stdout
-        demo = _kvmesh(home, "demo", "--max-tokens", "4", timeout=120)
+        demo = kvmesh_cli(home, "demo", "--max-tokens", "4", timeout=120)
         assert demo.returncode == 0 and "completion=4" in demo.stdout, demo.stdout + demo.stderr
         pki = home / "run" / "pki"
 
@@ -326,5 +320,5 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
         client = ChannelSecurity(tls["ca"], *tls["client"])
         _served_through_failover(home, creds("client-demo"), client)
     finally:
-        down = _kvmesh(home, "down", timeout=120)
+        down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr

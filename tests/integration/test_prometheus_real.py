@@ -8,10 +8,6 @@ deploy/grafana/kvmesh-dashboard.json returns at least one series after one reque
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -23,23 +19,13 @@ import pytest
 import yaml
 
 from kvmesh import observe
+from kvmesh.launcher import free_port
+from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSET = "0001-01-01T00:00:00Z"  # Prometheus's lastEvaluation of a rule never evaluated
-
-
-def _kvmesh(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KVMESH_HOME": str(home)}
-    cmd = [sys.executable, "-m", "kvmesh.cli", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _api(url: str, path: str, **params: str) -> Any:
@@ -63,18 +49,18 @@ def _until(what: str, check: Callable[[], list[str]], timeout_s: float = 90) -> 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     home = tmp_path_factory.mktemp("observe")
-    port = _free_port()
-    up = _kvmesh(
+    port = free_port()
+    up = kvmesh_cli(
         home, "up", "--detach", "--ports", "auto", "--observe", "--prometheus-port", str(port), "--workers", "2"
     )
     assert up.returncode == 0, up.stdout + up.stderr
     state = json.loads((home / "run" / "suite.json").read_text())
     try:
-        demo = _kvmesh(home, "demo", "--max-tokens", "8")  # observations for the router's histograms
+        demo = kvmesh_cli(home, "demo", "--max-tokens", "8")  # observations for the router's histograms
         assert demo.returncode == 0, demo.stdout + demo.stderr
         yield state
     finally:
-        down = _kvmesh(home, "down")
+        down = kvmesh_cli(home, "down")
         assert down.returncode == 0, down.stdout + down.stderr
     assert observe.gone(int(state["prometheus"]["pid"])), "kvmesh down left Prometheus running"
 
