@@ -290,6 +290,25 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _admin_cli_over_mtls(home: Path, state: dict[str, Any], pki: Path) -> None:
+    """The admin CLI on a `--tls` suite: by default with the suite's operator certificate; as a remote target
+    with the admin pair by flags; the demo client's pair is denied (exit 3)."""
+    local = kvmesh_cli(home, "workers", "--json", timeout=60)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert len(json.loads(local.stdout)["workers"]) == 1
+    router = _address(state, "router")
+
+    def remote(stem: str) -> subprocess.CompletedProcess[str]:
+        pair = ("--cert", str(pki / f"{stem}.pem"), "--key", str(pki / f"{stem}.key"))
+        return kvmesh_cli(home, "workers", "--json", "--router", router, "--ca", str(pki / "ca.pem"), *pair)
+
+    admin = next(p.stem for p in pki.glob("admin-*.pem"))
+    as_admin = remote(admin)
+    assert as_admin.returncode == 0 and json.loads(as_admin.stdout)["workers"], as_admin.stdout + as_admin.stderr
+    as_client = remote("client-demo")
+    assert as_client.returncode == 3 and "needs role admin" in as_client.stderr, as_client.stdout + as_client.stderr
+
+
 def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -> None:
     """`kvmesh up --tls`: the suite serves (status, demo, kvmesh.client through the failover service) with
     identities from its development CA; a plaintext caller gets nothing, and a worker's certificate neither
@@ -319,6 +338,7 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
             _tenant_is_bound(_address(state, "router"), ch)
         client = ChannelSecurity(tls["ca"], *tls["client"])
         _served_through_failover(home, creds("client-demo"), client)
+        _admin_cli_over_mtls(home, state, pki)
     finally:
         down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
