@@ -15,6 +15,7 @@ The keys file (``--api-keys-file``) is either the plain format, one key per line
 A certificate entry names a client (or admin) certificate by its URI SAN and gives it tenants (and an id, by
 default the certificate's); it takes no signing fields, the TLS handshake already proves every call. A
 client certificate named by no entry is its own tenant (its id), as a plain key is.
+
 A plain key is ``{key, id: key-<sha256 prefix>, tenants: [that id]}``: every key its own tenant, so no key sees
 another's cache; give keys a common tenant in YAML to share a cache on purpose. ``KVMESH_API_KEYS`` (comma-
 separated plain keys) adds to the file. Lookup is by SHA-256 of the presented key, confirmed with
