@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,20 +21,15 @@ import aiohttp
 import grpc
 import pytest
 
+from kvmesh.launcher import free_port
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
-from tests.support.procs import ServiceProcess
+from tests.support.procs import ServiceProcess, stop_process_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 BS = 32
 GPU_BLOCKS = 48  # small enough for a few filler prompts to evict a prompt's blocks from vLLM's pool
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -121,13 +115,7 @@ def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
                     proc.wait(timeout=1.0)  # bounded wait between health probes (returns if vLLM exits)
         yield port, pub, replay, log
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
         with contextlib.suppress(FileNotFoundError):  # the connector unlinks it on a clean exit
             os.unlink(f"/dev/shm/{tier}")
 

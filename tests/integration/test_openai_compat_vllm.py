@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,9 +28,10 @@ from typing import Any
 import httpx
 import pytest
 
-from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
+from kvmesh.launcher import ServiceProcess, free_port, start_service, vllm_core_env
 from kvmesh.openai.fields import FIELDS, fields_of
 from tests.support.models import tiny_model
+from tests.support.procs import stop_process_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 MODEL = "tiny-llama"
@@ -60,12 +60,6 @@ REQUIRED = {  # OpenAI's response keys, which the router must send
     "completions": {"id", "object", "created", "model", "choices", "choices[].index", "choices[].text",
                     "choices[].finish_reason", "usage", "usage.prompt_tokens", "usage.completion_tokens"},
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_health(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: float) -> None:
@@ -108,13 +102,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cl
         for sp in reversed(started):
             with contextlib.suppress(Exception):
                 sp.terminate(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
 
 
 def shape(value: Any, path: str = "", out: dict[str, set[str]] | None = None) -> dict[str, set[str]]:

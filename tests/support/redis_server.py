@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+from kvmesh.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,12 +32,6 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_redis_installed() -> str:
@@ -56,7 +51,7 @@ def start_redis(tmp: Path, timeout_s: float = 20.0) -> RedisServer:
     tmp.mkdir(parents=True, exist_ok=True)
     last = ""
     for _attempt in range(3):
-        port = _free_port()
+        port = free_port()
         log = tmp / f"redis-{port}.log"
         proc = subprocess.Popen(
             [

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -29,14 +28,9 @@ from typing import Any
 import aiohttp
 
 from kvmesh.engine.tokenizer import Tokenizer
+from kvmesh.launcher import free_port
 
 DISTINCT = 64
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pct(xs: list[float], q: float) -> float:

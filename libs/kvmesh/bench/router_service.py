@@ -14,9 +14,9 @@ from typing import Any
 
 import grpc
 
-from kvmesh.bench.router_compare import free_port, measure, run_http, start_third_party
+from kvmesh.bench.router_compare import measure, run_http, start_third_party
 from kvmesh.engine.tokenizer import HfTokenizer
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.launcher import ServiceProcess, free_port, start_service
 from kvmesh.modelfiles import resolve_model_dir
 from kvmesh.protowire import length_delimited
 from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
