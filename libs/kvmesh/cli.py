@@ -39,8 +39,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh import admin_cli, observe, suite, suite_config
 from kvmesh.errors import FailedPrecondition
+from kvmesh.rpc.tls import channel_credentials
 from kvmesh.security.certs import make_dev_pki
-from kvmesh.suite import suite_identities
+from kvmesh.suite import run_dir, state_path, suite_identities
 
 _Raw = argparse.RawDescriptionHelpFormatter
 UP_HELP = """Start the whole suite locally: per zone a cache-manager, workers, a router and a failover service.
@@ -59,25 +60,13 @@ A port in use stops `up` before anything starts, naming the port and the flag th
 changes one of its keys; the named flags win over both."""
 
 
-def kvmesh_home() -> Path:
-    return Path(os.environ.get("KVMESH_HOME", Path.cwd() / "var")).resolve()
-
-
-def run_dir() -> Path:
-    return kvmesh_home() / "run"
-
-
-def _state_path() -> Path:
-    return run_dir() / "suite.json"
-
-
 def _credentials(auth: dict[str, Any] | None, name: str) -> grpc.ChannelCredentials | None:
     """mTLS credentials of `name` (admin or client) from a suite's auth state; None for a plaintext suite."""
     tls = (auth or {}).get("tls")
     if not tls:
         return None
     cert, key = tls[name]
-    return grpc.ssl_channel_credentials(Path(tls["ca"]).read_bytes(), Path(key).read_bytes(), Path(cert).read_bytes())
+    return channel_credentials(tls["ca"], cert, key)
 
 
 def _suite_channel(address: str, auth: dict[str, Any] | None, name: str) -> grpc.Channel:
@@ -93,9 +82,15 @@ def up(args: argparse.Namespace) -> int:
         print(f"kvmesh up: {where}{err}", file=sys.stderr)
         return 2
     rd = run_dir()
-    if _state_path().exists() and _alive(json.loads(_state_path().read_text())):
-        print(f"a suite is already running (state in {_state_path()}); `kvmesh down` first", file=sys.stderr)
+    if state_path().exists() and _alive(json.loads(state_path().read_text())):
+        print(f"a suite is already running (state in {state_path()}); `kvmesh down` first", file=sys.stderr)
         return 1
+    if args.observe:
+        try:
+            observe.check_port(args.prometheus_port)
+        except FailedPrecondition as err:
+            print(f"kvmesh up: nothing started: --observe: {err}", file=sys.stderr)
+            return 1
     rd.mkdir(parents=True, exist_ok=True)
     try:
         started = suite.start(settings, rd)
@@ -131,7 +126,7 @@ def up(args: argparse.Namespace) -> int:
             print(f"--observe: {err}", file=sys.stderr)
             _stop_state(state)
             return 1
-    _state_path().write_text(json.dumps(state, indent=1))
+    state_path().write_text(json.dumps(state, indent=1))
     _print_endpoints(state)
     if prom is not None:
         print(f"  prometheus     {prom.url}  (config {prom.config})")
@@ -208,16 +203,16 @@ def _stop_state(state: dict[str, Any]) -> int:
         else:
             os.kill(pid, signal.SIGKILL)
             worst = max(worst, 1)
-    _state_path().unlink(missing_ok=True)
+    state_path().unlink(missing_ok=True)
     print("suite stopped" + ("" if worst == 0 else f" (a service exited with {worst})"))
     return 0 if worst == 0 else 1
 
 
 def status(_args: argparse.Namespace) -> int:
-    if not _state_path().exists():
+    if not state_path().exists():
         print("no suite is running (kvmesh up)")
         return 1
-    state = json.loads(_state_path().read_text())
+    state = json.loads(state_path().read_text())
     ok = True
     for s in state["services"]:
         try:
@@ -232,19 +227,19 @@ def status(_args: argparse.Namespace) -> int:
 
 
 def down(_args: argparse.Namespace) -> int:
-    if not _state_path().exists():
+    if not state_path().exists():
         print("no suite is running")
         return 0
-    return _stop_state(json.loads(_state_path().read_text()))
+    return _stop_state(json.loads(state_path().read_text()))
 
 
 def demo(args: argparse.Namespace) -> int:
     from kvmesh.v1 import router_pb2, router_pb2_grpc
 
-    if not _state_path().exists():
+    if not state_path().exists():
         print("no suite is running (kvmesh up --detach)", file=sys.stderr)
         return 1
-    state = json.loads(_state_path().read_text())
+    state = json.loads(state_path().read_text())
     router = next(s for s in state["services"] if s["name"] == "router")
     req = router_pb2.RouterServiceGenerateRequest(text=args.prompt, session_id="demo")
     req.sampling.max_tokens = args.max_tokens

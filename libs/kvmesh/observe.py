@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from kvmesh.errors import FailedPrecondition
+from kvmesh.launcher import ports_in_use
 
 DEFAULT_PORT = 9090
 ALERT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yaml"
@@ -56,13 +56,10 @@ def scrape_config(state: dict[str, Any], rules: Path, interval_s: float) -> dict
     }
 
 
-def _check_port(port: int) -> None:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Prometheus binds: TIME_WAIT is no conflict
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as err:
-            raise FailedPrecondition(f"port {port} for Prometheus is in use (--prometheus-port): {err}") from None
+def check_port(port: int) -> None:
+    """FailedPrecondition when `port` is taken (`kvmesh up` asks before it starts anything)."""
+    if ports_in_use([port]):
+        raise FailedPrecondition(f"port {port} for Prometheus is in use (--prometheus-port)")
 
 
 def start(
@@ -79,7 +76,7 @@ def start(
         raise FailedPrecondition("no `prometheus` on PATH: scripts/bootstrap.sh installs Debian's prometheus package")
     if not rules.is_file():
         raise FailedPrecondition(f"alert rules not found: {rules}")
-    _check_port(port)
+    check_port(port)
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "prometheus.yml"
     config.write_text(yaml.safe_dump(scrape_config(state, rules, interval_s), sort_keys=False))

@@ -10,6 +10,7 @@ kills whatever it had started, so no half-started suite is left behind.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 import time
@@ -24,12 +25,27 @@ from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
 from kvmesh.launcher import ServiceProcess, free_port, ports_in_use, start_service, vllm_core_env
 from kvmesh.modelfiles import resolve_model_dir
+from kvmesh.rpc.tls import channel_credentials
 from kvmesh.security.certs import DevPki, make_dev_pki
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.suite_config import PlannedPort, SuiteSettings, ZoneSettings, plan
 
 HOST = "127.0.0.1"
+
+
+def kvmesh_home() -> Path:
+    return Path(os.environ.get("KVMESH_HOME", Path.cwd() / "var")).resolve()
+
+
+def run_dir() -> Path:
+    """Where a local suite keeps its state, identities, logs and checkpoints: ``$KVMESH_HOME/run``."""
+    return kvmesh_home() / "run"
+
+
+def state_path() -> Path:
+    """The running suite's state file (its services' addresses and pids, its credentials' files)."""
+    return run_dir() / "suite.json"
 
 
 class PortsInUse(RuntimeError):
@@ -95,7 +111,7 @@ class SuiteAuth:
         if self.pki is None:
             return None
         pair = self.pki.pairs[self.ids["admin"]]
-        return grpc.ssl_channel_credentials(self.pki.ca.read_bytes(), pair.key.read_bytes(), pair.cert.read_bytes())
+        return channel_credentials(str(self.pki.ca), str(pair.cert), str(pair.key))
 
     def state(self) -> dict[str, Any]:
         """What the state file records: the operator's and the demo client's token and certificate files."""

@@ -67,6 +67,19 @@ def test_a_port_in_use_stops_up_before_anything_starts(tmp_path: Path) -> None:
     assert not (run / "suite.json").exists() and not (run / "auth").exists() and not (run / "logs").exists()
 
 
+def test_a_prometheus_port_in_use_stops_up_before_anything_starts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--observe", "--prometheus-port", str(port))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"nothing started: --observe: port {port} for Prometheus is in use (--prometheus-port)" in out.stderr
+    run = home / "run"
+    assert not (run / "suite.json").exists() and not (run / "auth").exists() and not (run / "logs").exists()
+
+
 def _chat(http_port: int) -> dict[str, Any]:
     body = json.dumps({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 4}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v1/chat/completions", data=body, method="POST")

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.security.tokens import read_own_token
+from kvmesh.suite import state_path
 
 SERVICES = ("router", "failover", "cache-manager")
 _ENV = {"router": "KVMESH_ROUTER", "failover": "KVMESH_FAILOVER", "cache-manager": "KVMESH_CACHE_MANAGER"}
@@ -87,14 +88,8 @@ def _flag_security(args: argparse.Namespace) -> tuple[ChannelSecurity, bool, boo
     return ChannelSecurity(ca, cert, key, token), bool(token), bool(ca)
 
 
-def suite_state_path() -> Path:
-    from kvmesh.cli import run_dir  # the one home of the suite's run directory
-
-    return run_dir() / "suite.json"
-
-
 def _suite() -> tuple[dict[str, Any], Path] | None:
-    path = suite_state_path()
+    path = state_path()
     try:
         return json.loads(path.read_text()), path
     except FileNotFoundError:
@@ -136,6 +131,6 @@ def resolve(args: argparse.Namespace, service: str, required: bool = True) -> Ta
             return Target(service, address, sec, str(path))
     if not required:
         return None
-    where = f"no {service} in {path}" if found is not None else f"no local suite ({suite_state_path()} is absent)"
+    where = f"no {service} in {path}" if found is not None else f"no local suite ({state_path()} is absent)"
     flag = f"--{service}"
     raise AdminError(f"{where}: start one with `kvmesh up`, or give {flag} HOST:PORT (or {_ENV[service]})", EXIT_USAGE)
