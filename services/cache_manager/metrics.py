@@ -20,7 +20,12 @@ QUERY_LATENCY = Histogram(
     "FindMatches latency inside the index",
     buckets=(0.00001, 0.00005, 0.0001, 0.00025, *LATENCY_BUCKETS),
 )
-HIT_RATIO = Gauge("kvmesh_cache_hit_ratio", "Σ best matched blocks / Σ queried blocks since start")
+HIT_RATIO = Gauge(
+    "kvmesh_cache_hit_ratio", "Σ best matched blocks / Σ queried blocks since start (FindMatches and routed reports)"
+)
+ROUTED_PREFIXES = Counter(
+    "kvmesh_cache_routed_prefixes_total", "Prompts routers reported routing from their index replicas, counted"
+)
 MISS_RATIO = Gauge("kvmesh_cache_miss_ratio", "1 − kvmesh_cache_hit_ratio")
 WARMING = Counter("kvmesh_cache_warming_actions_total", "Prefill-only warming requests issued", ["reason"])
 WARMING_COOLED = Counter("kvmesh_cache_warming_cooled_total", "Prefixes the LFU+LRU policy stopped keeping warm")

@@ -13,6 +13,7 @@ import grpc
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import Phase
 from kvmesh.cachemgr.publisher import PublisherGuard, PublishLimits
+from kvmesh.cachemgr.routed import validate_report
 from kvmesh.cachemgr.types import IngestResult, Media, Stored
 from kvmesh.errors import FailedPrecondition, InvalidArgument
 from kvmesh.rpc.validate import require
@@ -152,8 +153,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         t0 = time.perf_counter()
         matches = core.find_matches(hashes, time.time(), tokens, tenant)
         m.QUERY_LATENCY.observe(time.perf_counter() - t0)
-        m.HIT_RATIO.set(core.queries.hit_ratio)
-        m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
+        set_hit_ratio(core)
         ordered = sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
         tiers = core.tier_blocks(hashes, matches)
         return pb.FindMatchesResponse(
@@ -161,6 +161,19 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             total_blocks=len(hashes),
             block_size=core.block_size,
         )
+
+    async def ReportRoutedPrefixes(  # type: ignore[override]
+        self, request: pb.ReportRoutedPrefixesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReportRoutedPrefixesResponse:
+        """Prompts a router routed from its index replica, counted as FindMatches queries are
+        (`kvmesh.cachemgr.routed`); the batch is checked whole before any of it is counted."""
+        validate_report(request)
+        now = time.time()
+        for p in request.prefixes:
+            self.core.count_query(p.blocks, p.checkpoint_hashes, p.hit_blocks, now, tenant=p.tenant or None)
+        m.ROUTED_PREFIXES.inc(len(request.prefixes))
+        set_hit_ratio(self.core)
+        return pb.ReportRoutedPrefixesResponse(accepted=len(request.prefixes))
 
     async def WatchIndex(  # type: ignore[override]
         self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
@@ -303,6 +316,12 @@ def top_prefixes(core: CacheCore, n: int) -> list[pb.PrefixStat]:
         )
         for k, v in core.stats.top(time.time(), n)
     ]
+
+
+def set_hit_ratio(core: CacheCore) -> None:
+    """The hit- and miss-ratio gauges, after queries were counted."""
+    m.HIT_RATIO.set(core.queries.hit_ratio)
+    m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
 
 
 def refresh_gauges(core: CacheCore) -> None:

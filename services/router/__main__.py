@@ -50,7 +50,14 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         report_age_intervals=s.report_age_intervals,
         report_age_floor_s=s.report_age_floor_s,
     )
-    index = IndexReplica(s.cache_manager, s, expect=(s.block_size, s.salt_model))
+    index = IndexReplica(
+        s.cache_manager,
+        s,
+        expect=(s.block_size, s.salt_model),
+        report_queue=s.prefix_report_queue,
+        report_batch=s.prefix_report_batch,
+        report_flush_s=s.prefix_report_flush_ms / 1000,
+    )
     admission = Admission(
         short=QueueLimits(s.short_concurrency, s.short_queue),
         long=QueueLimits(s.long_concurrency, s.long_queue),

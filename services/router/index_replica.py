@@ -7,6 +7,8 @@ in a host tier, and `lookup` splits each match into its GPU run and the tier par
 While the stream is down or the snapshot incomplete the replica is *stale* and `matches` asks the
 cache-manager with `FindMatches` (bounded by `fallback_timeout_s`; on failure routing continues without
 overlap). A new stream starts from a fresh snapshot, so a gap can never leave the replica silently wrong.
+A prompt answered locally is reported to the cache-manager (`reports`, `prefix_reports`), which counts it in
+its prefix statistics and hit ratio as it counts the FindMatches fallback's queries.
 Before every stream the cache-manager's block size and hash salt model (`GetStats`) are checked against the
 router's (`expect`): a cache-manager that disagrees is not used at all (no replica, no FindMatches) until
 it agrees; `check_agreement` lets the router refuse to start against one.
@@ -29,10 +31,12 @@ from kvmesh.index import PrefixIndex
 from kvmesh.rpc.agreement import Agreed, require_agreement
 from kvmesh.rpc.channel import open_channel
 from kvmesh.services.router import metrics as m
+from kvmesh.services.router.prefix_reports import PrefixReports
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc
 
 log = logging.getLogger(__name__)
+REPORT_TIMEOUT_S = 2.0  # one ReportRoutedPrefixes call (entries queue meanwhile, or drop when full)
 
 
 class IndexReplica:
@@ -44,6 +48,9 @@ class IndexReplica:
         settings: ServerSettings,
         fallback_timeout_s: float = 0.25,
         expect: tuple[int, str] | None = None,
+        report_queue: int = 4096,
+        report_batch: int = 256,
+        report_flush_s: float = 0.1,
     ) -> None:
         self.address = address
         self.expect = expect  # (block size, salt model) the cache-manager must have; None = no check
@@ -62,12 +69,15 @@ class IndexReplica:
         self._stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self.reports = PrefixReports(self._report, report_queue, report_batch, report_flush_s)
+        self._report_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._started = True
         m.INDEX_TIER_ONLY.set_function(lambda: sum(len(s) for s in self.tier_only.values()))  # at scrape time
         if self._stub is not None:
             self._task = asyncio.create_task(self._follow())
+        self._report_task = asyncio.create_task(self.reports.run(), name="prefix-reports")
 
     async def set_address(self, address: str) -> None:
         """Follows another cache-manager (from the failover service's endpoint sets): the replica restarts
@@ -93,6 +103,7 @@ class IndexReplica:
 
     async def stop(self) -> None:
         self._stopping.set()
+        await stop_task(self._report_task)
         if self._task is not None:
             await stop_task(self._task)
         if self._channel is not None:
@@ -105,11 +116,12 @@ class IndexReplica:
     async def lookup(self, hashes: Sequence[int] | np.ndarray, tenant: str = "", lora: str = "") -> PrefixMatches:
         """Each worker's match and its leading GPU run (`kvmesh.cachemgr.media`); local when fresh, else
         FindMatches (its `tier_blocks`), else empty. `hashes` are already salted with (model, lora, tenant);
-        `tenant`/`lora` go to FindMatches for its per-tenant accounting."""
+        `tenant`/`lora` go to FindMatches for its per-tenant accounting; a local answer is reported."""
         if len(hashes) == 0:
             return PrefixMatches()
         if self.fresh:
             total = self.index.find_matches(hashes)
+            self.reports.offer(hashes, max(total.values(), default=0), tenant)
             return PrefixMatches(split_matches(hashes, total, self.tier_only), total)
         if self._stub is None or self.disagreement:
             return PrefixMatches()
@@ -124,6 +136,12 @@ class IndexReplica:
             return PrefixMatches()
         total = {m.worker_id: m.matched_blocks for m in resp.matches}
         return PrefixMatches({m.worker_id: m.matched_blocks - m.tier_blocks for m in resp.matches}, total)
+
+    async def _report(self, request: cache_manager_pb2.ReportRoutedPrefixesRequest) -> None:
+        """Sends one batch of routed-prompt reports to the cache-manager followed now."""
+        if self._stub is None:
+            raise FailedPrecondition("no cache-manager to report to")
+        await self._stub.ReportRoutedPrefixes(request, timeout=REPORT_TIMEOUT_S)
 
     def apply(self, msg: cache_manager_pb2.WatchIndexResponse) -> None:
         """Apply one WatchIndex message to the local index and the per-worker tier-only sets."""

@@ -38,6 +38,11 @@ PREFIX_BLOCKS = Counter(
     "Prompt blocks of routed requests by how the chosen worker obtains them (gpu, load from its tier, pull)",
     ["source"],
 )
+PREFIX_REPORTS = Counter(
+    "kvmesh_router_prefix_reports_total",
+    "Prompts routed from the index replica, reported to the cache-manager: sent, dropped (queue full) or failed",
+    ["outcome"],
+)
 REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
 
 

@@ -27,6 +27,13 @@ class RouterSettings(ServerSettings):
         "--model (both default to '', which is what `kvmesh up` runs)",
     )
     block_size: int = setting(32, "tokens per KV block, equal to the workers'")
+    prefix_report_queue: int = setting(
+        4096,
+        "prompts routed from the index replica waiting to be reported to the cache-manager (its prefix "
+        "statistics); more are dropped and counted (0 = no reports)",
+    )
+    prefix_report_batch: int = setting(256, "most prompts in one report to the cache-manager (at most 1024)")
+    prefix_report_flush_ms: int = setting(100, "a routed prompt is reported at most this long after it was routed")
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")
     api_keys_file: str = setting(

@@ -49,7 +49,7 @@ def _proto_methods() -> set[str]:
 
 def test_every_rpc_in_the_descriptors_has_exactly_one_row() -> None:
     methods = _proto_methods()
-    assert len(methods) >= 33  # 29 kvmesh RPCs, grpc health (3) and reflection (v1alpha, served)
+    assert len(methods) >= 34  # 30 kvmesh RPCs, grpc health (3) and reflection (v1alpha, served)
     assert sorted(methods - set(GRPC_RULES)) == []  # a new RPC without a row is denied to everyone: add one
     assert sorted(set(GRPC_RULES) - methods) == []  # no row for an RPC that no longer exists
 
@@ -78,6 +78,7 @@ def test_every_http_route_of_every_service_has_a_row() -> None:
 def test_the_issue_s_grants() -> None:
     g = GRPC_RULES
     assert g["/kvmesh.v1.CacheManagerService/PublishKvEvents"].roles == {R.WORKER}
+    assert g["/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes"].roles == {R.ROUTER}  # feeds the statistics
     for m in ("/kvmesh.v1.CacheManagerService/FindMatches", "/kvmesh.v1.WorkerService/StreamKvEvents"):
         assert g[m].roles == {R.ROUTER, R.CACHE_MANAGER} and not g[m].open
     admin_only = ["Rebalance", "DrainWorker", "ListWorkers"]
@@ -111,6 +112,11 @@ def test_decide_denies_by_default_and_names_role_and_method() -> None:
     with pytest.raises(PermissionDenied, match="no row"):
         decide(None, Identity(R.ADMIN, "op"), "/kvmesh.v1.Nope/Nothing")
     decide(GRPC_RULES[method], Identity(R.ROUTER, "r"), method)
+    report = "/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes"
+    decide(GRPC_RULES[report], Identity(R.ROUTER, "r"), report)
+    for role in set(R) - {R.ROUTER}:
+        with pytest.raises(PermissionDenied, match=f"role {role.value} may not call {report}"):
+            decide(GRPC_RULES[report], Identity(role, "x"), report)
     decide(GRPC_RULES["/kvmesh.v1.RouterService/Generate"], None, "x")  # open: the router checks API keys
 
 

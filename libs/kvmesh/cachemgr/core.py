@@ -3,7 +3,8 @@
 Every input of the ingestion state machine is applied, appended to the pending log, fanned out as
 index deltas; `persist()` makes the pending log durable (the servicer acknowledges a batch only after
 it). `checkpoint()` snapshots the state and starts a new log epoch (see `kvmesh.store.base`).
-Hit ratio = Σ max-matched blocks / Σ queried blocks over all `find_matches` calls since start.
+Hit ratio = Σ max-matched blocks / Σ queried blocks over all queries since start: `find_matches` calls and
+the prompts routers report having routed from their index replicas (`count_query`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import KvEvent, KvEventBatch
 from kvmesh.store.base import CheckpointStore
 from kvmesh.warming import PrefixStats
+from kvmesh.warming.stats import checkpoint_keys
 from kvmesh.wire import ingest_log as codec
 
 
 @dataclass(slots=True)
 class QueryCounters:
-    """Totals of `find_matches` calls."""
+    """Totals of the queries counted (`CacheCore.count_query`)."""
 
     queries: int = 0
     blocks_queried: int = 0
@@ -131,15 +133,29 @@ class CacheCore:
     def find_matches(
         self, hashes: Sequence[int], now: float, token_ids: Sequence[int] | None = None, tenant: str | None = None
     ) -> dict[str, int]:
-        """Matches, counted in the hit ratio and the prefix statistics (`on_observe` sees the keys)."""
+        """Matches, counted as a query (`count_query`)."""
         m = self.index.find_matches(hashes)
-        self.queries.queries += 1
-        self.queries.blocks_queried += len(hashes)
-        self.queries.blocks_hit += max(m.values(), default=0)
-        keys = self.stats.observe(hashes, now, token_ids, self.block_size, tenant)
-        if self.on_observe is not None:
-            self.on_observe(keys, now)
+        self.count_query(len(hashes), checkpoint_keys(hashes), max(m.values(), default=0), now, token_ids, tenant)
         return m
+
+    def count_query(
+        self,
+        n_blocks: int,
+        keys: Sequence[int],
+        hit_blocks: int,
+        now: float,
+        token_ids: Sequence[int] | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """One query of `n_blocks` blocks (its checkpoint `keys`), `hit_blocks` of them on its best worker:
+        counted in the hit ratio and the prefix statistics (`on_observe` sees the keys). FindMatches queries
+        and the prompts routers report (ReportRoutedPrefixes) are counted here alike."""
+        self.queries.queries += 1
+        self.queries.blocks_queried += n_blocks
+        self.queries.blocks_hit += hit_blocks
+        seen = self.stats.observe_keys(n_blocks, keys, now, token_ids, self.block_size, tenant)
+        if self.on_observe is not None:
+            self.on_observe(seen, now)
 
     def tier_blocks(self, hashes: Sequence[int], matches: dict[str, int]) -> dict[str, int]:
         """Per worker, how many blocks of its match it holds only in its host tiers (CPU/disk), not on GPU."""

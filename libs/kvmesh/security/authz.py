@@ -76,6 +76,7 @@ GRPC_RULES: Mapping[str, Rule] = {
     _CM + "Checkpoint": _ADMIN,
     _CM + "Restore": _ADMIN,
     _CM + "GetStats": _only(R.ROUTER, R.ADMIN),  # the router's settings-agreement check
+    _CM + "ReportRoutedPrefixes": _only(R.ROUTER),  # what routers routed from their replicas: statistics
     # failover
     _FO + "WatchEndpoints": _open(),  # discovery of routers by kvmesh.client; routers follow it
     _FO + "Register": _only(R.ROUTER, R.ADMIN),

@@ -732,3 +732,87 @@ class GetStatsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStatsResponse: _TypeAlias = GetStatsResponse  # noqa: Y015
+
+@_typing.final
+class ReportRoutedPrefixesRequest(_message.Message):
+    """A batch of prompts a router routed from its local index replica."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFIXES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def prefixes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoutedPrefix]:
+        """The routed prompts (at most 1024)."""
+
+    def __init__(
+        self,
+        *,
+        prefixes: _abc.Iterable[Global___RoutedPrefix] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefixes", b"prefixes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportRoutedPrefixesRequest: _TypeAlias = ReportRoutedPrefixesRequest  # noqa: Y015
+
+@_typing.final
+class RoutedPrefix(_message.Message):
+    """One routed prompt in the compact form the prefix statistics count (kvmesh.warming.stats checkpoints)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_HASHES_FIELD_NUMBER: _builtins.int
+    HIT_BLOCKS_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    blocks: _builtins.int
+    """Full blocks in the prompt (1 to 1048576)."""
+    hit_blocks: _builtins.int
+    """Leading blocks of the prompt that the best-matching worker held when it was routed (at most `blocks`)."""
+    tenant: _builtins.str
+    """Tenant (part of the salt), as in FindMatchesRequest."""
+    @_builtins.property
+    def checkpoint_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Index hashes of the prompt's blocks number 1, 2, 4, ... (powers of two below `blocks`) and `blocks`
+        (counted from 1), in that order: each names the prefix ending there.
+        """
+
+    def __init__(
+        self,
+        *,
+        blocks: _builtins.int = ...,
+        checkpoint_hashes: _abc.Iterable[_builtins.int] | None = ...,
+        hit_blocks: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "checkpoint_hashes", b"checkpoint_hashes", "hit_blocks", b"hit_blocks", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoutedPrefix: _TypeAlias = RoutedPrefix  # noqa: Y015
+
+@_typing.final
+class ReportRoutedPrefixesResponse(_message.Message):
+    """The reports counted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.int
+    """Routed prompts counted in the statistics."""
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportRoutedPrefixesResponse: _TypeAlias = ReportRoutedPrefixesResponse  # noqa: Y015

@@ -75,6 +75,11 @@ class CacheManagerServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.ReportRoutedPrefixes = channel.unary_unary(
+                '/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes',
+                request_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.FromString,
+                _registered_method=True)
 
 
 class CacheManagerServiceServicer:
@@ -137,6 +142,14 @@ class CacheManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRoutedPrefixes(self, request, context):
+        """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
+        that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +192,11 @@ def add_CacheManagerServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'ReportRoutedPrefixes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRoutedPrefixes,
+                    request_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +416,33 @@ class CacheManagerService:
             '/kvmesh.v1.CacheManagerService/GetStats',
             kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsRequest.SerializeToString,
             kvmesh_dot_v1_dot_cache__manager__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRoutedPrefixes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes',
+            kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.SerializeToString,
+            kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.FromString,
             options,
             channel_credentials,
             insecure,

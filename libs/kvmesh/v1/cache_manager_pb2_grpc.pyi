@@ -49,6 +49,10 @@ class CacheManagerServiceStub:
     """Replaces the index with the latest checkpoint (then workers are resynced)."""
     GetStats: _grpc.UnaryUnaryMultiCallable[_cache_manager_pb2.GetStatsRequest, _cache_manager_pb2.GetStatsResponse]
     """Index size, ingestion and query statistics."""
+    ReportRoutedPrefixes: _grpc.UnaryUnaryMultiCallable[_cache_manager_pb2.ReportRoutedPrefixesRequest, _cache_manager_pb2.ReportRoutedPrefixesResponse]
+    """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
+    that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+    """
 
 @_typing.type_check_only
 class CacheManagerServiceAsyncStub(CacheManagerServiceStub):
@@ -71,6 +75,10 @@ class CacheManagerServiceAsyncStub(CacheManagerServiceStub):
     """Replaces the index with the latest checkpoint (then workers are resynced)."""
     GetStats: _aio.UnaryUnaryMultiCallable[_cache_manager_pb2.GetStatsRequest, _cache_manager_pb2.GetStatsResponse]  # type: ignore[assignment]
     """Index size, ingestion and query statistics."""
+    ReportRoutedPrefixes: _aio.UnaryUnaryMultiCallable[_cache_manager_pb2.ReportRoutedPrefixesRequest, _cache_manager_pb2.ReportRoutedPrefixesResponse]  # type: ignore[assignment]
+    """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
+    that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+    """
 
 class CacheManagerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The global KV prefix index of one zone: which worker holds which block."""
@@ -138,5 +146,15 @@ class CacheManagerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cache_manager_pb2.GetStatsResponse, _abc.Awaitable[_cache_manager_pb2.GetStatsResponse]]:
         """Index size, ingestion and query statistics."""
+
+    @_abc_1.abstractmethod
+    def ReportRoutedPrefixes(
+        self,
+        request: _cache_manager_pb2.ReportRoutedPrefixesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cache_manager_pb2.ReportRoutedPrefixesResponse, _abc.Awaitable[_cache_manager_pb2.ReportRoutedPrefixesResponse]]:
+        """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
+        that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+        """
 
 def add_CacheManagerServiceServicer_to_server(servicer: CacheManagerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

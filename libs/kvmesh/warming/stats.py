@@ -14,6 +14,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 
 def checkpoints(n_blocks: int) -> list[int]:
     """Block counts at which a prefix of `n_blocks` is observed: 1, 2, 4, … < n, then n."""
@@ -24,6 +27,14 @@ def checkpoints(n_blocks: int) -> list[int]:
     if n_blocks > 0:
         out.append(n_blocks)
     return out
+
+
+def checkpoint_keys(hashes: Sequence[int] | npt.NDArray[np.uint64]) -> list[int]:
+    """The keys of a chain's checkpoint prefixes: `hashes[n − 1]` for each n of `checkpoints(len(hashes))`."""
+    at = [n - 1 for n in checkpoints(len(hashes))]
+    if isinstance(hashes, np.ndarray):
+        return list(hashes[at].tolist())  # one gather (Python ints): a router calls this per routed prompt
+    return [int(hashes[i]) for i in at]
 
 
 @dataclass(slots=True)
@@ -68,11 +79,23 @@ class PrefixStats:
 
         Returns the checkpoint keys observed (the caller touches the warm ones in its `HybridWarmSet`).
         """
+        return self.observe_keys(len(hashes), checkpoint_keys(hashes), now, token_ids, block_size, tenant)
+
+    def observe_keys(
+        self,
+        n_blocks: int,
+        keys: Sequence[int],
+        now: float,
+        token_ids: Sequence[int] | None = None,
+        block_size: int = 0,
+        tenant: str | None = None,
+    ) -> list[int]:
+        """`observe` of a query of `n_blocks` blocks given only its `checkpoint_keys` (one per checkpoint)."""
         self.advance(now)
         parent: int | None = None
         seen: list[int] = []
-        for n in checkpoints(len(hashes)):
-            key = int(hashes[n - 1])
+        for n, k in zip(checkpoints(n_blocks), keys, strict=True):
+            key = int(k)
             inf = self.info.get(key)
             if inf is None:
                 if len(self.info) >= self.max_keys:

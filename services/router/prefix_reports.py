@@ -1,0 +1,94 @@
+"""The router's reports of the prompts it routes from its fresh index replica, batched to the cache-manager.
+
+The cache-manager counts its prefix statistics, hit ratio and warming from the queries it sees; a router whose
+replica is fresh asks it nothing, so every prompt routed from the replica is reported (`ReportRoutedPrefixes`,
+entries of `kvmesh.cachemgr.routed`). `offer` never waits: a full queue drops the entry. `run` sends a batch
+as soon as `max_batch` entries wait, else once entries have waited `flush_s` (counted from their arrival or the
+previous send, whichever is later); a failed send loses its batch (logged at debug). Each entry is counted
+once in `kvmesh_router_prefix_reports_total{outcome}`: sent, dropped (queue full) or failed. Reporting never
+affects routing. `max_queue` 0 turns reporting off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from kvmesh.cachemgr.media import Hashes
+from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES
+from kvmesh.services.router import metrics as m
+from kvmesh.v1 import cache_manager_pb2 as pb
+from kvmesh.warming.stats import checkpoint_keys
+
+log = logging.getLogger(__name__)
+Send = Callable[[pb.ReportRoutedPrefixesRequest], Awaitable[object]]
+Entry = tuple[int, list[int], int, str]  # blocks, checkpoint hashes, hit blocks, tenant (a RoutedPrefix's fields)
+
+
+class PrefixReports:
+    """A bounded queue of report entries and the loop that sends them in batches (see module docstring)."""
+
+    def __init__(self, send: Send, max_queue: int = 4096, max_batch: int = 256, flush_s: float = 0.1) -> None:
+        self.send = send
+        self.max_queue = max_queue  # 0: reporting off
+        self.max_batch = max(1, min(max_batch, MAX_ROUTED_PREFIXES))
+        self.flush_s = flush_s
+        self.queue: deque[Entry] = deque()  # messages are built by the sender, off the request path
+        self._waiting = asyncio.Event()  # an entry waits
+        self._full = asyncio.Event()  # a whole batch waits
+
+    def offer(self, hashes: Hashes, hit_blocks: int, tenant: str = "") -> None:
+        """Queues the entry of one routed prompt (dropped, and counted, when the queue is full)."""
+        if self.max_queue <= 0:
+            return
+        if len(self.queue) >= self.max_queue:
+            m.PREFIX_REPORTS.labels("dropped").inc()
+            return
+        self.queue.append((len(hashes), checkpoint_keys(hashes), hit_blocks, tenant))
+        self._waiting.set()
+        if len(self.queue) >= self.max_batch:
+            self._full.set()
+
+    def take(self) -> list[pb.RoutedPrefix]:
+        """The oldest entries, at most one batch, removed from the queue."""
+        batch = [entry(*self.queue.popleft()) for _ in range(min(self.max_batch, len(self.queue)))]
+        if not self.queue:
+            self._waiting.clear()
+        if len(self.queue) < self.max_batch:
+            self._full.clear()
+        return batch
+
+    async def flush(self) -> None:
+        """Sends one batch now (if any entry waits); a failure loses the batch and is counted."""
+        batch = self.take()
+        if not batch:
+            return
+        try:
+            await self.send(pb.ReportRoutedPrefixesRequest(prefixes=batch))
+        except grpc.aio.AioRpcError as e:
+            why = e.code().name
+        except Exception as e:  # whatever failed, the loop carries on: the batch is lost and counted
+            why = repr(e)
+        else:
+            m.PREFIX_REPORTS.labels("sent").inc(len(batch))
+            return
+        log.debug("ReportRoutedPrefixes failed (%d entries lost): %s", len(batch), why)
+        m.PREFIX_REPORTS.labels("failed").inc(len(batch))
+
+    async def run(self) -> None:
+        """Sends batches until cancelled: when one is full, else `flush_s` after an entry arrived."""
+        while True:
+            await self._waiting.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self.flush_s)
+            await self.flush()
+
+
+def entry(blocks: int, keys: list[int], hit_blocks: int, tenant: str) -> pb.RoutedPrefix:
+    """The report entry of a queued prompt."""
+    return pb.RoutedPrefix(blocks=blocks, checkpoint_hashes=keys, hit_blocks=hit_blocks, tenant=tenant)

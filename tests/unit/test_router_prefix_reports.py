@@ -1,0 +1,111 @@
+"""The router's routed-prefix reports: a bounded queue that drops (and counts) when full, never waits, and a
+loop that sends a batch as soon as it is full, else after `flush_s`, surviving failed sends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from kvmesh.services.router.prefix_reports import PrefixReports
+from kvmesh.tasks import stop_task
+from kvmesh.v1 import cache_manager_pb2 as pb
+
+pytestmark = pytest.mark.unit
+HOUR = 3600.0  # a flush interval no test waits for
+
+
+def reported(outcome: str) -> float:
+    return REGISTRY.get_sample_value("kvmesh_router_prefix_reports_total", {"outcome": outcome}) or 0.0
+
+
+class Sink:
+    """A send function that records each request (and fails while `failing`)."""
+
+    def __init__(self) -> None:
+        self.requests: asyncio.Queue[pb.ReportRoutedPrefixesRequest] = asyncio.Queue()
+        self.failing = False
+
+    async def __call__(self, request: pb.ReportRoutedPrefixesRequest) -> None:
+        self.requests.put_nowait(request)
+        if self.failing:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata())
+
+    async def next(self) -> pb.ReportRoutedPrefixesRequest:
+        return await asyncio.wait_for(self.requests.get(), 10)
+
+
+def test_an_entry_is_the_prompt_s_checkpoint_hashes() -> None:
+    r = PrefixReports(Sink(), max_queue=4)
+    r.offer(list(range(100, 106)), 3, "A")  # 6 blocks: checkpoints 1, 2, 4, 6
+    (e,) = r.take()
+    assert (e.blocks, list(e.checkpoint_hashes), e.hit_blocks, e.tenant) == (6, [100, 101, 103, 105], 3, "A")
+
+
+def test_a_full_queue_drops_and_counts_without_waiting() -> None:
+    r = PrefixReports(Sink(), max_queue=3, max_batch=2, flush_s=HOUR)
+    before = reported("dropped")
+    for i in range(5):
+        r.offer([i], 0)  # synchronous: nothing here can wait on the sender
+    assert [keys[0] for _blocks, keys, _hit, _tenant in r.queue] == [0, 1, 2]  # the oldest are kept
+    assert reported("dropped") - before == 2
+    off = PrefixReports(Sink(), max_queue=0)
+    off.offer([1], 0)
+    assert not off.queue and reported("dropped") - before == 2  # 0 = reporting off, not drops
+
+
+async def test_a_full_batch_is_sent_at_once_and_a_partial_one_after_the_interval() -> None:
+    sink = Sink()
+    r = PrefixReports(sink, max_queue=100, max_batch=4, flush_s=HOUR)
+    task = asyncio.create_task(r.run())
+    try:
+        before = reported("sent")
+        for i in range(5):
+            r.offer([i], 0)
+        first = await sink.next()  # by size: the hour-long interval has not passed
+        assert [e.checkpoint_hashes[0] for e in first.prefixes] == [0, 1, 2, 3]
+        assert len(r.queue) == 1 and sink.requests.empty()  # the fifth waits for the interval or a full batch
+        for i in range(5, 8):
+            r.offer([i], 0)
+        second = await sink.next()
+        assert [e.checkpoint_hashes[0] for e in second.prefixes] == [4, 5, 6, 7]
+        await asyncio.wait_for(_until(lambda: reported("sent") - before == 8), 10)
+    finally:
+        await stop_task(task)
+    short = PrefixReports(sink, max_queue=100, max_batch=4, flush_s=0.01)
+    task = asyncio.create_task(short.run())
+    try:
+        short.offer([9], 0)
+        assert [e.checkpoint_hashes[0] for e in (await sink.next()).prefixes] == [9]  # by time, not full
+    finally:
+        await stop_task(task)
+
+
+async def test_a_failed_send_loses_its_batch_counted_and_the_loop_carries_on() -> None:
+    sink = Sink()
+    sink.failing = True
+    r = PrefixReports(sink, max_queue=100, max_batch=2, flush_s=HOUR)
+    task = asyncio.create_task(r.run())
+    try:
+        failed, sent = reported("failed"), reported("sent")
+        r.offer([1], 0)
+        r.offer([2], 0)
+        await sink.next()
+        await asyncio.wait_for(_until(lambda: reported("failed") - failed == 2), 10)
+        sink.failing = False
+        r.offer([3], 0)
+        r.offer([4], 0)
+        assert [e.checkpoint_hashes[0] for e in (await sink.next()).prefixes] == [3, 4]
+        await asyncio.wait_for(_until(lambda: reported("sent") - sent == 2), 10)
+    finally:
+        await stop_task(task)
+    assert task.done()
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    """Yields to the loop until `cond()` holds (the caller bounds it with wait_for)."""
+    while not cond():
+        await asyncio.sleep(0)
