@@ -1,9 +1,10 @@
 """A userspace TCP proxy: a link with added latency and a bandwidth cap where there is no `tc netem`.
 
     python -m kvmesh.bench.delay_proxy --target HOST:PORT [--delay-ms D] [--rate B] [--report-every N]
-                                       [--drop-on-close] [--listen 127.0.0.1]
+                                       [--drop-on-close] [--listen 127.0.0.1] [--port P]
 
-Prints the port it listens on (one line), then forwards every connection to the target, holding each
+Prints the port it listens on (one line; `--port`, default 0 = a free one: a proxy restarted on the port of
+a killed one is the same link healed), then forwards every connection to the target, holding each
 received chunk D ms before it is sent on, in both directions (the round trip grows by 2 D). `--rate` caps
 each direction of each connection at B bytes/s; the proxy then holds at most `MAX_QUEUED` bytes per direction
 and shrinks its sockets' receive buffers, so a fast sender meets backpressure: what the link has not carried
@@ -180,13 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-every", type=int, default=0, help="print 'forwarded <bytes>' every N bytes")
     p.add_argument("--drop-on-close", action="store_true", help="a closed end drops the bytes in flight")
     p.add_argument("--listen", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0 = a free one)")
     args = p.parse_args(argv)
     if args.rate < 0 or args.report_every < 0 or args.delay_ms < 0:
         p.error("--delay-ms, --rate and --report-every must be >= 0")
     host, port = args.target.rsplit(":", 1)
     link = Link(args.delay_ms / 1000, args.rate, args.drop_on_close)
     progress = Progress(args.report_every)
-    listener = socket.create_server((args.listen, 0))
+    listener = socket.create_server((args.listen, args.port))
     print(listener.getsockname()[1], flush=True)
     while True:
         client, _ = listener.accept()
