@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -78,17 +79,12 @@ async def test_zone_b_follows_zone_a_and_resumes_after_a_partition(services: Cal
         observer = Observer(a)
         try:
 
-            async def in_zone_a(prompt: list[int], stub: cm_grpc.CacheManagerServiceStub) -> bool:
-                req = pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt), model=MODEL, all_zones=True)
-                r = await stub.FindMatches(req, timeout=5)
-                return any(m.zone == "a" and m.matched_blocks == len(prompt) // BS for m in r.matches)
-
             async def followed() -> pb.GetStatsResponse.FollowedZone:
                 (z,) = (await b.GetStats(pb.GetStatsRequest(), timeout=5)).followed_zones
                 return z
 
             await generate(worker.address, "first", first)
-            await until("B finds A's prompt", lambda: in_zone_a(first, b))
+            await until("B finds A's prompt", lambda: found_in_a(b, first))
             z = await followed()
             assert (z.zone, z.address, z.snapshots, z.resumes) == ("a", link.address, 1, 0) and z.blocks >= 4
             snapshots_sent = metric(cm_a.http_port, "kvmesh_cache_watch_streams_total", 'start="snapshot"')
@@ -99,12 +95,12 @@ async def test_zone_b_follows_zone_a_and_resumes_after_a_partition(services: Cal
             cut_at = (await followed()).revision
             for i in range(3):  # cached in A during the partition: the last one holds `second`
                 await generate(worker.address, f"second-{i}", second[: (4 + i) * BS])
-            await until("A holds the second prompt", lambda: in_zone_a(second, a))
-            assert not await in_zone_a(second, b)
+            await until("A holds the second prompt", lambda: found_in_a(a, second))
+            assert not await found_in_a(b, second)
             resumed_before = metric(cm_a.http_port, "kvmesh_cache_watch_deltas_sent_total", 'part="resumed"')
 
             link.heal()
-            await until("B catches up", lambda: in_zone_a(second, b))
+            await until("B catches up", lambda: found_in_a(b, second))
             z = await followed()
             assert z.connected and (z.snapshots, z.resumes) == (1, 1)
             await until("the observer saw every revision", lambda: seen(observer, z.revision))
@@ -115,7 +111,7 @@ async def test_zone_b_follows_zone_a_and_resumes_after_a_partition(services: Cal
             assert metric(cm_a.http_port, "kvmesh_cache_watch_streams_total", 'start="resumed"') == 1
             resumed = metric(cm_a.http_port, "kvmesh_cache_watch_deltas_sent_total", 'part="resumed"')
             assert resumed - resumed_before == missed
-            assert await in_zone_a(first, b)  # and what it had before is still there
+            assert await found_in_a(b, first)  # and what it had before is still there
         finally:
             await observer.close()
             link.close()
@@ -127,3 +123,43 @@ async def seen(observer: Observer, revision: int) -> bool:
 
 async def followed_down(followed: Callable[[], Awaitable[pb.GetStatsResponse.FollowedZone]]) -> bool:
     return not (await followed()).connected
+
+
+async def test_a_restarted_follower_resumes_from_its_checkpoint(
+    services: Callable[..., ServiceProcess], tmp_path: Path
+) -> None:
+    """B checkpoints A's copy with its own index; a restarted B resumes from the checkpointed revision (A's
+    journal still holds it): no snapshot, and A's blocks are found before and after."""
+    cm_a = services("cache-manager", *CM_FLAGS, "--zone", "a")
+    worker = services(
+        "worker",
+        "--engine", "sim", "--model", MODEL, "--block-size", str(BS), "--kv-blocks", "512", "--sim-speed", "0",
+        "--zone", "a", "--cache-manager", cm_a.address,
+    )  # fmt: skip
+    b_flags = (*CM_FLAGS, "--zone", "b", "--follow-zone", f"a={cm_a.address}", "--checkpoint-dir", str(tmp_path))
+    prompt = list(range(10, 10 + 4 * BS))
+    await generate(worker.address, "first", prompt)
+    cm_b = services("cache-manager", *b_flags)
+    async with grpc.aio.insecure_channel(cm_b.address) as ch:
+        b = cm_grpc.CacheManagerServiceStub(ch)
+        await until("B finds A's prompt", lambda: found_in_a(b, prompt))
+        await b.Checkpoint(pb.CheckpointRequest(), timeout=10)
+    assert cm_b.terminate(timeout=30) == 0
+    cm_b = services("cache-manager", *b_flags)
+    async with grpc.aio.insecure_channel(cm_b.address) as ch:
+        b = cm_grpc.CacheManagerServiceStub(ch)
+        assert await found_in_a(b, prompt)  # from the checkpoint
+        await until("B resumes", lambda: resumed_once(b))
+        assert metric(cm_a.http_port, "kvmesh_cache_watch_streams_total", 'start="snapshot"') == 1
+
+
+async def found_in_a(stub: cm_grpc.CacheManagerServiceStub, prompt: list[int]) -> bool:
+    req = pb.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=prompt), model=MODEL, all_zones=True)
+    r = await stub.FindMatches(req, timeout=5)
+    return any(m.zone == "a" and m.matched_blocks == len(prompt) // BS for m in r.matches)
+
+
+async def resumed_once(stub: cm_grpc.CacheManagerServiceStub) -> bool:
+    (z,) = (await stub.GetStats(pb.GetStatsRequest(), timeout=5)).followed_zones
+    assert z.snapshots == 0
+    return z.connected and z.resumes == 1
