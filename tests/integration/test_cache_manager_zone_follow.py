@@ -13,6 +13,8 @@ import grpc
 import pytest
 
 from kvmesh.launcher import ServiceProcess
+from kvmesh.security.identity import CallerRole, Identity
+from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -163,3 +165,29 @@ async def resumed_once(stub: cm_grpc.CacheManagerServiceStub) -> bool:
     (z,) = (await stub.GetStats(pb.GetStatsRequest(), timeout=5)).followed_zones
     assert z.snapshots == 0
     return z.connected and z.resumes == 1
+
+
+async def test_the_follower_authenticates_as_its_cache_manager(
+    services: Callable[..., ServiceProcess], tmp_path: Path
+) -> None:
+    """Zone A enforces the authorisation table; B follows it with its own bearer token (role cache-manager:
+    WatchIndex and the GetStats settings check admitted)."""
+    files = provision(tmp_path / "auth", [Identity(CallerRole.CACHE_MANAGER, "cm-b", "b")])
+    (own,) = files.values()
+    accepted = str(accepted_file(tmp_path / "auth"))
+    cm_a = services("cache-manager", *CM_FLAGS, "--zone", "a", "--auth-tokens-file", accepted)
+    cm_b = services(
+        "cache-manager", *CM_FLAGS, "--zone", "b", "--follow-zone", f"a={cm_a.address}", "--auth-token-file", str(own)
+    )
+    async with grpc.aio.insecure_channel(cm_b.address) as ch:
+        b = cm_grpc.CacheManagerServiceStub(ch)
+
+        async def connected() -> bool:
+            (z,) = (await b.GetStats(pb.GetStatsRequest(), timeout=5)).followed_zones
+            return z.connected and z.snapshots == 1
+
+        await until("B follows the authenticating A", connected)
+    async with grpc.aio.insecure_channel(cm_a.address) as ch:  # A does enforce it: anonymous is refused
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await cm_grpc.CacheManagerServiceStub(ch).WatchIndex(pb.WatchIndexRequest()).read()
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
