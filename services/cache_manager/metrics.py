@@ -37,7 +37,7 @@ ZONE_LAG = Histogram(
     "kvmesh_cache_zone_follow_lag_seconds",
     "Lag of a followed zone's index: apply time here - ingest time there (wall clocks)",
     ["zone"],
-    buckets=LATENCY_BUCKETS,
+    buckets=(0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, *LATENCY_BUCKETS[8:]),
 )
 ZONE_STREAMS = Counter(
     "kvmesh_cache_zone_follow_streams_total",

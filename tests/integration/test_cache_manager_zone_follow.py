@@ -12,13 +12,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kvmesh.bench.delay_proxy import ProxyProcess
 from kvmesh.launcher import ServiceProcess
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.support.link import Link
 from tests.support.scrape import metric
 from tests.support.sim_worker import BS
 
@@ -68,7 +68,7 @@ class Observer:
 
 async def test_zone_b_follows_zone_a_and_resumes_after_a_partition(services: Callable[..., ServiceProcess]) -> None:
     cm_a = services("cache-manager", *CM_FLAGS, "--zone", "a")
-    link = Link(cm_a.address, delay_ms=1.0)
+    link = ProxyProcess(cm_a.address, delay_ms=1.0)
     cm_b = services("cache-manager", *CM_FLAGS, "--zone", "b", "--follow-zone", f"a={link.address}")
     worker = services(
         "worker",

@@ -13,6 +13,7 @@ bytes sent on from the target to the clients (all connections) pass another mult
 on the real progress of a response stream instead of sleeping. `--drop-on-close`: when one side closes, the
 bytes still queued for the other are dropped, not delivered, and the other side is closed (a link whose end
 went down: a killed process's kernel would still flush what it had written, a dead host does not).
+`ProxyProcess` runs one as a child process that can be cut (killed) and healed (restarted on its port).
 Threads with blocking sockets and `time.sleep`, not asyncio: the event loop's epoll timeout rounds sleeps
 up to whole milliseconds, which would double a 0.5 ms delay.
 """
@@ -23,6 +24,7 @@ import argparse
 import collections
 import contextlib
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -171,6 +173,42 @@ def _serve_connection(client: socket.socket, target: tuple[str, int], link: Link
     for pipe in pipes:
         threading.Thread(target=pipe.receive, daemon=True).start()
         threading.Thread(target=pipe.send, daemon=True).start()
+
+
+class ProxyProcess:
+    """This proxy as a child process to `target`: `cut()` kills it (every connection through it dies),
+    `heal()` restarts it on the same port (a link that went down and came back)."""
+
+    def __init__(self, target: str, delay_ms: float = 0.0) -> None:
+        self.target, self.delay_ms = target, delay_ms
+        self.port = 0
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", self.target]
+        cmd += ["--delay-ms", str(self.delay_ms), "--port", str(self.port)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the delay proxy exited with {proc.wait(timeout=10)}")
+        self.port = int(line)
+        return proc
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def heal(self) -> None:
+        self.proc = self._start()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.cut()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,8 @@ One loop for every follower (the router's index replica, a cache-manager followi
    else the copy is behind something it did not see (e.g. it was restored from a checkpoint) and the
    stream is reopened from its revision.
 4. On a break: the copy is kept as the resume point, `connected` is false, and the loop reconnects after a
-   back-off (50 ms doubling to 2 s, reset by every applied message).
+   back-off (50 ms doubling to 2 s, reset by every applied message); the channel's own reconnection back-off
+   is capped at 2 s too (gRPC's default grows to 120 s: a long partition would heal minutes late).
 
 `on_message(msg, first, lag_s)` sees each applied message, whether it is its stream's first, and its lag
 (apply time − the cache-manager's `ingested_at`, wall clocks; None for snapshot messages).
@@ -28,12 +29,17 @@ import grpc
 from kvmesh.cachemgr.replica import ReplicaIndex
 from kvmesh.errors import FailedPrecondition
 from kvmesh.rpc.agreement import Agreed, require_agreement
-from kvmesh.rpc.channel import ChannelSecurity, open_channel
+from kvmesh.rpc.channel import CHANNEL_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc
 
 log = logging.getLogger(__name__)
+RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 OnMessage = Callable[[pb.WatchIndexResponse, bool, "float | None"], None]
 
 
@@ -72,7 +78,8 @@ class IndexFollower:
         self._started = False
 
     def _open(self) -> None:
-        self._channel = open_channel(self.address, self.security) if self.address else None
+        opts = [*CHANNEL_OPTIONS, *RECONNECT]
+        self._channel = open_channel(self.address, self.security, options=opts) if self.address else None
         self.stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
 
     def start(self) -> None:
