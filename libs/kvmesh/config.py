@@ -4,7 +4,8 @@ A service declares a dataclass (fields with types, defaults and `help` metadata)
 `ServerSettings`. `load_settings(cls, argv)` resolves every field as: command-line flag `--field-name`, else
 `KVMESH_<SERVICE>_<FIELD>`, else `KVMESH_<FIELD>`, else the default. Bad values fail fast with a message
 naming the flag and the variable. List settings are `tuple[str, ...]` (or of int/float), given as ``a,b`` or
-as a YAML/JSON flow list ``[a, b]``; services never split strings themselves.
+as a YAML/JSON flow list ``[a, b]``, and their flags may be repeated (``--x a --x b,c`` = a, b, c); services
+never split strings themselves.
 """
 
 from __future__ import annotations
@@ -122,12 +123,14 @@ def load_settings(
         prog=f"kvmesh-{service}" if service else None, description=(cls.__doc__ or "").strip()
     )
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        parser.add_argument(_flag(f.name), dest=f.name, default=None, help=f.metadata.get("help", ""))
+        repeatable = typing.get_origin(hints[f.name]) in (list, tuple)  # a list flag may be given more than once
+        action = "append" if repeatable else "store"
+        parser.add_argument(_flag(f.name), dest=f.name, default=None, action=action, help=f.metadata.get("help", ""))
     parsed = parser.parse_args(list(argv) if argv is not None else None)
     values: dict[str, Any] = {}
     prefix = f"KVMESH_{service.upper().replace('-', '_')}_" if service else None
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        raw: str | None = getattr(parsed, f.name)
+        raw: str | list[str] | None = getattr(parsed, f.name)
         source = _flag(f.name)
         if raw is None and prefix and (prefix + f.name.upper()) in env:
             source = prefix + f.name.upper()
@@ -138,7 +141,11 @@ def load_settings(
         if raw is None:
             continue
         try:
-            values[f.name] = _converter(hints[f.name])(raw)
+            convert = _converter(hints[f.name])
+            if isinstance(raw, list):  # a repeated list flag: each occurrence's items, in order
+                values[f.name] = typing.get_origin(hints[f.name])(x for r in raw for x in convert(r))
+            else:
+                values[f.name] = convert(raw)
         except (ValueError, TypeError) as exc:
             parser.error(f"{source}: invalid value {raw!r} for {f.name}: {exc}")
     return cls(**values)

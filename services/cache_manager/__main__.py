@@ -23,6 +23,7 @@ from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, refresh_gauges
 from kvmesh.services.cache_manager.settings import CacheManagerSettings
 from kvmesh.services.cache_manager.warming import Warmer, registry_address
+from kvmesh.services.cache_manager.zones import ZoneFollowers, parse_follow_zones
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
@@ -91,7 +92,17 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
     store, location = make_store(settings)
     registry = registry_from(settings.registry_file, settings.consul_url)
     watcher = DiscoveryWatcher(registry) if registry is not None else None
-    core = CacheCore(settings.block_size, settings.model, store, window_s=settings.warm_window_s)
+    followed = parse_follow_zones(settings.follow_zone, settings.zone)
+    core = CacheCore(
+        settings.block_size,
+        settings.model,
+        store,
+        window_s=settings.warm_window_s,
+        journal_revisions=settings.watch_journal_revisions,
+        zones=list(followed),
+    )
+    security = ChannelSecurity.of(settings)
+    zones = ZoneFollowers(core, followed, security, (settings.block_size, settings.model)) if followed else None
     cfg = WarmingConfig(
         threshold=settings.warm_threshold, window_s=settings.warm_window_s, max_replicas=settings.warm_max_replicas
     )
@@ -102,11 +113,11 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         settings.warm_half_life_s,
         templates=read_templates(settings.warm_templates),
         lfu_weight=settings.warm_lfu_weight if settings.warm_lfu_weight >= 0 else None,
-        security=ChannelSecurity.of(settings),
+        security=security,
         directory=(lambda w: registry_address(watcher.snapshot, w)) if watcher is not None else None,
     )
     limits = PublishLimits(settings.publish_max_workers, settings.publish_burst_blocks, settings.publish_blocks_per_s)
-    servicer = CacheManagerServicer(core, warmer, runner.stopping, location, limits)
+    servicer = CacheManagerServicer(core, warmer, runner.stopping, location, limits, settings.zone, zones)
     runner.add_servicer(
         cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer, "kvmesh.v1.CacheManagerService"
     )
@@ -125,6 +136,8 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
 
     async def gauges() -> None:
         refresh_gauges(core)
+        if zones is not None:
+            zones.stats()  # refreshes the per-zone gauges
 
     async def started(_ports: BoundPorts) -> None:
         if store is not None:
@@ -144,12 +157,16 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
             sub = VllmZmqSubscriber(wid, pub, replay, sink)
             runner.supervise(functools.partial(sub.run, runner.stopping), name=f"vllm-zmq-{wid}")
         runner.supervise(flush_loop, name="flush")
+        if zones is not None:
+            zones.start()  # after the restore: each zone resumes from its checkpointed revision
         runner.every(5.0, gauges, name="gauges")
         if store is not None:
             runner.every(settings.checkpoint_interval_s, checkpoint, name="checkpoint")
         runner.every(settings.warm_interval_s, warmer.dynamic_round, name="warming")
 
     async def stopped() -> None:  # background tasks are stopped by now: persist what they left
+        if zones is not None:
+            await zones.stop()  # before the last checkpoint: it holds the copies as they stop
         if store is not None:
             await core.persist()
             await checkpoint()

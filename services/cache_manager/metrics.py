@@ -32,3 +32,23 @@ WARMING_COOLED = Counter("kvmesh_cache_warming_cooled_total", "Prefixes the LFU+
 CHECKPOINTS = Counter("kvmesh_cache_checkpoints_total", "Checkpoints written")
 CHECKPOINT_SECONDS = Histogram("kvmesh_cache_checkpoint_seconds", "Checkpoint duration", buckets=LATENCY_BUCKETS)
 WATCHERS = Gauge("kvmesh_cache_watchers", "Index watch streams open")
+WATCH_STREAMS = Counter(
+    "kvmesh_cache_watch_streams_total", "Index watch streams started, by how: snapshot or resumed", ["start"]
+)
+WATCH_DELTAS = Counter(
+    "kvmesh_cache_watch_deltas_sent_total", "Index deltas sent to watchers, by part: snapshot, resumed, live", ["part"]
+)
+ZONE_LAG = Histogram(
+    "kvmesh_cache_zone_follow_lag_seconds",
+    "Lag of a followed zone's index: apply time here - ingest time there (wall clocks)",
+    ["zone"],
+    buckets=(0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, *LATENCY_BUCKETS[8:]),
+)
+ZONE_STREAMS = Counter(
+    "kvmesh_cache_zone_follow_streams_total",
+    "Index streams of a followed zone, by start: snapshot or resumed",
+    ["zone", "start"],
+)
+ZONE_CONNECTED = Gauge("kvmesh_cache_zone_follow_connected", "1 while a followed zone's index stream is live", ["zone"])
+ZONE_REVISION = Gauge("kvmesh_cache_zone_follow_revision", "Last revision of a followed zone's index applied", ["zone"])
+ZONE_BLOCKS = Gauge("kvmesh_cache_zone_index_blocks", "Distinct blocks of a followed zone's index copy", ["zone"])

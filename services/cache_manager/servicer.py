@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvmesh.cachemgr.core import CacheCore
+from kvmesh.cachemgr.fanout import Watcher
 from kvmesh.cachemgr.ingest import Phase
+from kvmesh.cachemgr.journal import Entry
 from kvmesh.cachemgr.publisher import PublisherGuard, PublishLimits
 from kvmesh.cachemgr.routed import validate_report
 from kvmesh.cachemgr.types import IngestResult, Media, Stored
@@ -22,6 +24,7 @@ from kvmesh.security.audit import audited
 from kvmesh.security.identity import current_identity
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.warming import Warmer
+from kvmesh.services.cache_manager.zones import ZoneFollowers, ZoneMatch
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
 from kvmesh.wire.proto import batch_from_proto, delta_to_proto, events_from_proto
@@ -67,8 +70,12 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         stopping: asyncio.Event,
         location: str,
         limits: PublishLimits | None = None,
+        zone: str = "",
+        zones: ZoneFollowers | None = None,
     ) -> None:
         self.core = core
+        self.zone = zone  # this cache-manager's own zone
+        self.zones = zones  # the zones it follows
         self.limits = limits or PublishLimits()
         self.warmer = warmer
         self.stopping = stopping
@@ -154,10 +161,16 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         matches = core.find_matches(hashes, time.time(), tokens, tenant)
         m.QUERY_LATENCY.observe(time.perf_counter() - t0)
         set_hit_ratio(core)
-        ordered = sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
         tiers = core.tier_blocks(hashes, matches)
+        found = [ZoneMatch(self.zone, w, n, tiers[w]) for w, n in matches.items()]
+        if request.all_zones and self.zones is not None:
+            found += self.zones.matches(hashes)
+        found.sort(key=lambda x: (-x.total, x.zone != self.zone, x.zone, x.worker))
         return pb.FindMatchesResponse(
-            matches=[pb.WorkerMatch(worker_id=w, matched_blocks=n, tier_blocks=tiers[w]) for w, n in ordered],
+            matches=[
+                pb.WorkerMatch(worker_id=x.worker, matched_blocks=x.total, tier_blocks=x.tier, zone=x.zone)
+                for x in found
+            ],
             total_blocks=len(hashes),
             block_size=core.block_size,
         )
@@ -175,14 +188,34 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         set_hit_ratio(self.core)
         return pb.ReportRoutedPrefixesResponse(accepted=len(request.prefixes))
 
+    def _start_watch(self, request: pb.WatchIndexRequest) -> tuple[Watcher, list[pb.WatchIndexResponse]]:
+        """The watcher and the stream's first messages: the missed deltas when the request's resume point is
+        still in the journal, else a snapshot; the first message names the epoch."""
+        core = self.core
+        resumed = None
+        if request.resume_epoch:
+            resumed = core.resume(request.worker_ids, request.resume_epoch, request.resume_revision)
+        if resumed is not None:
+            watcher, entries = resumed
+            first = [pb.WatchIndexResponse(resumed=True, revision=request.resume_revision)]
+            msgs, kind = first + [entry_message(e) for e in entries], "resumed"
+        else:
+            watcher, rev, snap = core.watch(request.worker_ids)
+            msgs, kind = snapshot_messages(snap, rev), "snapshot"
+        msgs[0].epoch = core.journal.epoch
+        m.WATCH_STREAMS.labels(kind).inc()
+        m.WATCH_DELTAS.labels(kind).inc(sum(len(x.deltas) for x in msgs))
+        return watcher, msgs
+
     async def WatchIndex(  # type: ignore[override]
         self, request: pb.WatchIndexRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.WatchIndexResponse]:
-        watcher, rev, snap = self.core.watch(request.worker_ids)
+        """A snapshot or, from a resume point the journal still holds, only the missed deltas; then live ones."""
+        watcher, first = self._start_watch(request)
         m.WATCHERS.inc()
         stopper = asyncio.ensure_future(self.stopping.wait())
         try:
-            for msg in snapshot_messages(snap, rev):
+            for msg in first:
                 yield msg
             while not self.stopping.is_set():
                 get = asyncio.ensure_future(watcher.queue.get())
@@ -193,8 +226,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                 item = get.result()
                 if item is None:
                     raise FailedPrecondition("watch fell behind or the index was restored: re-subscribe")
-                revision, deltas = item
-                yield pb.WatchIndexResponse(deltas=[delta_to_proto(d) for d in deltas], revision=revision)
+                m.WATCH_DELTAS.labels("live").inc(len(item.deltas))
+                yield entry_message(item)
         finally:
             stopper.cancel()
             self.core.fanout.remove(watcher)
@@ -274,7 +307,14 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             block_size=core.block_size,
             model=core.model,
             top_prefixes=top_prefixes(core, request.top_prefixes),
+            zone=self.zone,
+            followed_zones=self.zones.stats() if self.zones is not None else [],
         )
+
+
+def entry_message(e: Entry) -> pb.WatchIndexResponse:
+    """One revision's deltas as a watch message."""
+    return pb.WatchIndexResponse(deltas=[delta_to_proto(d) for d in e.deltas], revision=e.revision, ingested_at=e.at)
 
 
 def snapshot_messages(snap: list[tuple[Stored, Media]], revision: int) -> list[pb.WatchIndexResponse]:

@@ -39,3 +39,9 @@ class CacheManagerSettings(ServerSettings):
         524_288, "stored blocks one PublishKvEvents stream may send at once (a worker's full dump must fit)"
     )
     publish_blocks_per_s: float = setting(131_072.0, "refill rate of a PublishKvEvents stream's block budget")
+    watch_journal_revisions: int = setting(
+        4096, "index revisions kept for resumed WatchIndex streams (a resume older than these gets a snapshot)"
+    )
+    follow_zone: tuple[str, ...] = setting(
+        (), "other zones' cache-managers whose indexes this one follows: ZONE=HOST:PORT,... (docs/zones.md)"
+    )

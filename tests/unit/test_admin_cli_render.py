@@ -98,6 +98,11 @@ def test_index_with_its_top_prefixes() -> None:
     assert lines[6].split() == ["00000000000000ab", "4", "128", "7", "9", "alice"]
     del stats.top_prefixes[:]
     assert render.index(views.index(stats, policy, "c:1")).endswith("no prefix queried in the last 60s")
+    stats.zone = "b"
+    stats.followed_zones.add(zone="a", address="a:1", revision=7, connected=True, lag_s=0.0021, blocks=40, resumes=1)
+    lines = render.index(views.index(stats, policy, "c:1")).splitlines()
+    assert lines[-3] == "zones followed by zone b:"
+    assert lines[-1].split() == ["a", "a:1", "yes", "7", "2.1", "40", "0", "1"]
 
 
 def test_top_frame_shows_each_part_or_its_error() -> None:

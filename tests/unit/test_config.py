@@ -56,6 +56,8 @@ def test_list_settings_are_tuples_from_commas_or_a_yaml_list() -> None:
     assert load_settings(ListSettings, [], env={}).targets == ()
     s = load_settings(ListSettings, ["--targets", "a:1, b:2,", "--sizes", "[16, 32]"], env={})
     assert s.targets == ("a:1", "b:2") and s.sizes == (16, 32)
+    repeated = load_settings(ListSettings, ["--targets", "a:1", "--targets", "b:2,c:3"], env={})
+    assert repeated.targets == ("a:1", "b:2", "c:3")
     env = {"KVMESH_DEMO_TARGETS": '["c:3", "d:4"]'}
     assert load_settings(ListSettings, [], env=env, service="demo").targets == ("c:3", "d:4")
 

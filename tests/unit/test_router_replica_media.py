@@ -10,10 +10,9 @@ from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.media import gpu_run, split_matches
 from kvmesh.config import ServerSettings
 from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
-from kvmesh.services.cache_manager.servicer import snapshot_messages
+from kvmesh.services.cache_manager.servicer import entry_message, snapshot_messages
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.v1 import cache_manager_pb2 as pb
-from kvmesh.wire.proto import delta_to_proto
 
 pytestmark = pytest.mark.unit
 BS = 4
@@ -28,7 +27,7 @@ class Mirror:
         self.core = CacheCore(BS, "m")
         self.watcher, _, _ = self.core.watch(())
         self.replica = IndexReplica("", ServerSettings())
-        self.replica.fresh = True
+        self.replica.apply(pb.WatchIndexResponse(snapshot=True, snapshot_done=True))  # the (empty) snapshot
         self.seq = -1
 
     def feed(self, *events: KvEvent) -> None:
@@ -38,8 +37,7 @@ class Mirror:
         while not self.watcher.queue.empty():
             item = self.watcher.queue.get_nowait()
             assert item is not None
-            rev, deltas = item
-            self.replica.apply(pb.WatchIndexResponse(deltas=[delta_to_proto(d) for d in deltas], revision=rev))
+            self.replica.apply(entry_message(item))
 
     def core_split(self) -> tuple[int, int]:
         hashes = self.core.hashes_of(PROMPT)

@@ -135,6 +135,24 @@ def index(doc: Mapping[str, Any]) -> str:
         lines.append(table(["PREFIX", "BLOCKS", "TOKENS", "IN WINDOW", "TOTAL", "TENANT"], rows))
     else:
         lines.append(f"no prefix queried in the last {p['window_s']:g}s")
+    followed = doc.get("followed_zones") or []
+    if followed:
+        rows = [
+            [
+                z["zone"],
+                z["address"],
+                "yes" if z["connected"] else "no",
+                z["revision"],
+                f"{z['lag_s'] * 1e3:.1f}",
+                z["blocks"],
+                z["snapshots"],
+                z["resumes"],
+            ]
+            for z in followed
+        ]
+        lines.append(f"zones followed by zone {doc['zone'] or '-'}:")
+        head = ["ZONE", "ADDRESS", "CONNECTED", "REVISION", "LAG MS", "BLOCKS", "SNAPSHOTS", "RESUMES"]
+        lines.append(table(head, rows))
     return "\n".join(lines)
 
 

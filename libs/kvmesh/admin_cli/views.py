@@ -98,7 +98,8 @@ def warming_policy(p: cache_manager_pb2.WarmingPolicy) -> dict[str, Any]:
 def index(
     stats: cache_manager_pb2.GetStatsResponse, policy: cache_manager_pb2.WarmingPolicy, cache_manager: str
 ) -> dict[str, Any]:
-    """The cache-manager's statistics, its most-queried prefixes (as many as asked for) and its warming policy."""
+    """The cache-manager's statistics, its most-queried prefixes (as many as asked for), its warming policy and
+    the zones whose indexes it follows."""
     return {
         "cache_manager": cache_manager,
         "workers": stats.workers,
@@ -123,5 +124,19 @@ def index(
                 "tenant": p.tenant,
             }
             for p in stats.top_prefixes
+        ],
+        "zone": stats.zone,
+        "followed_zones": [
+            {
+                "zone": z.zone,
+                "address": z.address,
+                "connected": z.connected,
+                "revision": z.revision,
+                "lag_s": z.lag_s,
+                "blocks": z.blocks,
+                "snapshots": z.snapshots,
+                "resumes": z.resumes,
+            }
+            for z in stats.followed_zones
         ],
     }

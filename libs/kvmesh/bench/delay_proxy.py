@@ -1,9 +1,10 @@
 """A userspace TCP proxy: a link with added latency and a bandwidth cap where there is no `tc netem`.
 
     python -m kvmesh.bench.delay_proxy --target HOST:PORT [--delay-ms D] [--rate B] [--report-every N]
-                                       [--drop-on-close] [--listen 127.0.0.1]
+                                       [--drop-on-close] [--listen 127.0.0.1] [--port P]
 
-Prints the port it listens on (one line), then forwards every connection to the target, holding each
+Prints the port it listens on (one line; `--port`, default 0 = a free one: a proxy restarted on the port of
+a killed one is the same link healed), then forwards every connection to the target, holding each
 received chunk D ms before it is sent on, in both directions (the round trip grows by 2 D). `--rate` caps
 each direction of each connection at B bytes/s; the proxy then holds at most `MAX_QUEUED` bytes per direction
 and shrinks its sockets' receive buffers, so a fast sender meets backpressure: what the link has not carried
@@ -12,6 +13,7 @@ bytes sent on from the target to the clients (all connections) pass another mult
 on the real progress of a response stream instead of sleeping. `--drop-on-close`: when one side closes, the
 bytes still queued for the other are dropped, not delivered, and the other side is closed (a link whose end
 went down: a killed process's kernel would still flush what it had written, a dead host does not).
+`ProxyProcess` runs one as a child process that can be cut (killed) and healed (restarted on its port).
 Threads with blocking sockets and `time.sleep`, not asyncio: the event loop's epoll timeout rounds sleeps
 up to whole milliseconds, which would double a 0.5 ms delay.
 """
@@ -22,6 +24,7 @@ import argparse
 import collections
 import contextlib
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -172,6 +175,42 @@ def _serve_connection(client: socket.socket, target: tuple[str, int], link: Link
         threading.Thread(target=pipe.send, daemon=True).start()
 
 
+class ProxyProcess:
+    """This proxy as a child process to `target`: `cut()` kills it (every connection through it dies),
+    `heal()` restarts it on the same port (a link that went down and came back)."""
+
+    def __init__(self, target: str, delay_ms: float = 0.0) -> None:
+        self.target, self.delay_ms = target, delay_ms
+        self.port = 0
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", self.target]
+        cmd += ["--delay-ms", str(self.delay_ms), "--port", str(self.port)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the delay proxy exited with {proc.wait(timeout=10)}")
+        self.port = int(line)
+        return proc
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def heal(self) -> None:
+        self.proc = self._start()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.cut()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvmesh.bench.delay_proxy")
     p.add_argument("--target", required=True, help="HOST:PORT")
@@ -180,13 +219,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report-every", type=int, default=0, help="print 'forwarded <bytes>' every N bytes")
     p.add_argument("--drop-on-close", action="store_true", help="a closed end drops the bytes in flight")
     p.add_argument("--listen", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0 = a free one)")
     args = p.parse_args(argv)
     if args.rate < 0 or args.report_every < 0 or args.delay_ms < 0:
         p.error("--delay-ms, --rate and --report-every must be >= 0")
     host, port = args.target.rsplit(":", 1)
     link = Link(args.delay_ms / 1000, args.rate, args.drop_on_close)
     progress = Progress(args.report_every)
-    listener = socket.create_server((args.listen, 0))
+    listener = socket.create_server((args.listen, args.port))
     print(listener.getsockname()[1], flush=True)
     while True:
         client, _ = listener.accept()

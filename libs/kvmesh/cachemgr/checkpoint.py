@@ -1,21 +1,26 @@
 """Cache-manager state ⇄ checkpoint: snapshot = index snapshot + ingestion state + prefix statistics.
 
 `snapshot_state` captures everything needed to continue exactly: the index (`PrefixIndex.snapshot`),
-per worker (instance id, next sequence, phase, engine→index map, buffered batches, retired instances) and
-the warming statistics. `apply_record` replays one logged input of the ingestion state machine, so
-`recover` = restore the snapshot, then replay the log written after it. Workers whose sequence moved on
-while the cache-manager was down show up as gaps on their next batch and are resynced as usual.
+per worker (instance id, next sequence, phase, engine→index map, buffered batches, retired instances), the
+warming statistics and the copies of the followed zones' indexes with their resume points (`zones`, absent
+from checkpoints written before zones were followed: those restore with no copies; the format number stays
+1). `apply_record` replays one logged input of the ingestion state machine, so `recover` = restore the
+snapshot, then replay the log written after it. Workers whose sequence moved on while the cache-manager was
+down show up as gaps on their next batch and are resynced as usual. The followed zones' copies are not in
+the log: after a restore each resumes from its checkpointed revision (or snapshots).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from kvmesh.cachemgr.enginemap import EngineHashMap
 from kvmesh.cachemgr.ingest import Ingestor, Phase, WorkerState
+from kvmesh.cachemgr.replica import ReplicaIndex
 from kvmesh.cachemgr.types import BlockHasher, IngestResult
 from kvmesh.index import PrefixIndex
 from kvmesh.store.base import CheckpointStore
@@ -26,7 +31,11 @@ FORMAT = 1
 
 
 def snapshot_state(
-    index: PrefixIndex, ingestor: Ingestor, stats: PrefixStats | None, meta: dict[str, object] | None = None
+    index: PrefixIndex,
+    ingestor: Ingestor,
+    stats: PrefixStats | None,
+    meta: dict[str, object] | None = None,
+    zones: Mapping[str, ReplicaIndex] | None = None,
 ) -> bytes:
     """Serialise the whole cache-manager state (see module docstring)."""
     workers = [
@@ -52,6 +61,7 @@ def snapshot_state(
             "workers": workers,
             "stats": stats.export() if stats is not None else None,
             "meta": meta or {},
+            "zones": {z: r.export() for z, r in (zones or {}).items()},
         }
     )
 
@@ -64,6 +74,7 @@ class Restored:
     ingestor: Ingestor
     stats: PrefixStats | None
     meta: dict[str, object]
+    zones: dict[str, dict[str, Any]] = field(default_factory=dict)  # followed zones' copies (ReplicaIndex.export)
 
 
 def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> Restored:
@@ -91,7 +102,7 @@ def restore_state(data: bytes, hasher: BlockHasher, max_pending: int = 4096) -> 
         st.tier_copies = {int(h): int(n) for h, n in copies}
         st.tier_only = {int(h) for h in only}
     stats = PrefixStats.restore(d["stats"]) if d["stats"] is not None else None
-    return Restored(index, ing, stats, dict(d["meta"]))
+    return Restored(index, ing, stats, dict(d["meta"]), dict(d.get("zones") or {}))
 
 
 def apply_record(ing: Ingestor, rec: codec.LogRecord) -> IngestResult:

@@ -5,6 +5,11 @@ index deltas; `persist()` makes the pending log durable (the servicer acknowledg
 it). `checkpoint()` snapshots the state and starts a new log epoch (see `kvmesh.store.base`).
 Hit ratio = Σ max-matched blocks / Σ queried blocks over all queries since start: `find_matches` calls and
 the prompts routers report having routed from their index replicas (`count_query`).
+
+Every revision's deltas also go to the journal (`kvmesh.cachemgr.journal`), so a watcher can `resume` from
+its last revision; `epoch` names this run's revision numbering (new at start and at every restore). `zones`
+holds the copies of the followed zones' indexes (`ReplicaIndex`, kept by their followers), apart from the
+local index: they are checkpointed with it and restored in place.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +25,8 @@ from kvmesh.cachemgr.checkpoint import Recovery, recover, snapshot_state
 from kvmesh.cachemgr.fanout import FanOut, Watcher
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor
+from kvmesh.cachemgr.journal import DeltaJournal, Entry
+from kvmesh.cachemgr.replica import ReplicaIndex
 from kvmesh.cachemgr.types import IngestResult, Media, Stored
 from kvmesh.index import PrefixIndex
 from kvmesh.kvevents import KvEvent, KvEventBatch
@@ -45,7 +53,13 @@ class CacheCore:
     """See module docstring."""
 
     def __init__(
-        self, block_size: int, model: str, store: CheckpointStore | None = None, window_s: float = 60.0
+        self,
+        block_size: int,
+        model: str,
+        store: CheckpointStore | None = None,
+        window_s: float = 60.0,
+        journal_revisions: int = 4096,
+        zones: Sequence[str] = (),
     ) -> None:
         self.block_size = block_size
         self.model = model
@@ -56,6 +70,8 @@ class CacheCore:
         self.stats = PrefixStats(window_s=window_s)
         self.fanout = FanOut()
         self.revision = 0
+        self.journal = DeltaJournal(journal_revisions, new_epoch())
+        self.zones: dict[str, ReplicaIndex] = {z: ReplicaIndex() for z in zones}
         self.queries = QueryCounters()
         self._pending: list[bytes] = []
         self._store_lock = asyncio.Lock()
@@ -68,7 +84,9 @@ class CacheCore:
             self._pending.append(codec.encode_record(rec))
         if res.deltas:
             self.revision += 1
-            self.fanout.publish(self.revision, res.deltas)
+            entry = Entry(self.revision, time.time(), tuple(res.deltas))
+            self.journal.append(entry)
+            self.fanout.publish(entry)
         return res
 
     def apply(self, batch: KvEventBatch) -> IngestResult:
@@ -177,15 +195,24 @@ class CacheCore:
         ]
         return watcher, self.revision, snap
 
+    def resume(self, workers: Iterable[str], epoch: str, revision: int) -> tuple[Watcher, list[Entry]] | None:
+        """Register a watcher and return it with the entries after `revision` of `epoch` (its workers' deltas),
+        or None (nothing registered) when the journal cannot tell them all: the caller sends a snapshot."""
+        missed = self.journal.since(epoch, revision)
+        if missed is None:
+            return None
+        ws = frozenset(workers)
+        entries = [e for e in (x.for_workers(ws) for x in missed) if e is not None]
+        return self.fanout.add(ws), entries
+
     # ------------------------------------------------------------ checkpoints
     async def checkpoint(self) -> tuple[int, int]:
         """Snapshot now; returns (pairs, bytes)."""
         if self.store is None:
             raise RuntimeError("no checkpoint store configured")
         async with self._store_lock:
-            snap = snapshot_state(
-                self.index, self.ingestor, self.stats, {"revision": self.revision, "time": time.time()}
-            )
+            meta: dict[str, object] = {"revision": self.revision, "time": time.time()}
+            snap = snapshot_state(self.index, self.ingestor, self.stats, meta, self.zones)
             self._pending.clear()  # everything pending is inside the snapshot
             await self.store.save_snapshot(snap)
         return self.index.num_pairs(), len(snap)
@@ -203,7 +230,15 @@ class CacheCore:
         if rec.restored.stats is not None:
             self.stats = rec.restored.stats
         self.revision = int(rec.restored.meta.get("revision", 0)) + rec.records  # type: ignore[call-overload]
+        self.journal.reset(new_epoch(), self.revision)  # the old revisions no longer describe the index
+        for z, replica in self.zones.items():  # in place: the zones' followers keep their copies
+            replica.load(rec.restored.zones.get(z))
         for w in list(self.fanout.watchers):
             self.fanout.remove(w)
             w.queue.put_nowait(None)
         return rec
+
+
+def new_epoch() -> str:
+    """A fresh epoch id (random: two runs of a cache-manager never share one)."""
+    return uuid.uuid4().hex[:16]

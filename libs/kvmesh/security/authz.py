@@ -75,7 +75,8 @@ GRPC_RULES: Mapping[str, Rule] = {
     _CM + "SetWarmingPolicy": _ADMIN,
     _CM + "Checkpoint": _ADMIN,
     _CM + "Restore": _ADMIN,
-    _CM + "GetStats": _only(R.ROUTER, R.ADMIN),  # the router's settings-agreement check
+    # the settings-agreement check of the router and of another zone's cache-manager following this index
+    _CM + "GetStats": _only(R.ROUTER, R.CACHE_MANAGER, R.ADMIN),
     _CM + "ReportRoutedPrefixes": _only(R.ROUTER),  # what routers routed from their replicas: statistics
     # failover
     _FO + "WatchEndpoints": _open(),  # discovery of routers by kvmesh.client; routers follow it

@@ -136,12 +136,17 @@ class FindMatchesRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     LORA_NAME_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    ALL_ZONES_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Served model (part of the salt); empty means the zone's default model."""
     lora_name: _builtins.str
     """LoRA adapter (part of the salt)."""
     tenant: _builtins.str
     """Tenant (part of the salt)."""
+    all_zones: _builtins.bool
+    """Also match against the indexes of the zones this cache-manager follows (--follow-zone); each of their
+    matches names its zone (WorkerMatch.zone). False: this zone's workers only.
+    """
     @_builtins.property
     def token_ids(self) -> _common_pb2.TokenIds:
         """Prompt token ids."""
@@ -158,10 +163,11 @@ class FindMatchesRequest(_message.Message):
         model: _builtins.str = ...,
         lora_name: _builtins.str = ...,
         tenant: _builtins.str = ...,
+        all_zones: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "query", b"query", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_hashes", b"block_hashes", "lora_name", b"lora_name", "model", b"model", "query", b"query", "tenant", b"tenant", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_zones", b"all_zones", "block_hashes", b"block_hashes", "lora_name", b"lora_name", "model", b"model", "query", b"query", "tenant", b"tenant", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_query: _TypeAlias = _typing.Literal["token_ids", "block_hashes"]  # noqa: Y015
     _WhichOneofArgType_query: _TypeAlias = _typing.Literal["query", b"query"]  # noqa: Y015
@@ -202,6 +208,7 @@ class WorkerMatch(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     MATCHED_BLOCKS_FIELD_NUMBER: _builtins.int
     TIER_BLOCKS_FIELD_NUMBER: _builtins.int
+    ZONE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     matched_blocks: _builtins.int
@@ -210,16 +217,21 @@ class WorkerMatch(_message.Message):
     """Of those, the blocks past the leading run on its GPU: held only in its CPU or disk tier (loadable, not
     yet on the GPU). 0 from a cache-manager that does not know media.
     """
+    zone: _builtins.str
+    """Zone whose index holds the match: the answering cache-manager's own zone (--zone), or a followed zone's
+    name (FindMatchesRequest.all_zones). Empty from an older cache-manager.
+    """
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         matched_blocks: _builtins.int = ...,
         tier_blocks: _builtins.int = ...,
+        zone: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched_blocks", b"matched_blocks", "tier_blocks", b"tier_blocks", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["matched_blocks", b"matched_blocks", "tier_blocks", b"tier_blocks", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,6 +276,17 @@ class WatchIndexRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     WORKER_IDS_FIELD_NUMBER: _builtins.int
+    RESUME_REVISION_FIELD_NUMBER: _builtins.int
+    RESUME_EPOCH_FIELD_NUMBER: _builtins.int
+    resume_revision: _builtins.int
+    """Resume point: the last revision the subscriber applied (WatchIndexResponse.revision). Used only with
+    resume_epoch; when the cache-manager's journal still holds every revision after it, the stream sends
+    only those deltas (then live ones) instead of a snapshot.
+    """
+    resume_epoch: _builtins.str
+    """Epoch (WatchIndexResponse.epoch) that resume_revision was counted in; empty = no resume point. A
+    different epoch (a restarted or restored cache-manager) always gets a snapshot.
+    """
     @_builtins.property
     def worker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only these workers; empty means all."""
@@ -272,10 +295,12 @@ class WatchIndexRequest(_message.Message):
         self,
         *,
         worker_ids: _abc.Iterable[_builtins.str] | None = ...,
+        resume_revision: _builtins.int = ...,
+        resume_epoch: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["worker_ids", b"worker_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resume_epoch", b"resume_epoch", "resume_revision", b"resume_revision", "worker_ids", b"worker_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -349,12 +374,27 @@ class WatchIndexResponse(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     SNAPSHOT_DONE_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    INGESTED_AT_FIELD_NUMBER: _builtins.int
     snapshot: _builtins.bool
     """True while the initial snapshot is being sent."""
     snapshot_done: _builtins.bool
     """True on the last snapshot message; deltas follow."""
     revision: _builtins.int
     """Monotonic revision of the index after these deltas."""
+    resumed: _builtins.bool
+    """True on the first message of a stream resumed from WatchIndexRequest's resume point: no snapshot; this
+    message carries no deltas and revision = the resume point, the missed deltas follow in order.
+    """
+    epoch: _builtins.str
+    """Identity of this cache-manager's revision numbering (new on every start and restore); set on the first
+    message of every stream. A subscriber resumes with it (WatchIndexRequest.resume_epoch).
+    """
+    ingested_at: _builtins.float
+    """When the cache-manager ingested these deltas, seconds since the Unix epoch (its wall clock); 0 on
+    snapshot messages. A follower's lag = its apply time - this.
+    """
     @_builtins.property
     def deltas(self) -> _containers.RepeatedCompositeFieldContainer[Global___IndexDelta]:
         """Deltas in order. The first messages (snapshot = true) rebuild the index from empty."""
@@ -366,10 +406,13 @@ class WatchIndexResponse(_message.Message):
         snapshot: _builtins.bool = ...,
         snapshot_done: _builtins.bool = ...,
         revision: _builtins.int = ...,
+        resumed: _builtins.bool = ...,
+        epoch: _builtins.str = ...,
+        ingested_at: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deltas", b"deltas", "revision", b"revision", "snapshot", b"snapshot", "snapshot_done", b"snapshot_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deltas", b"deltas", "epoch", b"epoch", "ingested_at", b"ingested_at", "resumed", b"resumed", "revision", b"revision", "snapshot", b"snapshot", "snapshot_done", b"snapshot_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -675,6 +718,60 @@ class GetStatsResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FollowedZone(_message.Message):
+        """One zone this cache-manager follows (--follow-zone)."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        ZONE_FIELD_NUMBER: _builtins.int
+        ADDRESS_FIELD_NUMBER: _builtins.int
+        REVISION_FIELD_NUMBER: _builtins.int
+        EPOCH_FIELD_NUMBER: _builtins.int
+        CONNECTED_FIELD_NUMBER: _builtins.int
+        LAG_S_FIELD_NUMBER: _builtins.int
+        BLOCKS_FIELD_NUMBER: _builtins.int
+        SNAPSHOTS_FIELD_NUMBER: _builtins.int
+        RESUMES_FIELD_NUMBER: _builtins.int
+        zone: _builtins.str
+        """Zone name."""
+        address: _builtins.str
+        """Address of that zone's cache-manager (as configured)."""
+        revision: _builtins.int
+        """Last revision of its index applied here."""
+        epoch: _builtins.str
+        """Epoch of that revision (the followed cache-manager's WatchIndexResponse.epoch)."""
+        connected: _builtins.bool
+        """True while its index stream is open and its snapshot (or resume) is complete."""
+        lag_s: _builtins.float
+        """Lag of the last applied message that was not a snapshot's (live or resumed), seconds: apply time -
+        its ingested_at.
+        """
+        blocks: _builtins.int
+        """Distinct blocks of its index held here."""
+        snapshots: _builtins.int
+        """Streams that started from a full snapshot."""
+        resumes: _builtins.int
+        """Streams resumed from a revision (only the missed deltas sent)."""
+        def __init__(
+            self,
+            *,
+            zone: _builtins.str = ...,
+            address: _builtins.str = ...,
+            revision: _builtins.int = ...,
+            epoch: _builtins.str = ...,
+            connected: _builtins.bool = ...,
+            lag_s: _builtins.float = ...,
+            blocks: _builtins.int = ...,
+            snapshots: _builtins.int = ...,
+            resumes: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "blocks", b"blocks", "connected", b"connected", "epoch", b"epoch", "lag_s", b"lag_s", "resumes", b"resumes", "revision", b"revision", "snapshots", b"snapshots", "zone", b"zone"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKERS_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
@@ -686,6 +783,8 @@ class GetStatsResponse(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     TOP_PREFIXES_FIELD_NUMBER: _builtins.int
+    ZONE_FIELD_NUMBER: _builtins.int
+    FOLLOWED_ZONES_FIELD_NUMBER: _builtins.int
     workers: _builtins.int
     """Workers known."""
     blocks: _builtins.int
@@ -706,9 +805,15 @@ class GetStatsResponse(_message.Message):
     """Tokens per KV block (must equal the routers' and workers' --block-size)."""
     model: _builtins.str
     """Model string of the block-hash salt make_salt(model, lora, tenant) (must equal the routers' --salt-model)."""
+    zone: _builtins.str
+    """This cache-manager's zone."""
     @_builtins.property
     def top_prefixes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PrefixStat]:
         """The most-queried prefixes within the window, most first (as many as the request's top_prefixes)."""
+
+    @_builtins.property
+    def followed_zones(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.FollowedZone]:
+        """The zones it follows, by name."""
 
     def __init__(
         self,
@@ -724,10 +829,12 @@ class GetStatsResponse(_message.Message):
         block_size: _builtins.int = ...,
         model: _builtins.str = ...,
         top_prefixes: _abc.Iterable[Global___PrefixStat] | None = ...,
+        zone: _builtins.str = ...,
+        followed_zones: _abc.Iterable[Global___GetStatsResponse.FollowedZone] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "top_prefixes", b"top_prefixes", "warming_actions_total", b"warming_actions_total", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "followed_zones", b"followed_zones", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "top_prefixes", b"top_prefixes", "warming_actions_total", b"warming_actions_total", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
