@@ -1,5 +1,5 @@
 """``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
-fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve).
+fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, autoscale).
 
 Each prints one JSON line.
 
@@ -25,6 +25,7 @@ BENCHES = (
     "kvsync",
     "fuzz",
     "vllm-serve",
+    "autoscale",
 )
 
 
