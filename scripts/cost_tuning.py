@@ -37,7 +37,7 @@ import yaml
 from kvmesh.fleet import synthetic
 from kvmesh.fleet.capacity import bisect_capacity
 from kvmesh.fleet.policies import make_policy
-from kvmesh.fleet.readers import read_trace
+from kvmesh.fleet.readers import read_trace, write_mooncake
 from kvmesh.fleet.sim import FleetConfig, FleetSim, HashCache
 from kvmesh.fleet.tiers import DataPlane
 from kvmesh.fleet.trace import Trace
@@ -51,7 +51,12 @@ def _file(name: str, t0: float, t1: float) -> Callable[[], Trace]:
 
 
 def _held_out() -> Trace:
-    return synthetic.poisson_conversations(seed=0).window(0.0, 900.0)
+    """The bench's held-out input exactly: the generator's trace through its JSONL file (arrivals in
+    integer ms, as ``python -m kvmesh.fleet.gen_trace`` writes them), then the window."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "held-out.jsonl"
+        write_mooncake(synthetic.poisson_conversations(seed=0), path)
+        return read_trace(path).window(0.0, 900.0)
 
 
 # name -> (role, builder)

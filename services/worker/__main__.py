@@ -9,6 +9,7 @@ from kvmesh.cpus import parse_cpu_list, pin_process
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
 from kvmesh.services.worker.kvpull import (
@@ -28,8 +29,9 @@ from kvmesh.v1 import worker_pb2_grpc
 
 
 async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
-    """CPU affinity first (the engine's processes inherit it), the engine (vLLM takes seconds), then the
-    servicer, the OpenAI routes and the KV event sinks."""
+    """The cost gauges (a bad price fails before anything starts), CPU affinity (the engine's processes inherit
+    it), the engine (vLLM takes seconds), then the servicer, the OpenAI routes and the KV event sinks."""
+    m.set_cost(settings.gpus, settings.gpu_hour_price)
     if settings.cpu_affinity:
         pin_process(parse_cpu_list(settings.cpu_affinity))
     pulls = PeerPulls(settings)

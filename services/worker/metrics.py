@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from kvmesh.engine.base import Usage
+from kvmesh.errors import InvalidArgument
 from kvmesh.kvevents import LoadReport
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -31,6 +32,19 @@ KV_PULL_OUTCOMES = Counter(
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
 TIER_LOADED_TOKENS = Gauge("kvmesh_worker_tier_loaded_tokens", "Prompt tokens loaded back from the host tiers")
 TIER_PULLED_BLOCKS = Gauge("kvmesh_worker_tier_pulled_blocks", "KV blocks pulled from peers into the CPU tier")
+GPUS = Gauge("kvmesh_worker_gpus", "GPUs this worker occupies (--gpus)")
+GPU_HOUR_PRICE = Gauge("kvmesh_worker_gpu_hour_price_usd", "Configured price of one GPU-hour, USD (--gpu-hour-price)")
+
+
+def set_cost(gpus: int, gpu_hour_price: float) -> None:
+    """The worker's configured cost: deploy/prometheus/alerts.yaml turns it into cost per hour and per million
+    tokens (recording rules), so no cost is computed here."""
+    if gpus < 1:
+        raise InvalidArgument("gpus", f"must be at least 1, got {gpus}")
+    if not gpu_hour_price >= 0:
+        raise InvalidArgument("gpu_hour_price", f"must be a price in USD >= 0, got {gpu_hour_price}")
+    GPUS.set(gpus)
+    GPU_HOUR_PRICE.set(gpu_hour_price)
 
 
 def observe_finished(usage: Usage | None, finish_reason: str | None) -> None:

@@ -43,6 +43,12 @@ class WorkerSettings(ServerSettings):
         "vLLM worker: staging region (shared memory) for blocks pulled over gRPC from a peer on another host,"
         " held until the KV connector copies them, MiB; 0 = no cross-host pulls",
     )
+    gpus: int = setting(1, "GPUs this worker occupies (billed), exported for the cost rules (kvmesh_worker_gpus)")
+    gpu_hour_price: float = setting(
+        3.5,
+        "price of one GPU-hour, USD, exported for the cost rules (kvmesh_worker_gpu_hour_price_usd); the default"
+        " is the fleet simulator's",
+    )
     cpu_affinity: str = setting(
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )

@@ -7,7 +7,8 @@ refuses to render with an enabled dependency missing from charts/, which is asse
 disables both (`NO_DEPS`) unless the example already points at external ones. Then, per render:
 - every manifest is valid for Kubernetes `KUBE_VERSION` (kubernetes-validate, strict: unknown fields fail);
   cert-manager's Issuer has no schema there and is checked field by field;
-- GPU workers request and limit `nvidia.com/gpu` and tolerate the GPU taint; nothing else does;
+- GPU workers request and limit `nvidia.com/gpu` and tolerate the GPU taint; nothing else does; the same GPU
+  count and the GPU-hour price reach the worker's settings (the cost rules' inputs);
 - readiness, liveness (and the worker's startup) probes are gRPC probes of the container's gRPC port, or with
   TLS (the kubelet's gRPC probes speak no TLS) GET /healthz on its plain HTTP port;
 - a PodDisruptionBudget per zone and component selects exactly its Deployment's pods and keeps one serving;
@@ -130,6 +131,9 @@ def test_gpu_workers_and_grpc_probes(rendered: tuple[dict[str, Any], list[dict[s
         if name == "worker":
             n = values["worker"]["gpusPerWorker"]
             assert res["limits"][GPU] == res["requests"][GPU] == n, d["metadata"]["name"]
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["KVMESH_GPUS"] == str(n)  # what the cost rules bill the pod for
+            assert env["KVMESH_GPU_HOUR_PRICE"] == str(values["worker"]["gpuHourPrice"])
             assert taint_ok and pod["nodeSelector"]["kvmesh.io/pool"] == "gpu"
         else:
             assert GPU not in res.get("limits", {}) and GPU not in res.get("requests", {}) and not taint_ok

@@ -1,8 +1,9 @@
 """`kvmesh up --observe`: a real Prometheus (Debian's 2.42) scrapes a running suite with deploy/'s alert rules.
 
 Checked through Prometheus's own HTTP API, polled with a bound: every service is an `up` target, every rule of
-deploy/prometheus/alerts.yaml is loaded and has been evaluated with health ok, and every query of
-deploy/grafana/kvmesh-dashboard.json returns at least one series after one request went through the router.
+deploy/prometheus/alerts.yaml (alert and recording rules) is loaded and has been evaluated with health ok, and
+every query of deploy/grafana/kvmesh-dashboard.json returns at least one series after two requests went through
+the router (the second once Prometheus had scraped the counters the first created, so that rates are above 0).
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         demo = kvmesh_cli(home, "demo", "--max-tokens", "8")  # observations for the router's histograms
         assert demo.returncode == 0, demo.stdout + demo.stderr
+        # the ratio rules (prefill share, cache miss, retries, cost per token) need a rate above 0: a second
+        # request once Prometheus holds the counters it increments, so two samples differ
+        url = state["prometheus"]["url"]
+        counters = ("kvmesh_router_requests_total", "kvmesh_worker_prompt_tokens_total")
+        _until("counters not scraped", lambda: [c for c in counters if not _api(url, "query", query=c)["result"]])
+        demo = kvmesh_cli(home, "demo", "--max-tokens", "8")
+        assert demo.returncode == 0, demo.stdout + demo.stderr
         yield state
     finally:
         down = kvmesh_cli(home, "down")
@@ -86,7 +94,7 @@ def test_every_service_is_an_up_target(suite: dict[str, Any]) -> None:
 def test_every_alert_rule_is_loaded_and_evaluated(suite: dict[str, Any]) -> None:
     url = suite["prometheus"]["url"]
     spec = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yaml").read_text())
-    want = {r["alert"] for g in spec["groups"] for r in g["rules"]}
+    want = {r.get("alert") or r["record"] for g in spec["groups"] for r in g["rules"]}
 
     def loaded() -> dict[str, dict[str, Any]]:
         return {r["name"]: r for g in _api(url, "rules")["groups"] for r in g["rules"]}

@@ -141,6 +141,11 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: "45"
 - name: KVMESH_VLLM_ARGS
   value: "--tensor-parallel-size {{ $v.worker.tensorParallelSize }} {{ $v.worker.vllmArgs }}"
+# cost rules (deploy/prometheus/alerts.yaml): the GPUs the pod is billed for, at the configured GPU-hour price
+- name: KVMESH_GPUS
+  value: {{ $v.worker.gpusPerWorker | quote }}
+- name: KVMESH_GPU_HOUR_PRICE
+  value: {{ $v.worker.gpuHourPrice | quote }}
 {{- end -}}
 
 {{- define "kvmesh.env.failover" -}}
