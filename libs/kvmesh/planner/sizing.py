@@ -15,7 +15,7 @@ only after the desired count has stayed below the current one for ``scale_in_del
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -80,9 +80,11 @@ def plan_step(
     serving: Sequence[WorkerLife],
     starting: int,
     queued: int,
+    removable: Collection[str] | None = None,
 ) -> ScaleAction:
     """One planner decision; updates ``state``. ``serving`` are workers taking traffic, ``starting`` ones
-    not yet ready (they count toward the target, so a slow start is not answered by more starts)."""
+    not yet ready (they count toward the target, so a slow start is not answered by more starts);
+    ``removable`` the ids an actuator can stop (None: all)."""
     have = len(serving) + starting
     if queued > policy.queue_scale_out and have < policy.max_workers:
         state.below_since_s = None
@@ -100,7 +102,11 @@ def plan_step(
     if now_s - state.last_scale_in_s < policy.scale_in_cooldown_s or starting:
         return ScaleAction(reason="scale-in cooldown")
     floor = max(desired, policy.min_workers)
-    old_enough = [w for w in serving if now_s - w.started_s >= policy.min_lifetime_s]
+    old_enough = [
+        w
+        for w in serving
+        if now_s - w.started_s >= policy.min_lifetime_s and (removable is None or w.worker_id in removable)
+    ]
     old_enough.sort(key=lambda w: (-w.started_s, w.worker_id))  # youngest first: the oldest caches stay
     n = min(policy.scale_in_step, len(serving) - floor, len(old_enough))
     if n <= 0:
