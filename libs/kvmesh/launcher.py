@@ -33,6 +33,7 @@ SERVICES = {
     "worker": "kvmesh.services.worker",
     "cache-manager": "kvmesh.services.cache_manager",
     "failover": "kvmesh.services.failover",
+    "planner": "kvmesh.services.planner",
 }
 
 

@@ -1,5 +1,5 @@
 """``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
-fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, zone-follow).
+fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, zone-follow, autoscale).
 
 Each prints one JSON line.
 
@@ -26,6 +26,7 @@ BENCHES = (
     "fuzz",
     "vllm-serve",
     "zone-follow",
+    "autoscale",
 )
 
 

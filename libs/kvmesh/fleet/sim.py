@@ -54,7 +54,7 @@ from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvmesh.routing.dataplane import load_pays, pull_pays
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
-_STEP_END, _ARRIVAL, _WARM, _READY = 0, 1, 2, 3
+_STEP_END, _ARRIVAL, _WARM, _READY, _CALL = 0, 1, 2, 3, 4
 
 
 class Index(Protocol):
@@ -200,6 +200,8 @@ class FleetSim:
         self.engines = [SimEngineCore(ecfg, worker_id=w) for w in self.ids]
         self.slot = {w: i for i, w in enumerate(self.ids)}
         self._views: list[WorkerView | None] = [None] * config.workers
+        self.serving = [True] * config.workers  # routable workers (an autoscaler turns slots off and on)
+        self._awaiting = [0] * config.workers  # routed requests waiting for their transfers (_READY)
         self._busy = [False] * config.workers
         self._heap: list[tuple[float, int, int, int, Any]] = []
         self._seq = 0
@@ -260,7 +262,33 @@ class FleetSim:
         return v
 
     def views(self) -> list[WorkerView]:
-        return [self.view(i) for i in range(len(self.ids))]
+        return [self.view(i) for i in range(len(self.ids)) if self.serving[i]]
+
+    def at(self, t: float, call: Callable[[], None]) -> None:
+        """Run ``call`` at simulated time ``t`` (hooks such as an autoscaler's ticks)."""
+        self._push(t, _CALL, call)
+
+    def pending_events(self) -> int:
+        """Events still queued (a periodic hook stops rescheduling itself when nothing else is)."""
+        return len(self._heap)
+
+    def idle(self, slot: int) -> bool:
+        """Worker ``slot`` has nothing queued, running or in a step."""
+        return not self._busy[slot] and not self._awaiting[slot] and not self.engines[slot].has_work()
+
+    def reset_worker(self, slot: int) -> None:
+        """Worker ``slot`` leaves the fleet: its engine, index entries, tiers and transfers are gone, so it
+        comes back cold. Only for an idle worker (nothing queued or running)."""
+        if not self.idle(slot):
+            raise RuntimeError(f"worker {self.ids[slot]} still has work")
+        w = self.ids[slot]
+        self.engines[slot] = SimEngineCore(self.cfg.engine_config(), worker_id=w)
+        self.index.clear(w)
+        self.gpu_held[slot].clear()
+        self._incoming[slot].clear()
+        if self.dp is not None:
+            self.tiers[slot] = WorkerTiers(self.dp.spec(self.cfg.block_size))
+        self._views[slot] = None
 
     def _kick(self, slot: int) -> None:
         """Start a step on an idle engine that has work."""
@@ -333,6 +361,7 @@ class FleetSim:
         if fetch is not None and fetch[0] > self.now:  # wait for the transfers, then queue on the engine
             self.policy.on_routed(rr, wid, self.now)
             self.dp_stats["delayed_requests"] += 1
+            self._awaiting[slot] += 1
             self._push(fetch[0], _READY, (slot, i, fetch[1]))
         else:
             if fetch is not None:
@@ -468,6 +497,7 @@ class FleetSim:
         self._views[slot] = None
 
     def _ready(self, slot: int, i: int, take: Sequence[tuple[int, int, int | None]]) -> None:
+        self._awaiting[slot] -= 1
         self._insert_blocks(slot, i, take)
         self._submit(slot, i, None)
 
@@ -526,7 +556,7 @@ class FleetSim:
     # ---------------------------------------------------------------- main loop
     def run(self) -> RunResult:
         cfg = self.cfg
-        self.policy.reset(self.ids, cfg.seed)
+        self.policy.reset(self.ids, cfg.seed)  # every slot: an autoscaler may bring any of them in
         for r in self.trace.requests:
             if r.follows is None:
                 self._push(r.arrival_s / cfg.load_scale, _ARRIVAL, r.index)
@@ -548,6 +578,8 @@ class FleetSim:
             events += 1
             if kind == _STEP_END:
                 self._step_end(*arg)
+            elif kind == _CALL:
+                arg()
             elif kind == _READY:
                 self._ready(*arg)
             else:

@@ -1,0 +1,79 @@
+"""Entry point: `python -m kvmesh.services.planner` / `kvmesh-planner`.
+
+Wiring: one :class:`~kvmesh.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
+settings), the actuator (``--actuator dry-run|local``), the history checkpoint (``--history-file``, loaded at
+start), and the planning step every ``--interval-s`` on the service skeleton's background tasks. The
+planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the authorisation table enforced,
+give it an admin token or certificate. It does not register itself in Consul.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+from kvmesh.errors import InvalidArgument
+from kvmesh.planner.sizing import SizingPolicy
+from kvmesh.planner.zone import PlannerConfig, ZonePlanner
+from kvmesh.rpc.server import ServiceRunner, run_service
+from kvmesh.services.planner.actuators import make_actuator
+from kvmesh.services.planner.loop import PlannerLoop, parse_routers
+from kvmesh.services.planner.settings import PlannerSettings
+
+log = logging.getLogger(__name__)
+
+
+def planner_config(s: PlannerSettings) -> PlannerConfig:
+    if s.interval_s <= 0 or s.bucket_s <= 0 or s.horizon_buckets < 1:
+        raise InvalidArgument("interval_s", "interval_s and bucket_s must be > 0 and horizon_buckets >= 1")
+    try:
+        sizing = SizingPolicy(
+            per_worker_rps=s.per_worker_rps,
+            buffer=s.buffer,
+            min_workers=s.min_workers,
+            max_workers=s.max_workers,
+            min_lifetime_s=s.min_lifetime_s,
+            scale_in_delay_s=s.scale_in_delay_s,
+            scale_in_cooldown_s=s.scale_in_cooldown_s,
+            scale_in_step=s.scale_in_step,
+            queue_scale_out=s.queue_scale_out,
+        )
+    except ValueError as e:
+        raise InvalidArgument("sizing", str(e)) from e
+    return PlannerConfig(
+        sizing,
+        s.bucket_s,
+        s.horizon_buckets,
+        s.retrain_s,
+        lstm_epochs=s.lstm_epochs,
+        average_window_s=s.average_window_s,
+    )
+
+
+async def build(runner: ServiceRunner, settings: PlannerSettings) -> None:
+    if settings.consul_url:
+        raise InvalidArgument("consul_url", "the planner does not register in Consul: give it --routers")
+    routers = parse_routers(settings.routers)
+    config = planner_config(settings)
+    actuator = make_actuator(settings.actuator, settings.registry_file, settings.worker_args, settings.worker_log_dir)
+    loop = PlannerLoop(
+        {z: ZonePlanner.create(config) for z in routers},
+        routers,
+        actuator,
+        settings,
+        settings.history_file,
+        settings.drain_timeout_s,
+    )
+    loop.restore()
+    runner.every(settings.interval_s, loop.step, name="plan")
+    runner.on_stopping.append(loop.close)
+    log.info("planning zones %s with the %s actuator", sorted(routers), actuator.name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_service("planner", PlannerSettings, build, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

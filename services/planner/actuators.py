@@ -1,0 +1,108 @@
+"""What carries out the planner's decisions: dry-run (log only) or local (worker processes on this host).
+
+The local actuator starts ``kvmesh-worker`` processes with ``--worker-args`` (plus ``--zone`` and a
+``--service-id``), registers each in the static registry file the failover service reads (routers then
+follow it), and stops only workers it started: deregistered first, then SIGTERM (the worker drains what it
+still holds). Scale-in is drained by the planner through the router before ``stop`` is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Protocol
+
+from kvmesh.discovery.model import Role, ServiceInstance
+from kvmesh.discovery.static import StaticRegistry
+from kvmesh.errors import InvalidArgument
+from kvmesh.launcher import ServiceProcess, start_service
+
+log = logging.getLogger(__name__)
+
+
+class Actuator(Protocol):
+    """Starts and stops workers of a zone."""
+
+    name: str
+    carries_out: bool  # False: decisions are only logged and counted
+
+    async def start(self, zone: str) -> str: ...
+
+    async def stop(self, zone: str, address: str) -> None: ...
+
+    def removable(self, zone: str) -> set[str]: ...
+
+    async def close(self) -> None: ...
+
+
+class DryRun:
+    """Logs what it would do."""
+
+    name = "dry-run"
+    carries_out = False
+
+    async def start(self, zone: str) -> str:
+        log.info("dry-run: would start a worker in zone %s", zone)
+        return ""
+
+    async def stop(self, zone: str, address: str) -> None:
+        log.info("dry-run: would stop worker %s of zone %s", address, zone)
+
+    def removable(self, zone: str) -> set[str]:
+        return set()
+
+    async def close(self) -> None:
+        return None
+
+
+class LocalWorkers:
+    """Worker processes on this host, announced through a static registry file."""
+
+    name = "local"
+    carries_out = True
+
+    def __init__(self, registry_file: str, worker_args: str, log_dir: str = "") -> None:
+        if not registry_file:
+            raise InvalidArgument("registry_file", "the local actuator needs the failover service's registry file")
+        self.registry = StaticRegistry(registry_file)
+        self.args = shlex.split(worker_args)
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kvmesh-planner-workers-"))
+        self.procs: dict[str, tuple[str, str, ServiceProcess]] = {}  # address → (zone, id, process)
+        self._seq = 0
+
+    async def start(self, zone: str) -> str:
+        self._seq += 1
+        sid = f"worker-{zone}-planned-{self._seq}"
+        args = [*self.args, "--zone", zone, "--service-id", sid]
+        sp = await asyncio.to_thread(start_service, "worker", self.log_dir, *args)
+        host, _, port = sp.address.rpartition(":")
+        meta = {"http": f"{host}:{sp.http_port}"}
+        await self.registry.register(ServiceInstance(sid, Role.WORKER, zone, "v1", host, int(port), meta=meta))
+        self.procs[sp.address] = (zone, sid, sp)
+        log.info("started worker %s at %s in zone %s", sid, sp.address, zone)
+        return sp.address
+
+    async def stop(self, zone: str, address: str) -> None:
+        zone_of, sid, sp = self.procs.pop(address)
+        await self.registry.deregister(sid)
+        code = await asyncio.to_thread(sp.terminate, 30.0)
+        log.info("stopped worker %s (%s, zone %s): exit %s", sid, address, zone_of, code)
+
+    def removable(self, zone: str) -> set[str]:
+        return {a for a, (z, _, _) in self.procs.items() if z == zone}
+
+    async def close(self) -> None:
+        for address in list(self.procs):
+            await self.stop(self.procs[address][0], address)
+        await self.registry.close()
+
+
+def make_actuator(kind: str, registry_file: str, worker_args: str, log_dir: str) -> Actuator:
+    if kind == "dry-run":
+        return DryRun()
+    if kind == "local":
+        return LocalWorkers(registry_file, worker_args, log_dir)
+    raise InvalidArgument("actuator", f"unknown actuator {kind!r}; known: dry-run, local")

@@ -1,0 +1,188 @@
+"""The planning step of every zone: read the router, decide, carry out (the I/O around kvmesh.planner).
+
+Per zone, every ``interval_s``: ``ListWorkers`` on the zone's router gives each worker's request counter
+(``selections_total``, the history), its queue (``load.waiting``) and whether it serves; the zone's
+:class:`~kvmesh.planner.zone.ZonePlanner` decides; a scale-out starts workers in the background (they count
+as starting until the router lists them as passing); a scale-in drains the chosen workers through the
+router (``DrainWorker``) and stops each once the router has nothing in flight on it and its queue is empty
+(or after ``drain_timeout_s``), so no request is lost. The history is checkpointed after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvmesh.config import ServerSettings
+from kvmesh.errors import InvalidArgument
+from kvmesh.planner.history import LoadHistory
+from kvmesh.planner.sizing import WorkerLife
+from kvmesh.planner.zone import Decision, ZonePlanner
+from kvmesh.rpc.channel import open_channel
+from kvmesh.services.planner import metrics as m
+from kvmesh.services.planner.actuators import Actuator
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+log = logging.getLogger(__name__)
+PASSING = common_pb2.HEALTH_STATE_PASSING
+
+
+def parse_routers(items: tuple[str, ...]) -> dict[str, str]:
+    """``('a=host:port', ...)`` → {zone: address}; raises InvalidArgument naming ``routers``."""
+    out: dict[str, str] = {}
+    for item in items:
+        zone, sep, address = item.partition("=")
+        if not sep or not zone or not address:
+            raise InvalidArgument("routers", f"expected zone=host:port, got {item!r}")
+        if zone in out:
+            raise InvalidArgument("routers", f"zone {zone!r} given twice")
+        out[zone] = address
+    if not out:
+        raise InvalidArgument("routers", "at least one zone=host:port is needed")
+    return out
+
+
+@dataclass
+class ZoneRuntime:
+    """What the loop tracks for one zone besides its planner."""
+
+    planner: ZonePlanner
+    stub: router_pb2_grpc.RouterAdminServiceStub
+    starting: set[asyncio.Task[str]] = field(default_factory=set)
+    announced: set[str] = field(default_factory=set)  # started and registered, not yet passing at the router
+    started_at: dict[str, float] = field(default_factory=dict)  # address → when it first served
+    draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # address → (worker id, since)
+
+
+class PlannerLoop:
+    def __init__(
+        self,
+        planners: dict[str, ZonePlanner],
+        routers: dict[str, str],
+        actuator: Actuator,
+        settings: ServerSettings,
+        history_file: str = "",
+        drain_timeout_s: float = 120.0,
+    ) -> None:
+        self.actuator = actuator
+        self.history_file = history_file
+        self.drain_timeout_s = drain_timeout_s
+        self.zones = {
+            z: ZoneRuntime(p, router_pb2_grpc.RouterAdminServiceStub(open_channel(routers[z], settings)))
+            for z, p in planners.items()
+        }
+
+    def restore(self) -> None:
+        """Loads the history checkpoint, if there is one (a bad one is refused, naming the field)."""
+        if not self.history_file or not Path(self.history_file).exists():
+            return
+        data = json.loads(Path(self.history_file).read_text())
+        for zone, h in data.get("zones", {}).items():
+            if zone in self.zones:
+                planner = self.zones[zone].planner
+                planner.history = LoadHistory.from_json(h, planner.history.max_buckets)
+
+    def checkpoint(self) -> None:
+        if not self.history_file:
+            return
+        doc = {"zones": {z: rt.planner.history.to_json() for z, rt in self.zones.items()}}
+        tmp = Path(self.history_file + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.history_file)
+
+    async def step(self) -> None:
+        for zone, rt in self.zones.items():
+            try:
+                await self._zone_step(zone, rt, time.time())
+            except Exception:
+                m.STEP_ERRORS.labels(zone).inc()
+                log.exception("planning step of zone %s failed", zone)
+        self.checkpoint()
+
+    async def _zone_step(self, zone: str, rt: ZoneRuntime, now: float) -> None:
+        resp = await rt.stub.ListWorkers(router_pb2.ListWorkersRequest(), timeout=5.0)
+        rt.planner.history.observe(now, {w.endpoint.id: float(w.selections_total) for w in resp.workers})
+        if await asyncio.to_thread(rt.planner.maybe_retrain, now):
+            self._report_forecasters(zone, rt.planner)
+        status = {w.endpoint.address: w for w in resp.workers}
+        await self._finish_drains(zone, rt, status, now)
+        passing = [a for a, w in status.items() if w.endpoint.health == PASSING and not w.draining]
+        for a in passing:
+            rt.started_at.setdefault(a, now)
+        serving = [WorkerLife(a, rt.started_at[a]) for a in passing if a not in rt.draining]
+        queued = sum(w.load.waiting for w in resp.workers)
+        rt.announced -= set(passing)
+        removable = self.actuator.removable(zone) if self.actuator.carries_out else None
+        d = rt.planner.step(now, serving, len(rt.starting) + len(rt.announced), queued, removable)
+        await self._carry_out(zone, rt, d, status, now)
+        m.DESIRED.labels(zone).set(d.desired)
+        m.SERVING.labels(zone).set(len(serving))
+        m.STARTING.labels(zone).set(len(rt.starting) + len(rt.announced))
+        m.FORECAST_RPS.labels(zone).set(d.forecast_rps)
+
+    def _report_forecasters(self, zone: str, planner: ZonePlanner) -> None:
+        cmp = planner.comparison
+        if cmp is None:
+            return
+        scores = {"lstm": cmp.lstm_mae, **cmp.baselines}
+        for name, err in scores.items():
+            m.FORECAST_MAE.labels(zone, name).set(err)
+            m.FORECASTER.labels(zone, name).set(1.0 if name == cmp.chosen else 0.0)
+        log.info("zone %s: forecaster %s (held-out MAE %s)", zone, cmp.chosen, scores)
+
+    async def _carry_out(
+        self, zone: str, rt: ZoneRuntime, d: Decision, status: dict[str, router_pb2.WorkerStatus], now: float
+    ) -> None:
+        a = d.action
+        if a.add or a.remove:
+            log.info(
+                "zone %s: %s (desired %d, forecast %.3f rps, %s)", zone, a, d.desired, d.forecast_rps, d.forecaster
+            )
+        if not self.actuator.carries_out:
+            for _ in range(a.add):
+                m.ACTIONS.labels(zone, "scale_out_dry_run").inc()
+            for _ in a.remove:
+                m.ACTIONS.labels(zone, "scale_in_dry_run").inc()
+            return
+        for _ in range(a.add):
+            task = asyncio.create_task(self.actuator.start(zone))
+            rt.starting.add(task)
+            task.add_done_callback(functools.partial(self._started, zone, rt))
+            m.ACTIONS.labels(zone, "scale_out").inc()
+        for address in a.remove:
+            wid = status[address].endpoint.id
+            await rt.stub.DrainWorker(router_pb2.DrainWorkerRequest(worker_id=wid, drain=True), timeout=5.0)
+            rt.draining[address] = (wid, now)
+            m.ACTIONS.labels(zone, "drain").inc()
+
+    def _started(self, zone: str, rt: ZoneRuntime, task: asyncio.Task[str]) -> None:
+        rt.starting.discard(task)
+        if task.cancelled() or task.exception() is not None:
+            m.ACTIONS.labels(zone, "start_failed").inc()
+            log.error("zone %s: starting a worker failed: %s", zone, None if task.cancelled() else task.exception())
+            return
+        rt.announced.add(task.result())
+
+    async def _finish_drains(
+        self, zone: str, rt: ZoneRuntime, status: dict[str, router_pb2.WorkerStatus], now: float
+    ) -> None:
+        for address, (_wid, since) in list(rt.draining.items()):
+            w = status.get(address)
+            idle = w is None or (w.in_flight == 0 and w.load.running == 0 and w.load.waiting == 0)
+            if idle or now - since > self.drain_timeout_s:
+                await self.actuator.stop(zone, address)
+                del rt.draining[address]
+                rt.started_at.pop(address, None)
+                m.ACTIONS.labels(zone, "scale_in").inc()
+
+    async def close(self) -> None:
+        for rt in self.zones.values():
+            for t in list(rt.starting):
+                t.cancel()
+        await self.actuator.close()

@@ -1,0 +1,18 @@
+"""Planner metrics (the service skeleton's /metrics serves them)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+DESIRED = Gauge("kvmesh_planner_desired_workers", "Workers the forecast asks for", ["zone"])
+SERVING = Gauge("kvmesh_planner_serving_workers", "Workers taking traffic", ["zone"])
+STARTING = Gauge("kvmesh_planner_starting_workers", "Workers started and not yet serving", ["zone"])
+FORECAST_RPS = Gauge("kvmesh_planner_forecast_rps", "Highest forecast request rate over the horizon", ["zone"])
+FORECASTER = Gauge("kvmesh_planner_forecaster", "1 for the forecaster the planner trusts", ["zone", "forecaster"])
+FORECAST_MAE = Gauge(
+    "kvmesh_planner_forecast_mae", "Held-out MAE of each forecaster (requests per bucket)", ["zone", "forecaster"]
+)
+ACTIONS = Counter("kvmesh_planner_actions_total", "Scaling actions carried out", ["zone", "action"])
+STEP_ERRORS = Counter(
+    "kvmesh_planner_step_errors_total", "Planning steps that failed (router unreachable, ...)", ["zone"]
+)

@@ -1,0 +1,37 @@
+"""Settings of the planner (flags and KVMESH_* env, see kvmesh.config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvmesh.config import ServerSettings, setting
+
+
+@dataclass(frozen=True)
+class PlannerSettings(ServerSettings):
+    """kvmesh planner: forecasts each zone's load and scales its workers."""
+
+    routers: tuple[str, ...] = setting((), "gRPC address of each zone's router, 'zone=host:port' (comma list)")
+    actuator: str = setting("dry-run", "what carries out a decision: dry-run, local (start/stop worker processes)")
+    interval_s: float = setting(60.0, "seconds between planning steps")
+    bucket_s: float = setting(300.0, "history bucket, seconds (the forecasters' time step)")
+    horizon_buckets: int = setting(12, "buckets forecast ahead (12 x 300 s = the next hour)")
+    per_worker_rps: float = setting(
+        0.2, "capacity model: requests/s one worker serves within the SLO (measure it: python -m kvmesh.bench fleet)"
+    )
+    buffer: float = setting(0.2, "headroom over the forecast for bursts (seed 000 §4.3)")
+    min_workers: int = setting(2, "warm workers kept in every zone at all times (seed 003 §1.3)")
+    max_workers: int = setting(64, "most workers per zone")
+    min_lifetime_s: float = setting(1800.0, "a worker is kept at least this long after it starts (seed 000 §4.3)")
+    scale_in_delay_s: float = setting(900.0, "the forecast must stay below the fleet this long before a scale-in")
+    scale_in_cooldown_s: float = setting(600.0, "seconds between two scale-in steps")
+    scale_in_step: int = setting(1, "most workers removed per scale-in step")
+    queue_scale_out: int = setting(50, "more requests than this waiting in a zone add a worker at once")
+    retrain_s: float = setting(21600.0, "seconds between refits of the forecasters")
+    lstm_epochs: int = setting(150, "training epochs of the LSTM")
+    average_window_s: float = setting(3600.0, "window of the moving average used until a held-out day exists")
+    history_file: str = setting("", "checkpoint of the load history (JSON), written every step; '' = none")
+    registry_file: str = setting("", "local actuator: the static registry the failover service reads")
+    worker_args: str = setting("", "local actuator: flags of every worker it starts (shell-quoted string)")
+    worker_log_dir: str = setting("", "local actuator: where started workers log (default: a temporary directory)")
+    drain_timeout_s: float = setting(120.0, "a draining worker is stopped at the latest this long after its drain")
