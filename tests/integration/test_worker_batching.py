@@ -3,8 +3,8 @@
 In-process: the servicer over a real sim engine, the gate's timer replaced by a manual one (no sleeps, no
 timing): requests submitted inside one window wait, then enter the engine shortest prompt first when the
 window closes; one cancelled while waiting never reaches the engine; a full window is RESOURCE_EXHAUSTED;
-with the window off requests enter in submission order. A worker process started with the flag serves
-requests through it and exports the window's metrics; a negative window stops it at start, naming the field.
+with the window off requests enter in submission order. A worker process started with the flag serves gRPC
+and OpenAI requests through it and exports the window's metrics; a negative window stops it at start, naming the field.
 """
 
 from __future__ import annotations
@@ -180,11 +180,14 @@ async def test_a_worker_process_serves_through_the_window(tmp_path: Path) -> Non
                 return [m async for m in stub.Generate(gen_req(rid, ids, max_tokens=4), timeout=30)]
 
             outs = await asyncio.gather(*(one(rid) for rid in LENGTHS))
+        body = {"model": "m", "prompt": "through the window", "max_tokens": 2}
+        http = httpx.post(f"http://127.0.0.1:{sp.http_port}/v1/completions", json=body, timeout=30)
         text = httpx.get(f"http://127.0.0.1:{sp.http_port}/metrics", timeout=10).text
     finally:
         assert sp.terminate(timeout=30) == 0
     assert all(o[-1].usage.completion_tokens == 4 for o in outs)
-    assert "kvmesh_worker_batching_wait_seconds_count 3.0" in text.splitlines()
+    assert http.status_code == 200 and http.json()["usage"]["completion_tokens"] == 2  # the OpenAI route too
+    assert "kvmesh_worker_batching_wait_seconds_count 4.0" in text.splitlines()
     assert "kvmesh_worker_batching_release_requests_count" in text
 
 
