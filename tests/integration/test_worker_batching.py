@@ -128,6 +128,7 @@ async def test_requests_in_one_window_enter_shortest_first(windowed: Worker) -> 
     tasks = [windowed.start(rid) for rid in LENGTHS]
     await windowed.until_waiting(3)
     assert windowed.entered == []  # all three wait in the window
+    assert windowed.servicer.app.load().waiting == 3  # and the load report says so
     windowed.timer.fire()
     outs = await asyncio.gather(*tasks)
     assert windowed.entered == ["b", "c", "a"]  # 100, 200, 300 prompt tokens

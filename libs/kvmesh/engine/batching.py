@@ -96,7 +96,8 @@ class BatchWindow(Generic[K]):
         if key in self._waiting:
             raise InvalidArgument("request_id", f"{key!r} is already waiting in the batching window")
         if len(self._waiting) >= self.config.max_waiting:
-            wait = max(0.0, (self.due() or now) - now)
+            due = self.due()
+            wait = max(0.0, due - now) if due is not None else 0.0
             raise ResourceExhausted(f"batching window full ({self.config.max_waiting} waiting)", retry_after_s=wait)
         win = self.config.window_for(max_tokens)
         self._waiting[key] = _Waiting(max(0, prompt_tokens), win, now + win, next(self._arrivals))
