@@ -10,6 +10,7 @@ from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker import metrics as m
+from kvmesh.services.worker.admission import WindowGate, window_config
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
 from kvmesh.services.worker.kvpull import (
@@ -29,15 +30,18 @@ from kvmesh.v1 import worker_pb2_grpc
 
 
 async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
-    """The cost gauges (a bad price fails before anything starts), CPU affinity (the engine's processes inherit
-    it), the engine (vLLM takes seconds), then the servicer, the OpenAI routes and the KV event sinks."""
+    """The cost gauges and the batching window (a bad price or window fails before anything starts), CPU
+    affinity (the engine's processes inherit it), the engine (vLLM takes seconds), then the servicer, the OpenAI
+    routes and the KV event sinks."""
     m.set_cost(settings.gpus, settings.gpu_hour_price)
+    window = window_config(settings)
     if settings.cpu_affinity:
         pin_process(parse_cpu_list(settings.cpu_affinity))
     pulls = PeerPulls(settings)
     engine = build_engine(settings, pull_transport=pulls)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
+    app.gate = WindowGate(window) if window is not None else None
     tiers = engine.core.tiers if isinstance(engine, SimEngine) else None
     kvsync = KvSyncServer(tiers.cpu, settings) if tiers is not None and tiers.cpu is not None else None
     if isinstance(engine, VllmEngine) and engine.config.kv_connector:
@@ -51,7 +55,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     runner.add_servicer(
         worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings), "kvmesh.v1.WorkerService"
     )
-    OpenAIApi(engine, model_name(settings)).add_routes(runner.http_app)
+    OpenAIApi(engine, model_name(settings), app.gate).add_routes(runner.http_app)
     pusher = CacheManagerPusher(app, settings.cache_manager, settings) if settings.cache_manager else None
     zpub: list[ZmqKvPublisher] = []
 

@@ -17,6 +17,7 @@ from kvmesh.services.worker.kvlog import KvEventLog
 from kvmesh.tasks import stop_task
 
 if TYPE_CHECKING:
+    from kvmesh.services.worker.admission import WindowGate
     from kvmesh.services.worker.kvpull import VllmPulls
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class WorkerApp:
         self.tier_shm_name = ""
         self.tier_blocks_total = 0
         self.vllm_pulls: VllmPulls | None = None  # a vLLM worker's pull hints -> its KV connector
+        self.gate: WindowGate | None = None  # the batching window requests wait in (None: off)
         self._pump_task: asyncio.Task[None] | None = None
 
     @property
@@ -59,6 +61,8 @@ class WorkerApp:
     def load(self) -> LoadReport:
         r = self.engine.load_report()
         r.worker_id = self.worker_id
+        if self.gate is not None:  # requests in the batching window are waiting too
+            r.waiting += len(self.gate.window)
         m.observe_load(r)
         return r
 

@@ -32,6 +32,16 @@ KV_PULL_OUTCOMES = Counter(
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
 TIER_LOADED_TOKENS = Gauge("kvmesh_worker_tier_loaded_tokens", "Prompt tokens loaded back from the host tiers")
 TIER_PULLED_BLOCKS = Gauge("kvmesh_worker_tier_pulled_blocks", "KV blocks pulled from peers into the CPU tier")
+BATCHING_WAIT = Histogram(
+    "kvmesh_worker_batching_wait_seconds",
+    "Time a request waited in the batching window before entering the engine",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5),
+)
+BATCHING_RELEASE = Histogram(
+    "kvmesh_worker_batching_release_requests",
+    "Requests one release of the batching window let into the engine",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 GPUS = Gauge("kvmesh_worker_gpus", "GPUs this worker occupies (--gpus)")
 GPU_HOUR_PRICE = Gauge("kvmesh_worker_gpu_hour_price_usd", "Configured price of one GPU-hour, USD (--gpu-hour-price)")
 

@@ -21,6 +21,7 @@ from kvmesh.openai.aio import ClientGone, SseWriter, client_gone, error_response
 from kvmesh.openai.protocol import Message, OpenAIRequest, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.services.worker import metrics as m
+from kvmesh.services.worker.admission import WindowGate
 
 FINISH = {"prefill_only": "length"}
 PROBE_PATHS = ("/health", "/model_info", "/server_info", "/get_model_info", "/get_server_info")
@@ -37,9 +38,10 @@ def _finish(out: EngineOutput) -> str | None:
 
 
 class OpenAIApi:
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, gate: WindowGate | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.gate = gate  # the batching window (None: off)
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", openai_errors(self.completions))
@@ -69,6 +71,11 @@ class OpenAIApi:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         text = render_chat(parsed.messages) if chat else parsed.prompt_text
         req = EngineRequest(rid, prompt_token_ids=parsed.prompt_ids, prompt=text, sampling=parsed.sampling)
+        if self.gate is not None:
+            try:
+                await self.gate.admit(req)
+            except KvmeshError as e:
+                return error_response(e)
         stream = self.engine.generate(req)
         timer = m.StreamTimer(time.monotonic())
         try:

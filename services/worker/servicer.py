@@ -98,6 +98,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
         elif request.HasField("kv_pull") and vllm is not None:
             params = await vllm.params(req, hint_from_proto(request.kv_pull))  # None: computed
+        if self.app.gate is not None:  # the batching window: enter the engine in its release order
+            await self.app.gate.admit(req)
         owner = self._own(request.request_id)
         stream = engine.generate(req) if vllm is None or params is None else vllm.engine.generate(req, params)
         try:

@@ -49,6 +49,19 @@ class WorkerSettings(ServerSettings):
         "price of one GPU-hour, USD, exported for the cost rules (kvmesh_worker_gpu_hour_price_usd); the default"
         " is the fleet simulator's",
     )
+    batching_window_ms: float = setting(
+        0.0,
+        "batching window for question answering requests (max_tokens below --batching-generation-max-tokens),"
+        " ms: requests wait, then enter the engine shortest prompt first under --batching-token-budget; the"
+        " seeds use 50-100; 0 = off",
+    )
+    batching_generation_window_ms: float = setting(
+        0.0, "batching window for generation requests, ms (the seeds use 100-200); 0 = twice --batching-window-ms"
+    )
+    batching_generation_max_tokens: int = setting(
+        256, "a request with max_tokens at least this (or unset) is generation in the batching window"
+    )
+    batching_token_budget: int = setting(16384, "prompt tokens one release of the batching window lets through")
     cpu_affinity: str = setting(
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )

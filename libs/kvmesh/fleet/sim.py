@@ -26,6 +26,8 @@ way to w are not fetched twice: a second request for them waits for the same tra
 When its transfers are done (event READY) the blocks enter w's pool as cached and the request is queued on
 w; the engine then counts them as cached tokens,
 so ``hit_ratio`` = prompt tokens not recomputed (GPU hits + tier loads + pulls).
+With a batching window (``FleetConfig.batching``, :mod:`kvmesh.fleet.batching`) a request routed to w waits in
+w's window and is queued on the engine when a release (event WINDOW) lets it through, shortest prompt first.
 With ``stop_when_slo_lost`` a run stops as soon as more requests violated TTFT (or ITL) than the p99 allows
 (``> n − ⌈0.99 n⌉``): the SLO verdict is then certain (used by the capacity bisection).
 """
@@ -42,9 +44,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvmesh.engine.base import EngineRequest, SamplingParams
+from kvmesh.engine.batching import WindowConfig
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.sim.perf import block_bytes, chunked_prefill_time
 from kvmesh.errors import InvalidArgument, ResourceExhausted
+from kvmesh.fleet.batching import FleetWindows
 from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.tiers import DataPlane, WorkerTiers
@@ -54,7 +58,7 @@ from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvmesh.routing.dataplane import load_pays, pull_pays
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
-_STEP_END, _ARRIVAL, _WARM, _READY, _CALL = 0, 1, 2, 3, 4
+_STEP_END, _ARRIVAL, _WARM, _READY, _WINDOW, _CALL = 0, 1, 2, 3, 4, 5
 
 
 class Index(Protocol):
@@ -90,6 +94,7 @@ class FleetConfig:
     max_wall_s: float | None = None
     vocab_size: int = DEFAULT_VOCAB
     data_plane: DataPlane | None = None
+    batching: WindowConfig | None = None  # a batching window at each worker's admission (kvmesh.fleet.batching)
 
     def gpu_blocks_per_worker(self) -> int:
         """KV blocks of one worker's engine pool."""
@@ -224,6 +229,7 @@ class FleetSim:
         n = len(trace)
         self._allowed_bad = n - math.ceil(0.99 * n)
         self._init_data_plane()
+        self.windows = FleetWindows(config.batching, config.workers) if config.batching is not None else None
 
     def _init_data_plane(self) -> None:
         dp = self.cfg.data_plane
@@ -274,7 +280,8 @@ class FleetSim:
 
     def idle(self, slot: int) -> bool:
         """Worker ``slot`` has nothing queued, running or in a step."""
-        return not self._busy[slot] and not self._awaiting[slot] and not self.engines[slot].has_work()
+        held = self.windows is not None and len(self.windows.windows[slot]) > 0  # in its batching window
+        return not self._busy[slot] and not self._awaiting[slot] and not held and not self.engines[slot].has_work()
 
     def reset_worker(self, slot: int) -> None:
         """Worker ``slot`` leaves the fleet: its engine, index entries, tiers and transfers are gone, so it
@@ -371,7 +378,28 @@ class FleetSim:
             self.warmer.on_arrival(self, hs, toks, self.now)
 
     def _submit(self, slot: int, i: int, rr: RoutingQuery | None) -> None:
-        """Queue request i on engine ``slot``; ``rr`` None: the policy was told at routing time (data plane)."""
+        """Queue request i on engine ``slot``, through its batching window when there is one."""
+        if self.windows is not None:
+            self.windows.hold(self, slot, i, rr)
+        else:
+            self.enter(slot, i, rr)
+
+    def push_window(self, t: float, slot: int) -> None:
+        """Schedule the release of worker ``slot``'s batching window at ``t``."""
+        self._push(t, _WINDOW, slot)
+
+    def reject(self, slot: int, rid: str, told: bool) -> None:
+        """Request ``rid`` is refused at worker ``slot`` (never served: an SLO violation, first_token stays NaN);
+        ``told``: the policy had been told it was routed there."""
+        self.rejected += 1
+        self._ttft_bad += 1
+        self._itl_bad += 1
+        if told:
+            self.policy.on_finish(rid, self.ids[slot], self.now)
+
+    def enter(self, slot: int, i: int, rr: RoutingQuery | None) -> None:
+        """Queue request i on engine ``slot``; ``rr`` None: the policy was told at routing time (data plane,
+        batching window)."""
         r = self.trace.requests[i]
         rid = str(i)
         req = EngineRequest(
@@ -382,11 +410,7 @@ class FleetSim:
         try:
             self.engines[slot].add_request(req, self.now)
         except (ResourceExhausted, InvalidArgument):
-            self.rejected += 1  # never served: counts as an SLO violation (first_token stays NaN)
-            self._ttft_bad += 1
-            self._itl_bad += 1
-            if rr is None:
-                self.policy.on_finish(rid, self.ids[slot], self.now)
+            self.reject(slot, rid, told=rr is None)
             return
         if rr is not None:
             self.policy.on_routed(rr, self.ids[slot], self.now)
@@ -582,6 +606,9 @@ class FleetSim:
                 arg()
             elif kind == _READY:
                 self._ready(*arg)
+            elif kind == _WINDOW:
+                assert self.windows is not None
+                self.windows.release(self, arg, t)
             else:
                 self._arrival(arg)
                 arrived += 1
@@ -610,6 +637,8 @@ class FleetSim:
         res.summary.update(
             rejected=self.rejected, stopped_early=stopped, truncated=truncated, warm_requests=self.warm_requests
         )
+        if self.windows is not None:
+            res.summary["batching"] = self.windows.stats()
         if self.dp is not None:
             res.summary["data_plane"] = {"peer_pulls": self.pulls, **self.dp_stats}
         return res
