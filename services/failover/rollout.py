@@ -3,9 +3,9 @@
 `start(new, old)` remembers the version weights in force, sets the first step and runs one task that, every
 check interval, measures both versions (`canary_probe.VersionProber`, workers of each version from the
 published endpoint sets), analyses, and applies the schedule's action through the endpoint-set publisher:
-the next step's weights, or the weights from before the rollout (automatic rollback). Every event is logged
-(a rollback at WARNING, with its reasons) and counted in the `kvmesh_rollout_*` metrics. One rollout at a
-time; the last one stays readable (`current`).
+the next step's weights, or the weights from before the rollout (automatic rollback). Every event is logged,
+exempt from the log repeat limit (a rollback at WARNING, with its reasons), and counted in the
+`kvmesh_rollout_*` metrics. One rollout at a time; the last one stays readable (`current`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kvmesh.services.failover import metrics
 from kvmesh.services.failover.canary_probe import VersionProber
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.tasks import stop_task
+from kvmesh.telemetry.logging import UNLIMITED
 
 log = logging.getLogger(__name__)
 
@@ -111,4 +112,4 @@ class RolloutController:
         metrics.ROLLOUT_STEP.labels(r.new_version).set(100 * r.new_share)
         for ev in r.events[seen_events:]:
             level = logging.WARNING if ev.kind == "rolled_back" else logging.INFO
-            log.log(level, "rollout event %s: %s", ev.kind, ev.message)
+            log.log(level, "rollout event %s: %s", ev.kind, ev.message, extra={UNLIMITED: True})  # a few per step

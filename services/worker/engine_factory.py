@@ -77,6 +77,7 @@ def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None)
             max_num_seqs=s.max_num_seqs,
             vocab_size=vocab,
             extra_step_s=s.sim_extra_step_ms / 1000.0,
+            output_salt=s.sim_output_salt,
         )
         clock: Clock = VirtualClock() if s.sim_speed == 0 else RealClock(s.sim_speed)
         return SimEngine(

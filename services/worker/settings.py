@@ -21,6 +21,7 @@ class WorkerSettings(ServerSettings):
     sim_extra_step_ms: float = setting(
         0.0, "sim engine: milliseconds added to every engine iteration (stands for a slower build in canary tests)"
     )
+    sim_output_salt: int = setting(0, "sim engine: non-zero changes every generated token (stands for another model)")
     max_queue: int = setting(256, "waiting requests before RESOURCE_EXHAUSTED")
     zmq_publish: str = setting("", "also publish KV events in vLLM's ZMQ wire format on this endpoint")
     vllm_args: str = setting("", "extra vLLM engine arguments, e.g. '--tensor-parallel-size 2'")

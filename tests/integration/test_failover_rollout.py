@@ -1,8 +1,10 @@
 """Canary rollouts in the failover service, with real processes: a failover service over the static registry
-and simulated workers of three versions (v1 serving; v2 a slower build, every engine iteration 25 ms longer;
-v3 a good build). A rollout of v2 is rolled back automatically at its first step (5 %), never above 10 %;
-a rollout of v3 reaches 100 %, and v1's standby ends after the (short) standby time. Events come back from
-`GetRollout` and the failover's log, metrics from its /metrics page. Waits are bounded polls on conditions.
+and simulated workers of four versions (v1 serving; v2 a slower build, every engine iteration 25 ms longer;
+v3 a good build; v4 another model, its tokens changed by an output salt). A rollout of v2 is rolled back
+automatically at its first step (5 %), never above 10 %; a rollout of v3 reaches 100 %, and v1's standby
+ends after the (short) standby time; a rollout of v4 after v3 is rolled back on output consistency. Events
+come back from `GetRollout` and the failover's log, metrics from its /metrics page. Waits are bounded polls
+on conditions.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def test_slow_version_rolled_back_before_10_percent_good_one_promoted(
     w1 = services("worker", *sim, "--version", "v1")
     w2 = services("worker", *sim, "--version", "v2", "--sim-extra-step-ms", "25")
     w3 = services("worker", *sim, "--version", "v3")
-    register(reg, worker("w-v1", "v1", w1), worker("w-v2", "v2", w2), worker("w-v3", "v3", w3))
+    w4 = services("worker", *sim, "--version", "v4", "--sim-output-salt", "7")
+    register(reg, *(worker(f"w-v{i}", f"v{i}", w) for i, w in enumerate((w1, w2, w3, w4), 1)))
     fo = services(
         "failover",
         *("--registry-file", str(reg), "--zones", "a", "--zone", "a", "--require-cache-manager", "false"),
@@ -84,7 +87,7 @@ def test_slow_version_rolled_back_before_10_percent_good_one_promoted(
             failover_pb2.WatchEndpointsRequest(roles=[common_pb2.SERVICE_ROLE_WORKER]), timeout=30
         )
         for msg in watch:
-            if len([e for z in msg.zones for e in z.endpoints]) == 3:
+            if len([e for z in msg.zones for e in z.endpoints]) == 4:
                 break
         watch.cancel()
 
@@ -117,6 +120,17 @@ def test_slow_version_rolled_back_before_10_percent_good_one_promoted(
         assert metric(fo.http_port, "kvmesh_rollout_promotions_total") == 1
         assert metric(fo.http_port, "kvmesh_rollout_step_pct", 'version="v3"') == 100
         assert metric(fo.http_port, "kvmesh_rollout_verdicts_total", 'result="pass"') >= 3
+
+        stub.StartRollout(failover_pb2.StartRolloutRequest(new_version="v4", old_version="v3"), timeout=5)
+        shares = follow(stub, lambda r: r.phase in DONE)
+        r = stub.GetRollout(failover_pb2.GetRolloutRequest(), timeout=5).rollout
+        assert r.phase == ROLLED_BACK and max(shares) <= 0.10 and list(r.failed_checks) == ["consistency"], r
+        assert r.consistency < 0.99 and abs(r.latency_regression) < 0.15
+        weights = stub.GetTrafficWeights(failover_pb2.GetTrafficWeightsRequest(), timeout=5).weights
+        assert dict(weights.version_weights) == {"v3": 1.0, "v1": 0.0}
+        assert metric(fo.http_port, "kvmesh_rollout_rollbacks_total", 'reason="consistency"') == 1
     log = fo.log()
     assert "rollout event rolled_back: v2 at 5 % failed latency" in log
     assert "rollout event promoted: v3 promoted to 100 %" in log
+    assert "rollout event standby_expired: standby of v1 over" in log
+    assert "rollout event rolled_back: v4 at 5 % failed consistency" in log
