@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from kvmesh.errors import FailedPrecondition
 from kvmesh.rollout.canary import CanaryThresholds, Verdict, analyse
-from kvmesh.rollout.schedule import Action, Phase, Rollout, RolloutPlan, start, step
+from kvmesh.rollout.schedule import Action, Phase, Rollout, RolloutPlan, abort, start, step
 from kvmesh.services.failover import metrics
 from kvmesh.services.failover.canary_probe import VersionProber
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
@@ -66,6 +66,19 @@ class RolloutController:
         await self.prober.close()
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as e:  # a bug or an unexpected failure: fail safe, never leave a canary half-weighted
+            log.exception("rollout controller failed")
+            if self.current is not None and self.current.phase is Phase.RUNNING:
+                await self.publisher.set_weights({}, self._before)
+                metrics.ROLLOUT_ROLLBACKS.labels("controller").inc()
+                self._record(
+                    abort(self.current, f"controller error {type(e).__name__}: {e}", self.clock()),
+                    len(self.current.events),
+                )
+
+    async def _loop(self) -> None:
         while self.current is not None and self.current.phase in (Phase.RUNNING, Phase.PROMOTED):
             r = self.current
             wait = self.check_interval_s

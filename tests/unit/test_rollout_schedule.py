@@ -6,7 +6,7 @@ import pytest
 
 from kvmesh.errors import InvalidArgument
 from kvmesh.rollout.canary import Verdict
-from kvmesh.rollout.schedule import DEFAULT_STANDBY_S, Action, Phase, RolloutPlan, parse_steps, start, step
+from kvmesh.rollout.schedule import DEFAULT_STANDBY_S, Action, Phase, RolloutPlan, abort, parse_steps, start, step
 
 PASS = Verdict(True, (), (), 1.0)
 FAIL = Verdict(False, ("latency",), ("latency: probe median latency +40.0 % >= 15 %",))
@@ -59,6 +59,13 @@ def test_a_failure_at_a_later_step_rolls_back_from_there() -> None:
     assert a is Action.ROLLBACK and r.max_new_share == 0.10 and "at 10 %" in r.events[-1].message
 
 
+def test_abort_fails_safe_only_while_running() -> None:
+    r = abort(start("v2", "v1", PLAN, 0.0), "controller error", 3.0)
+    assert r.phase is Phase.ROLLED_BACK and r.new_share == 0.0 and "aborted: controller error" in r.events[-1].message
+    promoted, _ = step(start("v2", "v1", RolloutPlan(steps_pct=(50.0, 100.0), hold_s=0.0), 0.0), PASS, 1.0)
+    assert promoted.phase is Phase.PROMOTED and abort(promoted, "x", 2.0) is promoted
+
+
 def test_no_measurement_changes_nothing() -> None:
     r = start("v2", "v1", PLAN, 0.0)
     assert step(r, None, 100.0) == (r, Action.NONE)
@@ -73,6 +80,8 @@ def test_versions_and_plan_are_validated() -> None:
         parse_steps("5,50,10,100")
     with pytest.raises(InvalidArgument, match="rollout_steps"):
         parse_steps("5,x")
+    with pytest.raises(InvalidArgument, match="step below 100"):
+        parse_steps("100")
     with pytest.raises(InvalidArgument, match="rollout_hold_s"):
         RolloutPlan(hold_s=-1).validated()
     assert parse_steps("25, 100") == (25.0, 100.0)

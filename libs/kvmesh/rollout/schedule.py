@@ -6,6 +6,7 @@
         RUNNING, passed, held ≥ hold_s   → next step (Action.SET_WEIGHTS); the last one (100 %) is PROMOTED
         RUNNING, passed, held < hold_s   → unchanged (Action.NONE): the step is held
         PROMOTED, now ≥ standby_until    → COMPLETE, Action.STANDBY_EXPIRED: the old version may be retired
+    abort(r, reason, now)                a RUNNING rollout whose controller failed → ROLLED_BACK (fail safe)
     where held = now − the step's start and standby_until = promotion time + standby_s (48 h by default).
 
 So a version failing a check never carries more than the share of the step it is on: a check runs every
@@ -53,6 +54,8 @@ class RolloutPlan:
             raise InvalidArgument("rollout_steps", f"every step must be in (0, 100], got {s}")
         if any(b <= a for a, b in itertools.pairwise(s)) or s[-1] != 100:
             raise InvalidArgument("rollout_steps", f"steps must increase and end at 100, got {s}")
+        if len(s) < 2:
+            raise InvalidArgument("rollout_steps", f"a canary needs a step below 100 before 100, got {s}")
         for name in ("hold_s", "standby_s"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
@@ -142,6 +145,14 @@ def step(r: Rollout, verdict: Verdict | None, now: float) -> tuple[Rollout, Acti
         events=r._event(now, kind, msg),
     )
     return out, Action.SET_WEIGHTS
+
+
+def abort(r: Rollout, reason: str, now: float) -> Rollout:
+    """A running rollout ended without a verdict (the controller failed): ROLLED_BACK, failing safe."""
+    if r.phase is not Phase.RUNNING:
+        return r
+    msg = f"{r.new_version} at {r.plan.steps_pct[r.step_index]:g} % aborted: {reason}"
+    return replace(r, phase=Phase.ROLLED_BACK, events=r._event(now, "rolled_back", msg))
 
 
 def parse_steps(text: str) -> tuple[float, ...]:
