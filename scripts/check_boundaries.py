@@ -24,6 +24,7 @@ _PURE = ("kvmesh.hashing", "kvmesh.index", "kvmesh.routing", "kvmesh.warming", "
 _PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai", "kvmesh.discovery.checks", "kvmesh.security.signing")
 _PURE += ("kvmesh.security.guardrails",)
 _PURE += ("kvmesh.security.authz",)
+_PURE += ("kvmesh.rollout",)
 _PURE_CODECS = ("kvmesh.wire.vllm_events", "kvmesh.wire.proto*", "kvmesh.wire.ingest_log")
 
 

@@ -22,6 +22,8 @@ _.SetTrafficWeights
 _.GetTrafficWeights
 _.RollbackTrafficWeights
 _.GetZoneHealth
+_.StartRollout
+_.GetRollout
 _.RegisterRegion
 _.DeregisterRegion
 _.intercept_unary_unary

@@ -3,13 +3,15 @@
 Wiring: registry (Consul with --consul-url, else the static YAML --registry-file, else a static file
 in a temporary directory; a static one wrapped in `ProbedRegistry`, which probes each instance's gRPC
 health, unless --static-probe-interval-s 0) → DiscoveryWatcher (+ last-known-good file) → FailoverPolicy
-→ endpoint-set publisher → servicer. The runner registers the service (role failover, gRPC check) in that
+→ endpoint-set publisher → servicer, with the canary rollout controller (rollout.py) driving version
+weights through that publisher. The runner registers the service (role failover, gRPC check) in that
 registry, in Consul through the shared default, and deregisters it on SIGTERM.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -25,9 +27,14 @@ from kvmesh.discovery.registry import CheckSpec
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.discovery.zones import ZonePolicy
+from kvmesh.errors import InvalidArgument
+from kvmesh.rollout.canary import CanaryThresholds, probe_prompts
+from kvmesh.rollout.schedule import RolloutPlan, parse_steps
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.rpc.server import ServiceRunner, run_service
+from kvmesh.services.failover.canary_probe import VersionProber
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
+from kvmesh.services.failover.rollout import RolloutController
 from kvmesh.services.failover.servicer import FailoverServicer
 from kvmesh.services.failover.settings import FailoverSettings
 from kvmesh.v1 import failover_pb2_grpc
@@ -63,6 +70,25 @@ def probed(registry: StaticRegistry, s: FailoverSettings) -> ProbedRegistry:
     return ProbedRegistry(registry, policy, lambda target: open_channel(target, s, options=options, propagate=False))
 
 
+def make_rollouts(publisher: EndpointSetPublisher, s: FailoverSettings) -> RolloutController:
+    """The canary rollout controller from the rollout_* settings (InvalidArgument naming a bad one)."""
+    if s.rollout_probes < 1 or s.rollout_probe_prompt_tokens < 1 or s.rollout_probe_max_tokens < 1:
+        raise InvalidArgument("rollout_probes", "rollout_probes, _prompt_tokens and _max_tokens must be >= 1")
+    for name in ("rollout_check_interval_s", "rollout_probe_timeout_s"):
+        if not 0 < getattr(s, name) < math.inf:
+            raise InvalidArgument(name, f"must be a finite number > 0, got {getattr(s, name)}")
+    prompts = probe_prompts(s.rollout_probes, s.rollout_probe_prompt_tokens)
+    prober = VersionProber(lambda t: open_channel(t, s), prompts, s.rollout_probe_max_tokens, s.rollout_probe_timeout_s)
+    plan = RolloutPlan(parse_steps(s.rollout_steps), s.rollout_hold_s, s.rollout_standby_s)
+    th = CanaryThresholds(
+        s.rollout_min_consistency,
+        s.rollout_max_latency_regression,
+        s.rollout_max_memory_diff,
+        s.rollout_max_error_rate_increase,
+    )
+    return RolloutController(publisher, prober, plan, th, s.rollout_check_interval_s)
+
+
 async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     """Wires the failover servicer into the runner."""
     registry = registry_from(settings.registry_file, settings.consul_url, settings.registry_timeout_s)
@@ -80,9 +106,10 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
     await watcher.start()
     publisher = EndpointSetPublisher(watcher, make_policy(settings), tick_s=settings.health_interval_s)
     await publisher.start()
+    rollouts = make_rollouts(publisher, settings)
     runner.add_servicer(
         failover_pb2_grpc.add_FailoverServiceServicer_to_server,
-        FailoverServicer(publisher, registry, runner.stopping),
+        FailoverServicer(publisher, registry, runner.stopping, rollouts),
         "kvmesh.v1.FailoverService",
     )
     if not settings.consul_url:  # with Consul the runner's default registration applies
@@ -90,6 +117,7 @@ async def build(runner: ServiceRunner, settings: FailoverSettings) -> None:
         runner.register_in(static or registry, check, advertise_host=settings.advertise_host)
 
     async def stopped() -> None:
+        await rollouts.stop()
         await publisher.stop()
         await watcher.stop()
         if isinstance(registry, ConsulRegistry):

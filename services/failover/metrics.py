@@ -18,3 +18,16 @@ SWITCHOVER_SECONDS = Histogram(
 REGISTRY_REACHABLE = Gauge("kvmesh_failover_registry_reachable", "1 when the registry (Consul) answers")
 SERVING_STALE = Gauge("kvmesh_failover_serving_last_known_good", "1 when serving last-known-good endpoints")
 REVISION = Gauge("kvmesh_failover_revision", "Revision of the published endpoint sets")
+
+ROLLOUT_STEP = Gauge("kvmesh_rollout_step_pct", "Traffic share of the version being rolled out, percent", ["version"])
+ROLLOUT_VERDICTS = Counter(
+    "kvmesh_rollout_verdicts_total",
+    "Canary checks by result and failed check (none: passed)",
+    ["result", "check"],
+)
+ROLLOUT_ROLLBACKS = Counter("kvmesh_rollout_rollbacks_total", "Automatic rollbacks by (first) failed check", ["reason"])
+ROLLOUT_PROMOTIONS = Counter("kvmesh_rollout_promotions_total", "Rollouts that reached 100 %")
+ROLLOUT_CONSISTENCY = Gauge("kvmesh_rollout_consistency", "Mean output-histogram cosine of the last canary check")
+ROLLOUT_LATENCY_REGRESSION = Gauge(
+    "kvmesh_rollout_latency_regression", "Relative median probe latency change of the last canary check"
+)

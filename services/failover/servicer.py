@@ -11,11 +11,13 @@ from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
 from kvmesh.discovery.traffic import normalise_weights
 from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
+from kvmesh.rollout.schedule import Phase, Rollout
 from kvmesh.rpc.validate import in_range, non_empty
 from kvmesh.security.admin import no_unknown_fields
 from kvmesh.security.audit import audited
 from kvmesh.security.identity import CallerRole, current_identity
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
+from kvmesh.services.failover.rollout import RolloutController
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 
 ROLE_TO_PB = {
@@ -30,6 +32,29 @@ HEALTH_TO_PB = {
     Health.WARNING: common_pb2.HEALTH_STATE_WARNING,
     Health.CRITICAL: common_pb2.HEALTH_STATE_CRITICAL,
 }
+PHASE_TO_PB = {
+    Phase.RUNNING: failover_pb2.ROLLOUT_PHASE_RUNNING,
+    Phase.PROMOTED: failover_pb2.ROLLOUT_PHASE_PROMOTED,
+    Phase.COMPLETE: failover_pb2.ROLLOUT_PHASE_COMPLETE,
+    Phase.ROLLED_BACK: failover_pb2.ROLLOUT_PHASE_ROLLED_BACK,
+}
+
+
+def rollout_pb(r: Rollout) -> failover_pb2.Rollout:
+    v = r.verdict
+    return failover_pb2.Rollout(
+        new_version=r.new_version,
+        old_version=r.old_version,
+        phase=PHASE_TO_PB[r.phase],
+        new_share=r.new_share,
+        max_new_share=r.max_new_share,
+        events=[failover_pb2.RolloutEvent(at=e.at, kind=e.kind, message=e.message) for e in r.events],
+        standby_until=r.standby_until,
+        failed_checks=list(v.failed) if v else [],
+        consistency=v.consistency if v else 0.0,
+        latency_regression=v.latency_regression if v else 0.0,
+        memory_diff=v.memory_diff if v else 0.0,
+    )
 
 
 SERVICE = "failover"  # as the audit log names it
@@ -85,10 +110,17 @@ def instance_from_pb(e: common_pb2.Endpoint) -> ServiceInstance:
 class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
     """Discovery, zone health and traffic weights."""
 
-    def __init__(self, publisher: EndpointSetPublisher, registry: Registry | None, stopping: asyncio.Event) -> None:
+    def __init__(
+        self,
+        publisher: EndpointSetPublisher,
+        registry: Registry | None,
+        stopping: asyncio.Event,
+        rollouts: RolloutController | None = None,
+    ) -> None:
         self.publisher = publisher
         self.registry = registry
         self.stopping = stopping
+        self.rollouts = rollouts
 
     def endpoints_response(self, roles: set[Role]) -> failover_pb2.WatchEndpointsResponse:
         d = self.publisher.decision
@@ -217,3 +249,25 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
         return failover_pb2.GetZoneHealthResponse(
             zones=zones, registry_reachable=self.publisher.watcher.reachable is True
         )
+
+    def _rollouts(self) -> RolloutController:
+        if self.rollouts is None:
+            raise FailedPrecondition("this failover service runs no rollout controller")
+        return self.rollouts
+
+    async def StartRollout(  # type: ignore[override]
+        self, request: failover_pb2.StartRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.StartRolloutResponse:
+        new, old = request.new_version, request.old_version
+        with audited(SERVICE, "FailoverService/StartRollout", new_version=new, old_version=old):
+            no_unknown_fields(request)
+            non_empty(new, "new_version")
+            non_empty(old, "old_version")
+            r = await self._rollouts().start(new, old)
+            return failover_pb2.StartRolloutResponse(rollout=rollout_pb(r))
+
+    async def GetRollout(  # type: ignore[override]
+        self, request: failover_pb2.GetRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> failover_pb2.GetRolloutResponse:
+        r = self._rollouts().current
+        return failover_pb2.GetRolloutResponse(rollout=rollout_pb(r) if r is not None else None)

@@ -27,9 +27,9 @@ import numpy as np
 from kvmesh.cachemgr.follower import IndexFollower
 from kvmesh.cachemgr.media import PrefixMatches
 from kvmesh.config import ServerSettings
+from kvmesh.errors import FailedPrecondition
 from kvmesh.index import PrefixIndex
 from kvmesh.rpc.channel import ChannelSecurity
-from kvmesh.errors import FailedPrecondition
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.prefix_reports import PrefixReports
 from kvmesh.tasks import stop_task

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import time
@@ -61,6 +62,8 @@ def vllm_tier_fields(s: WorkerSettings) -> dict[str, Any]:
 
 def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None) -> Engine:
     if s.engine == "sim":
+        if not 0 <= s.sim_extra_step_ms < math.inf:
+            raise InvalidArgument("sim_extra_step_ms", f"must be a finite number of ms >= 0, got {s.sim_extra_step_ms}")
         tok: Tokenizer = ByteTokenizer()
         vocab = 128256
         if s.model and (Path(s.model) / "tokenizer.json").exists():
@@ -73,6 +76,8 @@ def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None)
             max_model_len=s.max_model_len,
             max_num_seqs=s.max_num_seqs,
             vocab_size=vocab,
+            extra_step_s=s.sim_extra_step_ms / 1000.0,
+            output_salt=s.sim_output_salt,
         )
         clock: Clock = VirtualClock() if s.sim_speed == 0 else RealClock(s.sim_speed)
         return SimEngine(

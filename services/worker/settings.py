@@ -18,6 +18,10 @@ class WorkerSettings(ServerSettings):
     cache_manager: str = setting("", "cache-manager gRPC address to push KV events to (empty = none)")
     kv_blocks: int = setting(4096, "sim engine: KV blocks in the pool")
     sim_speed: float = setting(1.0, "sim engine: time speed-up (0 = instant, no compute time)")
+    sim_extra_step_ms: float = setting(
+        0.0, "sim engine: milliseconds added to every engine iteration (stands for a slower build in canary tests)"
+    )
+    sim_output_salt: int = setting(0, "sim engine: non-zero changes every generated token (stands for another model)")
     max_queue: int = setting(256, "waiting requests before RESOURCE_EXHAUSTED")
     zmq_publish: str = setting("", "also publish KV events in vLLM's ZMQ wire format on this endpoint")
     vllm_args: str = setting("", "extra vLLM engine arguments, e.g. '--tensor-parallel-size 2'")

@@ -89,6 +89,26 @@ def test_timings_follow_the_model_under_a_virtual_clock() -> None:
     assert rep.decode_latency_p50_ms == pytest.approx(expected[3] * 1000)
 
 
+def test_extra_step_time_lengthens_every_iteration_and_keeps_the_outputs() -> None:
+    base, slow = (SimEngineCore(SimConfig(block_size=BS, num_blocks=4096, extra_step_s=x)) for x in (0.0, 0.025))
+    for core in (base, slow):
+        core.add_request(req("a", list(range(100)), max_tokens=3), 0.0)
+    (t0, s0), (t1, s1) = run(base), run(slow)
+    assert [b.duration_s + 0.025 for b in s0] == pytest.approx([s.duration_s for s in s1])
+    assert t1 == pytest.approx(t0 + 0.025 * len(s0))
+    assert [o.token_ids for s in s0 for o in s.outputs] == [o.token_ids for s in s1 for o in s.outputs]
+
+
+def test_an_output_salt_changes_the_tokens_not_the_timing() -> None:
+    cores = [SimEngineCore(SimConfig(block_size=BS, num_blocks=4096, output_salt=x)) for x in (0, 0, 7)]
+    for core in cores:
+        core.add_request(req("a", list(range(100)), max_tokens=8), 0.0)
+    (t0, s0), (_, s1), (t2, s2) = (run(c) for c in cores)
+    tokens = [[t for s in steps for o in s.outputs for t in o.token_ids] for steps in (s0, s1, s2)]
+    assert tokens[0] == tokens[1] and len(tokens[2]) == 8 and not set(tokens[0]) & set(tokens[2])
+    assert t0 == pytest.approx(t2)
+
+
 def test_lru_eviction_emits_removed_events_that_match_the_pool() -> None:
     core = SimEngineCore(SimConfig(block_size=BS, num_blocks=20, kv_admission_threshold=1.0))
     events = []

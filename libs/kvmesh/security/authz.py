@@ -86,6 +86,8 @@ GRPC_RULES: Mapping[str, Rule] = {
     _FO + "GetTrafficWeights": _only(R.ADMIN, R.ROUTER),
     _FO + "RollbackTrafficWeights": _ADMIN,
     _FO + "GetZoneHealth": _only(R.ADMIN, R.ROUTER, R.FAILOVER),
+    _FO + "StartRollout": _ADMIN,
+    _FO + "GetRollout": _ADMIN,
     # kv-sync (a worker's CPU tier, served to its peers)
     _KS + "Describe": _DATA_PLANE,
     _KS + "AcquireLease": _DATA_PLANE,
@@ -97,12 +99,13 @@ GRPC_RULES: Mapping[str, Rule] = {
     _RA + "ListWorkers": _ADMIN,
     _RA + "DrainWorker": _ADMIN,
     # worker
-    _WK + "Generate": _only(R.ROUTER, R.CACHE_MANAGER),  # the cache-manager's prefix warming generates
+    # the cache-manager's prefix warming generates; the failover service's canary probes a rollout's versions
+    _WK + "Generate": _only(R.ROUTER, R.CACHE_MANAGER, R.FAILOVER),
     _WK + "GenerateStream": _only(R.ROUTER),
     _WK + "Abort": _only(R.ROUTER),
-    _WK + "StreamLoad": _only(R.ROUTER),
+    _WK + "StreamLoad": _only(R.ROUTER, R.FAILOVER),  # the canary reads live error rate and latency
     _WK + "StreamKvEvents": _KV_READERS,
-    _WK + "GetInfo": _only(R.ROUTER, R.CACHE_MANAGER, R.ADMIN),
+    _WK + "GetInfo": _only(R.ROUTER, R.CACHE_MANAGER, R.ADMIN, R.FAILOVER),
     # grpc's own services
     "/grpc.health.v1.Health/Check": _open(),
     "/grpc.health.v1.Health/Watch": _open(),

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kvmesh.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -18,6 +19,38 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _RolloutPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RolloutPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RolloutPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ROLLOUT_PHASE_UNSPECIFIED: _RolloutPhase.ValueType  # 0
+    """Unknown."""
+    ROLLOUT_PHASE_RUNNING: _RolloutPhase.ValueType  # 1
+    """Stepping up, each step held and checked."""
+    ROLLOUT_PHASE_PROMOTED: _RolloutPhase.ValueType  # 2
+    """At 100 %, the old version on standby."""
+    ROLLOUT_PHASE_COMPLETE: _RolloutPhase.ValueType  # 3
+    """Promoted and the standby time is over."""
+    ROLLOUT_PHASE_ROLLED_BACK: _RolloutPhase.ValueType  # 4
+    """A check failed: the weights before the rollout are back."""
+
+class RolloutPhase(_RolloutPhase, metaclass=_RolloutPhaseEnumTypeWrapper):
+    """Where a rollout stands."""
+
+ROLLOUT_PHASE_UNSPECIFIED: RolloutPhase.ValueType  # 0
+"""Unknown."""
+ROLLOUT_PHASE_RUNNING: RolloutPhase.ValueType  # 1
+"""Stepping up, each step held and checked."""
+ROLLOUT_PHASE_PROMOTED: RolloutPhase.ValueType  # 2
+"""At 100 %, the old version on standby."""
+ROLLOUT_PHASE_COMPLETE: RolloutPhase.ValueType  # 3
+"""Promoted and the standby time is over."""
+ROLLOUT_PHASE_ROLLED_BACK: RolloutPhase.ValueType  # 4
+"""A check failed: the weights before the rollout are back."""
+Global___RolloutPhase: _TypeAlias = RolloutPhase  # noqa: Y015
 
 @_typing.final
 class WatchEndpointsRequest(_message.Message):
@@ -520,3 +553,190 @@ class GetZoneHealthResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetZoneHealthResponse: _TypeAlias = GetZoneHealthResponse  # noqa: Y015
+
+@_typing.final
+class StartRolloutRequest(_message.Message):
+    """Starts a rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEW_VERSION_FIELD_NUMBER: _builtins.int
+    OLD_VERSION_FIELD_NUMBER: _builtins.int
+    new_version: _builtins.str
+    """The version to roll out (its workers and routers registered with this version)."""
+    old_version: _builtins.str
+    """The version it replaces, kept on standby after the promotion."""
+    def __init__(
+        self,
+        *,
+        new_version: _builtins.str = ...,
+        old_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["new_version", b"new_version", "old_version", b"old_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRolloutRequest: _TypeAlias = StartRolloutRequest  # noqa: Y015
+
+@_typing.final
+class StartRolloutResponse(_message.Message):
+    """The rollout as started."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout:
+        """The rollout."""
+
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartRolloutResponse: _TypeAlias = StartRolloutResponse  # noqa: Y015
+
+@_typing.final
+class GetRolloutRequest(_message.Message):
+    """Reads the rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRolloutRequest: _TypeAlias = GetRolloutRequest  # noqa: Y015
+
+@_typing.final
+class GetRolloutResponse(_message.Message):
+    """The current or last rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLLOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rollout(self) -> Global___Rollout:
+        """Unset when no rollout was ever started."""
+
+    def __init__(
+        self,
+        *,
+        rollout: Global___Rollout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rollout", b"rollout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRolloutResponse: _TypeAlias = GetRolloutResponse  # noqa: Y015
+
+@_typing.final
+class RolloutEvent(_message.Message):
+    """One event of a rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    at: _builtins.float
+    """When, seconds since the Unix epoch."""
+    kind: _builtins.str
+    """started, step, rolled_back, promoted, standby_expired."""
+    message: _builtins.str
+    """What happened and why."""
+    def __init__(
+        self,
+        *,
+        at: _builtins.float = ...,
+        kind: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "kind", b"kind", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutEvent: _TypeAlias = RolloutEvent  # noqa: Y015
+
+@_typing.final
+class Rollout(_message.Message):
+    """A rollout."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEW_VERSION_FIELD_NUMBER: _builtins.int
+    OLD_VERSION_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    NEW_SHARE_FIELD_NUMBER: _builtins.int
+    MAX_NEW_SHARE_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    STANDBY_UNTIL_FIELD_NUMBER: _builtins.int
+    FAILED_CHECKS_FIELD_NUMBER: _builtins.int
+    CONSISTENCY_FIELD_NUMBER: _builtins.int
+    LATENCY_REGRESSION_FIELD_NUMBER: _builtins.int
+    MEMORY_DIFF_FIELD_NUMBER: _builtins.int
+    new_version: _builtins.str
+    """The version rolled out."""
+    old_version: _builtins.str
+    """The version replaced."""
+    phase: Global___RolloutPhase.ValueType
+    """Where it stands."""
+    new_share: _builtins.float
+    """The new version's share of traffic now, [0, 1]."""
+    max_new_share: _builtins.float
+    """The largest share the new version was given."""
+    standby_until: _builtins.float
+    """When the old version's standby ends, seconds since the Unix epoch (0 before the promotion)."""
+    consistency: _builtins.float
+    """Mean histogram cosine of the two versions' greedy outputs on the probe set, last check."""
+    latency_regression: _builtins.float
+    """Relative change of the median probe latency, last check."""
+    memory_diff: _builtins.float
+    """Relative difference of the KV pool per worker, last check."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___RolloutEvent]:
+        """Its events, oldest first."""
+
+    @_builtins.property
+    def failed_checks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Checks that failed the last verdict (consistency, latency, memory, errors, coverage)."""
+
+    def __init__(
+        self,
+        *,
+        new_version: _builtins.str = ...,
+        old_version: _builtins.str = ...,
+        phase: Global___RolloutPhase.ValueType = ...,
+        new_share: _builtins.float = ...,
+        max_new_share: _builtins.float = ...,
+        events: _abc.Iterable[Global___RolloutEvent] | None = ...,
+        standby_until: _builtins.float = ...,
+        failed_checks: _abc.Iterable[_builtins.str] | None = ...,
+        consistency: _builtins.float = ...,
+        latency_regression: _builtins.float = ...,
+        memory_diff: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consistency", b"consistency", "events", b"events", "failed_checks", b"failed_checks", "latency_regression", b"latency_regression", "max_new_share", b"max_new_share", "memory_diff", b"memory_diff", "new_share", b"new_share", "new_version", b"new_version", "old_version", b"old_version", "phase", b"phase", "standby_until", b"standby_until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Rollout: _TypeAlias = Rollout  # noqa: Y015

@@ -70,6 +70,16 @@ class FailoverServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthResponse.FromString,
                 _registered_method=True)
+        self.StartRollout = channel.unary_unary(
+                '/kvmesh.v1.FailoverService/StartRollout',
+                request_serializer=kvmesh_dot_v1_dot_failover__pb2.StartRolloutRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_failover__pb2.StartRolloutResponse.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/kvmesh.v1.FailoverService/GetRollout',
+                request_serializer=kvmesh_dot_v1_dot_failover__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_failover__pb2.GetRolloutResponse.FromString,
+                _registered_method=True)
 
 
 class FailoverServiceServicer:
@@ -125,6 +135,21 @@ class FailoverServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRollout(self, request, context):
+        """Starts a canary-checked rollout of a new version (5 % -> 10 % -> 50 % -> 100 % by default); a failed check
+        rolls it back automatically.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """The current (or last) rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FailoverServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +187,16 @@ def add_FailoverServiceServicer_to_server(servicer, server):
                     servicer.GetZoneHealth,
                     request_deserializer=kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthResponse.SerializeToString,
+            ),
+            'StartRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRollout,
+                    request_deserializer=kvmesh_dot_v1_dot_failover__pb2.StartRolloutRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_failover__pb2.StartRolloutResponse.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=kvmesh_dot_v1_dot_failover__pb2.GetRolloutRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_failover__pb2.GetRolloutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -354,6 +389,60 @@ class FailoverService:
             '/kvmesh.v1.FailoverService/GetZoneHealth',
             kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthRequest.SerializeToString,
             kvmesh_dot_v1_dot_failover__pb2.GetZoneHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.FailoverService/StartRollout',
+            kvmesh_dot_v1_dot_failover__pb2.StartRolloutRequest.SerializeToString,
+            kvmesh_dot_v1_dot_failover__pb2.StartRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.FailoverService/GetRollout',
+            kvmesh_dot_v1_dot_failover__pb2.GetRolloutRequest.SerializeToString,
+            kvmesh_dot_v1_dot_failover__pb2.GetRolloutResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,12 @@ class FailoverServiceStub:
     """Restores the weights in force before the last SetTrafficWeights."""
     GetZoneHealth: _grpc.UnaryUnaryMultiCallable[_failover_pb2.GetZoneHealthRequest, _failover_pb2.GetZoneHealthResponse]
     """Health of every zone."""
+    StartRollout: _grpc.UnaryUnaryMultiCallable[_failover_pb2.StartRolloutRequest, _failover_pb2.StartRolloutResponse]
+    """Starts a canary-checked rollout of a new version (5 % -> 10 % -> 50 % -> 100 % by default); a failed check
+    rolls it back automatically.
+    """
+    GetRollout: _grpc.UnaryUnaryMultiCallable[_failover_pb2.GetRolloutRequest, _failover_pb2.GetRolloutResponse]
+    """The current (or last) rollout."""
 
 @_typing.type_check_only
 class FailoverServiceAsyncStub(FailoverServiceStub):
@@ -67,6 +73,12 @@ class FailoverServiceAsyncStub(FailoverServiceStub):
     """Restores the weights in force before the last SetTrafficWeights."""
     GetZoneHealth: _aio.UnaryUnaryMultiCallable[_failover_pb2.GetZoneHealthRequest, _failover_pb2.GetZoneHealthResponse]  # type: ignore[assignment]
     """Health of every zone."""
+    StartRollout: _aio.UnaryUnaryMultiCallable[_failover_pb2.StartRolloutRequest, _failover_pb2.StartRolloutResponse]  # type: ignore[assignment]
+    """Starts a canary-checked rollout of a new version (5 % -> 10 % -> 50 % -> 100 % by default); a failed check
+    rolls it back automatically.
+    """
+    GetRollout: _aio.UnaryUnaryMultiCallable[_failover_pb2.GetRolloutRequest, _failover_pb2.GetRolloutResponse]  # type: ignore[assignment]
+    """The current (or last) rollout."""
 
 class FailoverServiceServicer(metaclass=_abc_1.ABCMeta):
     """Service discovery, zone health and traffic weights."""
@@ -126,5 +138,23 @@ class FailoverServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_failover_pb2.GetZoneHealthResponse, _abc.Awaitable[_failover_pb2.GetZoneHealthResponse]]:
         """Health of every zone."""
+
+    @_abc_1.abstractmethod
+    def StartRollout(
+        self,
+        request: _failover_pb2.StartRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_failover_pb2.StartRolloutResponse, _abc.Awaitable[_failover_pb2.StartRolloutResponse]]:
+        """Starts a canary-checked rollout of a new version (5 % -> 10 % -> 50 % -> 100 % by default); a failed check
+        rolls it back automatically.
+        """
+
+    @_abc_1.abstractmethod
+    def GetRollout(
+        self,
+        request: _failover_pb2.GetRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_failover_pb2.GetRolloutResponse, _abc.Awaitable[_failover_pb2.GetRolloutResponse]]:
+        """The current (or last) rollout."""
 
 def add_FailoverServiceServicer_to_server(servicer: FailoverServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

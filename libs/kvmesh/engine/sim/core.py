@@ -86,6 +86,8 @@ class SimConfig:
     eos_token_id: int | None = None
     latency_window: int = 512
     perf: PerfModel = H200_LLAMA70B_FP8
+    extra_step_s: float = 0.0  # added to every iteration's modelled time (a slower build, for canary tests)
+    output_salt: int = 0  # mixed into the token generator: non-zero stands for another model (canary tests)
 
     def resolved_num_blocks(self) -> int:
         return self.num_blocks if self.num_blocks is not None else self.perf.kv_capacity_blocks(self.block_size)
@@ -258,6 +260,7 @@ class SimEngineCore:
             chunks.append((seq, n))
             budget -= n
         duration = step_time([(n, s.num_computed) for s, n in chunks], [s.num_computed + 1 for s in decodes], cfg.perf)
+        duration += cfg.extra_step_s if chunks or decodes else 0.0
         for seq, _ in chunks:  # tier loads of the admitted requests precede their prefill
             duration += seq.load_s
             seq.load_s = 0.0
@@ -393,7 +396,7 @@ class SimEngineCore:
         self.preemptions_total += 1
 
     def _next_token(self, seq: _Seq) -> int:
-        x = (seq.seed * 0x9E3779B97F4A7C15 + len(seq.tokens) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((seq.seed ^ self.config.output_salt) * 0x9E3779B97F4A7C15 + len(seq.tokens) * 0xBF58476D1CE4E5B9) & _MASK64
         x ^= x >> 31
         x = (x * 0x94D049BB133111EB) & _MASK64
         x ^= x >> 29

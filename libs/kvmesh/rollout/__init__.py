@@ -1,0 +1,1 @@
+"""Version rollouts: canary analysis and the step schedule (pure)."""
