@@ -9,7 +9,6 @@ on conditions.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,24 +17,15 @@ import grpc
 import pytest
 
 from kvmesh.discovery.model import Role, ServiceInstance
-from kvmesh.discovery.static import StaticRegistry
 from kvmesh.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
+from tests.support.registry import register
 from tests.support.scrape import metric
 
 pytestmark = pytest.mark.integration
 ROLLED_BACK = failover_pb2.ROLLOUT_PHASE_ROLLED_BACK
 COMPLETE = failover_pb2.ROLLOUT_PHASE_COMPLETE
 DONE = (ROLLED_BACK, failover_pb2.ROLLOUT_PHASE_PROMOTED, COMPLETE)
-
-
-def register(path: Path, *instances: ServiceInstance) -> None:
-    async def go() -> None:
-        reg = StaticRegistry(path)
-        for i in instances:
-            await reg.register(i)
-
-    asyncio.run(go())
 
 
 def worker(iid: str, version: str, sp: ServiceProcess) -> ServiceInstance:

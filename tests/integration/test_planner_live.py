@@ -21,7 +21,9 @@ import pytest
 from kvmesh.discovery.model import Role
 from kvmesh.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.integration.test_router_follows_failover import inst, passing, register, wait_until
+from tests.integration.test_router_follows_failover import passing
+from tests.support.poll import wait_until
+from tests.support.registry import inst, register
 from tests.support.scrape import metric
 
 pytestmark = pytest.mark.integration

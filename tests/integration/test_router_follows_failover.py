@@ -8,18 +8,17 @@ comes back and serves. A worker of another zone is not taken while the router's 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from kvmesh.discovery.model import Health, Role, ServiceInstance
-from kvmesh.discovery.static import StaticRegistry
+from kvmesh.discovery.model import Health, Role
 from kvmesh.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.poll import wait_until
+from tests.support.registry import inst, register
 
 pytestmark = pytest.mark.integration
 BS = 32
@@ -27,36 +26,10 @@ HEALTH_INTERVAL_S = 1.0  # the failover service's --health-interval-s (and the r
 PASSING = common_pb2.HEALTH_STATE_PASSING
 
 
-def inst(iid: str, role: Role, sp_address: str, zone: str = "a", health: Health = Health.PASSING) -> ServiceInstance:
-    host, _, port = sp_address.rpartition(":")
-    return ServiceInstance(iid, role, zone, "v1", host, int(port), health)
-
-
-def register(path: Path, *instances: ServiceInstance) -> None:
-    async def go() -> None:
-        reg = StaticRegistry(path)
-        for i in instances:
-            await reg.register(i)
-
-    asyncio.run(go())
-
-
 def passing(admin: router_pb2_grpc.RouterAdminServiceStub) -> dict[str, str]:
     """{address: worker id} of the workers the router has in rotation."""
     out = admin.ListWorkers(router_pb2.ListWorkersRequest(), timeout=5)
     return {w.endpoint.address: w.endpoint.id for w in out.workers if w.endpoint.health == PASSING}
-
-
-def wait_until(pred: Callable[[], bool], timeout_s: float) -> float:
-    """Polls `pred` until it holds (bounded by `timeout_s` and 10 000 polls); returns the seconds it took."""
-    t0 = time.monotonic()
-    for _ in range(10_000):
-        if pred():
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            break
-        time.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def generate(address: str, n: int) -> set[str]:

@@ -5,8 +5,7 @@ is cancelled on the worker with its admission slot freed. Real processes: a slow
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import httpx
@@ -14,21 +13,10 @@ import pytest
 
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.v1 import router_pb2, router_pb2_grpc
+from tests.support.poll import wait_until
 from tests.support.sim_worker import BS, start_sim_worker
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(pred: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Polls `pred` until it holds (bounded by `timeout_s` and 2 000 polls)."""
-    t0 = time.monotonic()
-    for _ in range(2_000):
-        if pred():
-            return
-        if time.monotonic() - t0 > timeout_s:
-            break
-        time.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 @pytest.fixture(scope="module")

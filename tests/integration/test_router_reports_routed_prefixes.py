@@ -10,7 +10,6 @@ cache-manager as a report (`kvmesh_router_prefix_reports_total{outcome="sent"}`,
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import grpc
@@ -19,6 +18,7 @@ import pytest
 from kvmesh import hashing
 from kvmesh.launcher import ServiceProcess
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc, common_pb2, router_pb2, router_pb2_grpc
+from tests.support.poll import wait_until
 from tests.support.scrape import metric
 
 pytestmark = pytest.mark.integration
@@ -32,18 +32,6 @@ def top_prefixes(cm: ServiceProcess) -> dict[int, cache_manager_pb2.PrefixStat]:
             cache_manager_pb2.GetStatsRequest(top_prefixes=100), timeout=10
         )
     return {p.key: p for p in stats.top_prefixes}
-
-
-def wait_until(pred: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Polls `pred` until it holds (bounded by `timeout_s` and 2 000 polls)."""
-    t0 = time.monotonic()
-    for _ in range(2_000):
-        if pred():
-            return
-        if time.monotonic() - t0 > timeout_s:
-            break
-        time.sleep(0.01)  # bounded poll of other processes' eventual state
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def test_prompts_routed_from_the_replica_show_in_the_cache_manager_s_top_prefixes(
