@@ -60,10 +60,15 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         demo = kvmesh_cli(home, "demo", "--max-tokens", "8")  # observations for the router's histograms
         assert demo.returncode == 0, demo.stdout + demo.stderr
         # the ratio rules (prefill share, cache miss, retries, cost per token) need a rate above 0: a second
-        # request once Prometheus holds the counters it increments, so two samples differ
+        # request once Prometheus holds the first one's counts and a sample of every worker's counters (they
+        # exist at 0 from the start), so whichever worker serves it, two of its samples differ
         url = state["prometheus"]["url"]
-        counters = ("kvmesh_router_requests_total", "kvmesh_worker_prompt_tokens_total")
-        _until("counters not scraped", lambda: [c for c in counters if not _api(url, "query", query=c)["result"]])
+        scraped = (
+            "sum(kvmesh_router_requests_total) > 0",
+            "sum(kvmesh_worker_prompt_tokens_total) > 0",
+            "count(kvmesh_worker_prompt_tokens_total) >= 2",
+        )
+        _until("first request not scraped", lambda: [q for q in scraped if not _api(url, "query", query=q)["result"]])
         demo = kvmesh_cli(home, "demo", "--max-tokens", "8")
         assert demo.returncode == 0, demo.stdout + demo.stderr
         yield state
