@@ -25,8 +25,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-DAY_S = 86_400.0
-
 
 def _torch() -> Any:
     """torch, on one thread: the model is tiny, and torch's default of one thread per core only adds
