@@ -70,6 +70,7 @@ def suite_identities(zone: str, workers: int) -> dict[str, Identity]:
         **{f"worker-{zone}-{i}": Identity(R.WORKER, f"worker-{zone}-{i}", zone) for i in range(workers)},
         "router": Identity(R.ROUTER, f"router-{zone}", zone),
         "failover": Identity(R.FAILOVER, f"failover-{zone}", zone),
+        "planner": Identity(R.PLANNER, f"planner-{zone}", zone),
         "admin": Identity(R.ADMIN, "operator", zone),
         "client": Identity(R.CLIENT, "demo", zone, tenants=("demo",)),
         "peer-zone": Identity(R.PEER_ZONE, f"peer-of-{zone}", zone),

@@ -1,7 +1,7 @@
 """Entry point: `python -m kvmesh.services.planner` / `kvmesh-planner`.
 
 Wiring: one :class:`~kvmesh.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
-settings), the actuator (``--actuator dry-run|local``), the history checkpoint (``--history-file``, loaded at
+settings), the actuator (``--actuator dry-run|local|kubernetes``), the history checkpoint (``--history-file``, loaded at
 start), and the planning step every ``--interval-s`` on the service skeleton's background tasks. The
 planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the authorisation table enforced,
 give it an admin token or certificate. It does not register itself in Consul.
@@ -56,7 +56,7 @@ async def build(runner: ServiceRunner, settings: PlannerSettings) -> None:
         raise InvalidArgument("consul_url", "the planner does not register in Consul: give it --routers")
     routers = parse_routers(settings.routers)
     config = planner_config(settings)
-    actuator = make_actuator(settings.actuator, settings.registry_file, settings.worker_args, settings.worker_log_dir)
+    actuator = make_actuator(settings)
     loop = PlannerLoop(
         {z: ZonePlanner.create(config) for z in routers},
         routers,

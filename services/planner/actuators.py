@@ -1,4 +1,8 @@
-"""What carries out the planner's decisions: dry-run (log only) or local (worker processes on this host).
+"""What carries out the planner's decisions: dry-run (log only), local (worker processes on this host) or
+kubernetes (the chart's worker Deployments, :mod:`kvmesh.services.planner.kubernetes`).
+
+An actuator's ``start`` returns the new worker's id (the ``service_id`` it registers with, as the routers
+list it); ``stop`` gets the id and address of a worker the planner has drained.
 
 The local actuator starts ``kvmesh-worker`` processes with ``--worker-args`` (plus ``--zone`` and a
 ``--service-id``), registers each in the static registry file the failover service reads (routers then
@@ -19,6 +23,8 @@ from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.errors import InvalidArgument
 from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.services.planner.kubernetes import KubeApi, KubernetesWorkers, parse_deployments
+from kvmesh.services.planner.settings import PlannerSettings
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +37,11 @@ class Actuator(Protocol):
 
     async def start(self, zone: str) -> str: ...
 
-    async def stop(self, zone: str, address: str) -> None: ...
+    async def stop(self, zone: str, address: str, worker_id: str) -> None: ...
 
-    def removable(self, zone: str) -> set[str]: ...
+    def removable(self, zone: str) -> set[str] | None:
+        """Addresses of the zone's workers it can stop (None: any)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -48,10 +56,10 @@ class DryRun:
         log.info("dry-run: would start a worker in zone %s", zone)
         return ""
 
-    async def stop(self, zone: str, address: str) -> None:
-        log.info("dry-run: would stop worker %s of zone %s", address, zone)
+    async def stop(self, zone: str, address: str, worker_id: str) -> None:
+        log.info("dry-run: would stop worker %s (%s) of zone %s", worker_id, address, zone)
 
-    def removable(self, zone: str) -> set[str]:
+    def removable(self, zone: str) -> set[str] | None:
         return set()
 
     async def close(self) -> None:
@@ -83,26 +91,31 @@ class LocalWorkers:
         await self.registry.register(ServiceInstance(sid, Role.WORKER, zone, "v1", host, int(port), meta=meta))
         self.procs[sp.address] = (zone, sid, sp)
         log.info("started worker %s at %s in zone %s", sid, sp.address, zone)
-        return sp.address
+        return sid
 
-    async def stop(self, zone: str, address: str) -> None:
+    async def stop(self, zone: str, address: str, worker_id: str) -> None:
         zone_of, sid, sp = self.procs.pop(address)
         await self.registry.deregister(sid)
         code = await asyncio.to_thread(sp.terminate, 30.0)
         log.info("stopped worker %s (%s, zone %s): exit %s", sid, address, zone_of, code)
 
-    def removable(self, zone: str) -> set[str]:
+    def removable(self, zone: str) -> set[str] | None:
         return {a for a, (z, _, _) in self.procs.items() if z == zone}
 
     async def close(self) -> None:
         for address in list(self.procs):
-            await self.stop(self.procs[address][0], address)
+            zone, sid, _ = self.procs[address]
+            await self.stop(zone, address, sid)
         await self.registry.close()
 
 
-def make_actuator(kind: str, registry_file: str, worker_args: str, log_dir: str) -> Actuator:
-    if kind == "dry-run":
+def make_actuator(s: PlannerSettings) -> Actuator:
+    """The actuator ``s.actuator`` names, from its settings (each missing one refused, naming its flag)."""
+    if s.actuator == "dry-run":
         return DryRun()
-    if kind == "local":
-        return LocalWorkers(registry_file, worker_args, log_dir)
-    raise InvalidArgument("actuator", f"unknown actuator {kind!r}; known: dry-run, local")
+    if s.actuator == "local":
+        return LocalWorkers(s.registry_file, s.worker_args, s.worker_log_dir)
+    if s.actuator == "kubernetes":
+        api = KubeApi.in_cluster(s.kube_api_url, s.kube_namespace, s.kube_token_file, s.kube_ca_file)
+        return KubernetesWorkers(api, parse_deployments(s.kube_deployments))
+    raise InvalidArgument("actuator", f"unknown actuator {s.actuator!r}; known: dry-run, local, kubernetes")

@@ -55,7 +55,7 @@ class ZoneRuntime:
     planner: ZonePlanner
     stub: router_pb2_grpc.RouterAdminServiceStub
     starting: set[asyncio.Task[str]] = field(default_factory=set)
-    announced: set[str] = field(default_factory=set)  # started and registered, not yet passing at the router
+    announced: set[str] = field(default_factory=set)  # ids of started workers not yet passing at the router
     started_at: dict[str, float] = field(default_factory=dict)  # address → when it first served
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # address → (worker id, since)
 
@@ -117,7 +117,7 @@ class PlannerLoop:
             rt.started_at.setdefault(a, now)
         serving = [WorkerLife(a, rt.started_at[a]) for a in passing if a not in rt.draining]
         queued = sum(w.load.waiting for w in resp.workers)
-        rt.announced -= set(passing)
+        rt.announced -= {status[a].endpoint.id for a in passing}
         removable = self.actuator.removable(zone) if self.actuator.carries_out else None
         d = rt.planner.step(now, serving, len(rt.starting) + len(rt.announced), queued, removable)
         await self._carry_out(zone, rt, d, status, now)
@@ -172,11 +172,11 @@ class PlannerLoop:
     async def _finish_drains(
         self, zone: str, rt: ZoneRuntime, status: dict[str, router_pb2.WorkerStatus], now: float
     ) -> None:
-        for address, (_wid, since) in list(rt.draining.items()):
+        for address, (wid, since) in list(rt.draining.items()):
             w = status.get(address)
             idle = w is None or (w.in_flight == 0 and w.load.running == 0 and w.load.waiting == 0)
             if idle or now - since > self.drain_timeout_s:
-                await self.actuator.stop(zone, address)
+                await self.actuator.stop(zone, address, wid)
                 del rt.draining[address]
                 rt.started_at.pop(address, None)
                 m.ACTIONS.labels(zone, "scale_in").inc()

@@ -12,7 +12,9 @@ class PlannerSettings(ServerSettings):
     """kvmesh planner: forecasts each zone's load and scales its workers."""
 
     routers: tuple[str, ...] = setting((), "gRPC address of each zone's router, 'zone=host:port' (comma list)")
-    actuator: str = setting("dry-run", "what carries out a decision: dry-run, local (start/stop worker processes)")
+    actuator: str = setting(
+        "dry-run", "what carries out a decision: dry-run, local (worker processes), kubernetes (worker Deployments)"
+    )
     interval_s: float = setting(60.0, "seconds between planning steps")
     bucket_s: float = setting(300.0, "history bucket, seconds (the forecasters' time step)")
     horizon_buckets: int = setting(12, "buckets forecast ahead (12 x 300 s = the next hour)")
@@ -34,4 +36,11 @@ class PlannerSettings(ServerSettings):
     registry_file: str = setting("", "local actuator: the static registry the failover service reads")
     worker_args: str = setting("", "local actuator: flags of every worker it starts (shell-quoted string)")
     worker_log_dir: str = setting("", "local actuator: where started workers log (default: a temporary directory)")
+    kube_deployments: tuple[str, ...] = setting(
+        (), "kubernetes actuator: each zone's worker Deployment, 'zone=name' (comma list)"
+    )
+    kube_api_url: str = setting("", "kubernetes actuator: API server URL ('' = in-cluster, KUBERNETES_SERVICE_HOST)")
+    kube_namespace: str = setting("", "kubernetes actuator: namespace of the Deployments ('' = the pod's own)")
+    kube_token_file: str = setting("", "kubernetes actuator: bearer token file ('' = the pod's service account)")
+    kube_ca_file: str = setting("", "kubernetes actuator: CA of the API server ('' = the service account's)")
     drain_timeout_s: float = setting(120.0, "a draining worker is stopped at the latest this long after its drain")

@@ -204,6 +204,7 @@ COMMANDS = [
     ["weights"],
     ["weights", "--zones", "local=1"],
     ["weights", "--rollback"],
+    ["rollout"],
     ["index"],
     ["top", "--iterations", "1"],
 ]
@@ -230,3 +231,23 @@ def test_unreachable_names_the_address(suite: Suite) -> None:
     done = kvmesh_cli(suite.home, "workers", "--router", f"127.0.0.1:{port}", "--timeout", "5")
     assert done.returncode == 4, done.stderr
     assert f"cannot reach the router at 127.0.0.1:{port} (flag, plaintext): UNAVAILABLE" in done.stderr
+
+
+def test_rollout_start_and_read(suite: Suite) -> None:
+    """Last in the module: the rollout it starts holds the version weights at 5 % for v2 (which has no worker:
+    its first check, 30 s on, rolls it back)."""
+    assert suite.json("rollout") == {"failover": suite.address("failover"), "rollout": None}
+    r = suite.json("rollout", "--start", "v2", "--old", "v1")["rollout"]
+    assert (r["new_version"], r["old_version"], r["phase"]) == ("v2", "v1", "running")
+    assert r["new_share"] == pytest.approx(0.05) and [e["kind"] for e in r["events"]] == ["started"]
+    assert suite.json("zones")["version_weights"] == pytest.approx({"v1": 0.95, "v2": 0.05})
+    assert suite.json("rollout")["rollout"]["phase"] == "running"
+    text = kvmesh_cli(suite.home, "rollout")
+    assert (
+        text.returncode == 0
+        and "rollout v1 -> v2: running, new version at 5% (at most 5%)\nlast check: none yet" in text.stdout
+    ), text.stdout
+    again = kvmesh_cli(suite.home, "rollout", "--start", "v3", "--old", "v1")
+    assert again.returncode == 1 and "FAILED_PRECONDITION: rollout of v2 is running" in again.stderr, again.stderr
+    half = kvmesh_cli(suite.home, "rollout", "--start", "v3")
+    assert half.returncode == 2 and "--start NEW and --old OLD go together" in half.stderr

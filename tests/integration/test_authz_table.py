@@ -175,6 +175,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         CallerRole.CACHE_MANAGER: "cache-manager-cache-manager-local",
         CallerRole.FAILOVER: "failover-failover-local",
         CallerRole.PEER_ZONE: "peer-zone-peer-of-local",
+        CallerRole.PLANNER: "planner-planner-local",
     }
     ca = (pki / "ca.pem").read_bytes()
     certs = {

@@ -17,7 +17,10 @@ disables both (`NO_DEPS`) unless the example already points at external ones. Th
 - with TLS, every pod gets a cert-manager CSI certificate whose URI SAN kvmesh.security.identity parses to the
   component's role and zone, with the pod name as id (= KVMESH_SERVICE_ID), and whose DNS SANs hold every name
   peers dial (the Service's, and the pod's own under its headless Service: the address it advertises);
-- every KVMESH_* variable is a settings field, and the services' own settings loader accepts the values.
+- every KVMESH_* variable is a settings field, and the services' own settings loader accepts the values;
+- with planner.enabled, a planner per zone whose Role allows exactly the Kubernetes calls of its actuator on
+  its own zone's worker Deployment (whose replica count it then owns), under its own ServiceAccount (no other
+  pod mounts a token), pointed at its zone's router and worker Deployment by name.
 """
 
 from __future__ import annotations
@@ -46,7 +49,13 @@ NO_DEPS = {
     "consul": {"enabled": False, "url": "http://consul.example:8500"},
     "redis": {"enabled": False, "url": "redis://redis.example:6379/0"},
 }
-COMPONENTS = {"router": "router", "cache-manager": "cacheManager", "worker": "worker", "failover": "failover"}
+COMPONENTS = {
+    "router": "router",
+    "cache-manager": "cacheManager",
+    "worker": "worker",
+    "failover": "failover",
+    "planner": "planner",  # with planner.enabled
+}
 GPU = "nvidia.com/gpu"
 
 
@@ -76,6 +85,10 @@ def rendered(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[dict[
     out = render(CHART, user)
     assert len(out["created"]) == len(out["manifests"]) > 0  # Helm built and sent every object
     return values, out["manifests"]
+
+
+def _components(values: dict[str, Any]) -> list[str]:
+    return [c for c in COMPONENTS if c != "planner" or values["planner"]["enabled"]]
 
 
 def _of(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -112,7 +125,7 @@ def test_every_manifest_is_schema_valid(rendered: tuple[dict[str, Any], list[dic
             continue
         kubernetes_validate.validate(m, KUBE_VERSION, strict=True)
     zones = [z["name"] for z in values["zones"]]
-    want = {(z, c) for z in zones for c in COMPONENTS}
+    want = {(z, c) for z in zones for c in _components(values)}
     for kind in ("Deployment", "PodDisruptionBudget", "NetworkPolicy"):
         assert sorted(_component(m) for m in _of(manifests, kind)) == sorted(want), kind
     services = _of(manifests, "Service")  # per component: its ClusterIP Service and the headless <name>-pods
@@ -160,7 +173,7 @@ def test_disruption_budgets_keep_each_zone_serving(rendered: tuple[dict[str, Any
     for pdb in _of(manifests, "PodDisruptionBudget"):
         d = deployments[_component(pdb)]
         assert pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
-        replicas, spec = d["spec"]["replicas"], pdb["spec"]
+        replicas, spec = d["spec"].get("replicas", 1), pdb["spec"]
         assert ("minAvailable" in spec) != ("maxUnavailable" in spec)
         if replicas > 1:
             assert spec.get("minAvailable", 1) >= 1 and spec.get("maxUnavailable", 0) < replicas, _component(pdb)
@@ -183,14 +196,16 @@ _COMPONENT_OF_ROLE = {
     CallerRole.CACHE_MANAGER: "cache-manager",
     CallerRole.FAILOVER: "failover",
     CallerRole.PEER_ZONE: "worker",
+    CallerRole.PLANNER: "planner",
 }
 
 
-def _expected_edges() -> set[tuple[str, str, str]]:
+def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
     """(caller, callee, port) between the chart's components: the service roles each non-open rule of the
-    authorisation table allows, plus the failover service's grpc.health.v1 probes of every service (health,
-    like the client APIs, is open to anyone in the table, so it names no caller)."""
-    edges = {("failover", c, "grpc") for c in COMPONENTS}
+    authorisation table allows, plus the failover service's grpc.health.v1 probes of every service it finds
+    in Consul, i.e. all but the planner (health, like the client APIs, is open to anyone in the table, so it
+    names no caller)."""
+    edges = {("failover", c, "grpc") for c in components if c != "planner"}
     for method, rule in GRPC_RULES.items():
         prefix = next((p for p in _SERVICE_OF_PREFIX if method.startswith(p)), None)
         if prefix is None or rule.open:
@@ -200,7 +215,7 @@ def _expected_edges() -> set[tuple[str, str, str]]:
     for (service, _method, _path), rule in HTTP_RULES.items():
         if service in COMPONENTS and not rule.open:
             edges |= {(_COMPONENT_OF_ROLE[r], service, "http") for r in rule.roles if r in _COMPONENT_OF_ROLE}
-    return edges
+    return {e for e in edges if e[0] in components and e[1] in components}
 
 
 def _port_names(values: dict[str, Any], name: str) -> dict[int, str]:
@@ -239,7 +254,7 @@ def test_network_policies_allow_exactly_the_calls_made(rendered: tuple[dict[str,
             for peer in filter(None, map(_peer, rule["to"])):
                 callee, _ = peer
                 egress |= {(name, callee, _port_names(values, callee)[p["port"]]) for p in rule["ports"]}
-    assert ingress == _expected_edges()
+    assert ingress == _expected_edges(_components(values))
     assert egress == ingress
 
 
@@ -248,7 +263,7 @@ def test_tls_identities_from_cert_manager(rendered: tuple[dict[str, Any], list[d
     tls = values["tls"]
     issuers = [m for m in manifests if m["apiVersion"] == "cert-manager.io/v1"]
     assert len(issuers) == (1 if tls["enabled"] and tls["createCaIssuer"] else 0)
-    roles = {"router": "router", "cache-manager": "cache-manager", "worker": "worker", "failover": "failover"}
+    roles = {c: c for c in COMPONENTS}  # each component's identity carries the role of its name
     for d in _of(manifests, "Deployment"):
         zone, name = _component(d)
         pod = d["spec"]["template"]["spec"]
@@ -282,6 +297,7 @@ _SETTINGS = {
     "cache-manager": "kvmesh.services.cache_manager.settings:CacheManagerSettings",
     "worker": "kvmesh.services.worker.settings:WorkerSettings",
     "failover": "kvmesh.services.failover.settings:FailoverSettings",
+    "planner": "kvmesh.services.planner.settings:PlannerSettings",
 }
 
 
@@ -315,3 +331,47 @@ def test_rendered_environment_is_accepted_by_the_services_settings(
         headless = next(m for m in _of(manifests, "Service") if m["metadata"]["name"] == pods)
         assert headless["spec"]["clusterIP"] == "None"
         assert headless["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+
+
+def test_planner_scales_only_its_zones_workers(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    values, manifests = rendered
+    deployments = {_component(d): d for d in _of(manifests, "Deployment")}
+    for (zone, name), d in deployments.items():
+        pod = d["spec"]["template"]["spec"]
+        mounts = pod["automountServiceAccountToken"]
+        assert mounts is (name == "planner"), (zone, name)  # only the planner holds a Kubernetes token
+        if name == "worker":
+            assert ("replicas" in d["spec"]) is not values["planner"]["enabled"]  # else the planner owns it
+    rbac = {(m["kind"], _component(m)) for m in manifests if m["kind"] in ("ServiceAccount", "Role", "RoleBinding")}
+    if not values["planner"]["enabled"]:
+        assert rbac == set()
+        return
+    for zone in (z["name"] for z in values["zones"]):
+        d = deployments[(zone, "planner")]
+        assert d["spec"]["strategy"] == {"type": "Recreate"} and d["spec"]["replicas"] == 1
+        assert d["spec"]["template"]["spec"]["serviceAccountName"] == d["metadata"]["name"]
+        env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        worker, router = deployments[(zone, "worker")], deployments[(zone, "router")]
+        assert env["KVMESH_ACTUATOR"] == "kubernetes"
+        assert env["KVMESH_KUBE_DEPLOYMENTS"] == f"{zone}={worker['metadata']['name']}"
+        assert env["KVMESH_ROUTERS"] == f"{zone}={router['metadata']['name']}:{values['router']['grpcPort']}"
+        assert "KVMESH_CONSUL_URL" not in env  # the planner is not registered (it refuses a Consul URL)
+        (role,) = [m for m in _of(manifests, "Role") if _component(m) == (zone, "planner")]
+        granted = {
+            (r, v, tuple(rule.get("resourceNames", ())))
+            for rule in role["rules"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+        w = (worker["metadata"]["name"],)
+        assert granted == {
+            ("deployments", "get", w),
+            ("deployments/scale", "get", w),
+            ("deployments/scale", "patch", w),
+            ("pods", "list", ()),
+            ("pods", "patch", ()),
+        }  # the calls of kvmesh.services.planner.kubernetes (tests/unit/test_planner_kubernetes.py's RBAC)
+        (binding,) = [m for m in _of(manifests, "RoleBinding") if _component(m) == (zone, "planner")]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        (subject,) = binding["subjects"]
+        assert (subject["kind"], subject["name"]) == ("ServiceAccount", d["metadata"]["name"]) and subject["namespace"]

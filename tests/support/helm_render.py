@@ -42,6 +42,7 @@ _RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
     "apps/v1": [("deployments", "Deployment", True), ("statefulsets", "StatefulSet", True)],
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "networking.k8s.io/v1": [("networkpolicies", "NetworkPolicy", True)],
+    "rbac.authorization.k8s.io/v1": [("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
     "cert-manager.io/v1": [
         ("certificates", "Certificate", True),
         ("issuers", "Issuer", True),

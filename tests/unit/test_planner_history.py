@@ -11,6 +11,7 @@ from kvmesh.planner.sizing import SizingPolicy, WorkerLife
 from kvmesh.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.services.planner.actuators import make_actuator
 from kvmesh.services.planner.loop import parse_routers
+from kvmesh.services.planner.settings import PlannerSettings
 
 
 def test_history_counts_deltas_per_bucket_and_survives_counter_resets() -> None:
@@ -69,6 +70,6 @@ def test_planner_settings_are_checked_naming_the_field() -> None:
         with pytest.raises(InvalidArgument, match="routers"):
             parse_routers(bad)
     with pytest.raises(InvalidArgument, match="actuator"):
-        make_actuator("cloud", "", "", "")
+        make_actuator(PlannerSettings(actuator="cloud"))
     with pytest.raises(InvalidArgument, match="registry_file"):
-        make_actuator("local", "", "", "")
+        make_actuator(PlannerSettings(actuator="local"))

@@ -81,8 +81,13 @@ def test_the_issue_s_grants() -> None:
     assert g["/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes"].roles == {R.ROUTER}  # feeds the statistics
     for m in ("/kvmesh.v1.CacheManagerService/FindMatches", "/kvmesh.v1.WorkerService/StreamKvEvents"):
         assert g[m].roles == {R.ROUTER, R.CACHE_MANAGER} and not g[m].open
-    admin_only = ["Rebalance", "DrainWorker", "ListWorkers"]
-    admin_only = [f"/kvmesh.v1.RouterAdminService/{m}" for m in admin_only]
+    for m in ("DrainWorker", "ListWorkers"):  # the planner reads the workers and drains before a scale-in
+        assert g[f"/kvmesh.v1.RouterAdminService/{m}"].roles == {R.ADMIN, R.PLANNER}
+    assert {m for m, r in g.items() if R.PLANNER in r.roles and not r.open} == {
+        "/kvmesh.v1.RouterAdminService/DrainWorker",
+        "/kvmesh.v1.RouterAdminService/ListWorkers",
+    }
+    admin_only = ["/kvmesh.v1.RouterAdminService/Rebalance"]
     admin_only += [f"/kvmesh.v1.CacheManagerService/{m}" for m in ("SetWarmingPolicy", "Checkpoint", "Restore")]
     admin_only += [f"/kvmesh.v1.FailoverService/{m}" for m in ("SetTrafficWeights", "RollbackTrafficWeights")]
     for m in admin_only:

@@ -1,4 +1,4 @@
-"""`kvmesh workers|rebalance|drain|undrain|zones|weights|index|top`: the operator's commands over the suite's
+"""`kvmesh workers|rebalance|drain|undrain|zones|weights|rollout|index|top`: the operator's commands over the suite's
 admin gRPC APIs (the router's RouterAdminService, the failover service's weights and zone health, the
 cache-manager's statistics). `register(subparsers)` adds them to the `kvmesh` command.
 
@@ -69,6 +69,13 @@ async def _weights(args: argparse.Namespace) -> int:
         raise AdminError("--rollback takes no --zones/--versions", EXIT_USAGE)
     doc = await calls.weights(_target(args, "failover"), args.timeout, zw, vw, args.rollback)
     return _emit(args, doc, render.weights(doc))
+
+
+async def _rollout(args: argparse.Namespace) -> int:
+    if bool(args.start) != bool(args.old):
+        raise AdminError("--start NEW and --old OLD go together", EXIT_USAGE)
+    doc = await calls.rollout(_target(args, "failover"), args.timeout, args.start or "", args.old or "")
+    return _emit(args, doc, render.rollout(doc, time.time()))
 
 
 async def _index(args: argparse.Namespace) -> int:
@@ -154,6 +161,9 @@ def register(sub: Any) -> None:
     p.add_argument("--zones", metavar="Z=W,...", help="zone weights, e.g. a=0.9,b=0.1")
     p.add_argument("--versions", metavar="V=W,...", help="version weights, e.g. v1=0.95,v2=0.05")
     p.add_argument("--rollback", action="store_true", help="restore the weights before the last change")
+    p = add("rollout", "start a canary-checked version rollout, or show the current one and its events", _rollout)
+    p.add_argument("--start", metavar="NEW", help="the version to roll out (5 %% -> 10 %% -> 50 %% -> 100 %%)")
+    p.add_argument("--old", metavar="OLD", help="the version it replaces (kept on standby after the promotion)")
     p = add("index", "the cache-manager's index statistics, top prefixes and warming policy", _index)
     p.add_argument("--top", type=int, default=10, help="most-queried prefixes to show (default 10, at most 1000)")
     p = add("top", "a live view of the fleet: workers, zones, index, refreshed", _top)

@@ -138,3 +138,23 @@ async def index(t: Target, timeout: float, top: int = 0) -> dict[str, Any]:
 
     stats, policy = await _call(t, "CacheManagerService/GetStats", timeout, run)
     return views.index(stats, policy, t.address)
+
+
+async def rollout(t: Target, timeout: float, new_version: str = "", old_version: str = "") -> dict[str, Any]:
+    """Starts a rollout of ``new_version`` replacing ``old_version`` (both given), or reads the current one."""
+    stub_of = failover_pb2_grpc.FailoverServiceStub
+    if new_version:
+        method = "FailoverService/StartRollout"
+
+        async def run(ch: Any) -> failover_pb2.Rollout | None:
+            req = failover_pb2.StartRolloutRequest(new_version=new_version, old_version=old_version)
+            return (await stub_of(ch).StartRollout(req, timeout=timeout)).rollout
+
+    else:
+        method = "FailoverService/GetRollout"
+
+        async def run(ch: Any) -> failover_pb2.Rollout | None:
+            reply = await stub_of(ch).GetRollout(failover_pb2.GetRolloutRequest(), timeout=timeout)
+            return reply.rollout if reply.HasField("rollout") else None
+
+    return views.rollout(await _call(t, method, timeout, run), t.address)

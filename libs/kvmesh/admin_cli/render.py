@@ -106,6 +106,28 @@ def zones(doc: Mapping[str, Any], now: float) -> str:
     return f"{head}\n{text}\nversion weights: {versions}"
 
 
+def rollout(doc: Mapping[str, Any], now: float) -> str:
+    r = doc["rollout"]
+    if r is None:
+        return f"failover {doc['failover']}: no rollout was ever started"
+    head = (
+        f"rollout {r['old_version']} -> {r['new_version']}: {r['phase']}, new version at {pct(r['new_share'])} "
+        f"(at most {pct(r['max_new_share'])})"
+    )
+    checked = r["consistency"] > 0 or r["failed_checks"]  # a check always measures consistency or fails it
+    checks = (
+        "last check: none yet"
+        if not checked
+        else (
+            f"last check: consistency {r['consistency']:.4f}, latency {r['latency_regression']:+.1%}, "
+            f"memory {r['memory_diff']:+.1%}, failed: {', '.join(r['failed_checks']) or '-'}"
+        )
+    )
+    rows = [[ago(e["at"], now), e["kind"], e["message"]] for e in r["events"]]
+    standby = f"\nold version on standby for {ago(now, r['standby_until'])}" if r["standby_until"] > now else ""
+    return f"{head}\n{checks}{standby}\n" + table(["AGO", "EVENT", "MESSAGE"], rows)
+
+
 def index(doc: Mapping[str, Any]) -> str:
     p = doc["warming_policy"]
     lines = [

@@ -140,3 +140,25 @@ def index(
             for z in stats.followed_zones
         ],
     }
+
+
+def rollout(reply: failover_pb2.Rollout | None, failover: str) -> dict[str, Any]:
+    """The current or last rollout (``rollout`` None when none was ever started); phase as a lower-case word."""
+    if reply is None:
+        return {"failover": failover, "rollout": None}
+    return {
+        "failover": failover,
+        "rollout": {
+            "new_version": reply.new_version,
+            "old_version": reply.old_version,
+            "phase": failover_pb2.RolloutPhase.Name(reply.phase).removeprefix("ROLLOUT_PHASE_").lower(),
+            "new_share": reply.new_share,
+            "max_new_share": reply.max_new_share,
+            "standby_until": reply.standby_until,
+            "failed_checks": list(reply.failed_checks),
+            "consistency": reply.consistency,
+            "latency_regression": reply.latency_regression,
+            "memory_diff": reply.memory_diff,
+            "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in reply.events],
+        },
+    }

@@ -63,7 +63,7 @@ from kvmesh.v1 import cache_manager_pb2, failover_pb2, kvsync_pb2, router_pb2, w
 NAMES = ("router", "worker", "cache-manager", "failover")
 R = CallerRole
 # the roles the fuzzer acts as under --auth, most privileged first (`Target.token_for`)
-ACTING_ROLES = (R.ADMIN, R.ROUTER, R.CACHE_MANAGER, R.WORKER, R.FAILOVER, R.PEER_ZONE, R.CLIENT)
+ACTING_ROLES = (R.ADMIN, R.ROUTER, R.CACHE_MANAGER, R.WORKER, R.FAILOVER, R.PEER_ZONE, R.PLANNER, R.CLIENT)
 SUITE_IDENTITIES = {
     "cache-manager": Identity(R.CACHE_MANAGER, "cache-manager-fuzz"),
     "worker": Identity(R.WORKER, "worker-fuzz-0"),

@@ -96,8 +96,8 @@ GRPC_RULES: Mapping[str, Rule] = {
     # router: the client API (API keys checked by the router), and its admin service
     _RT + "Generate": _open(R.CLIENT, R.ADMIN),
     _RA + "Rebalance": _ADMIN,
-    _RA + "ListWorkers": _ADMIN,
-    _RA + "DrainWorker": _ADMIN,
+    _RA + "ListWorkers": _only(R.ADMIN, R.PLANNER),  # the planner's load history and scale-in drains
+    _RA + "DrainWorker": _only(R.ADMIN, R.PLANNER),
     # worker
     # the cache-manager's prefix warming generates; the failover service's canary probes a rollout's versions
     _WK + "Generate": _only(R.ROUTER, R.CACHE_MANAGER, R.FAILOVER),

@@ -25,6 +25,7 @@ class CallerRole(enum.StrEnum):
     CACHE_MANAGER = "cache-manager"
     FAILOVER = "failover"
     PEER_ZONE = "peer-zone"
+    PLANNER = "planner"  # the autoscaler: reads the router's workers and drains the ones it removes
 
 
 @dataclass(frozen=True)

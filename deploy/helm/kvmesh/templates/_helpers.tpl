@@ -1,9 +1,14 @@
-{{/* The four components: chart name → values key and the role its identity carries (kvmesh.security). */}}
+{{/* The components: chart name → values key and the role its identity carries (kvmesh.security); the planner
+     only with planner.enabled. Args: the root context, or a dict holding it as root. */}}
 {{- define "kvmesh.components" -}}
+{{- $root := .root | default . }}
 router: {key: router, role: router}
 cache-manager: {key: cacheManager, role: cache-manager}
 worker: {key: worker, role: worker}
 failover: {key: failover, role: failover}
+{{- if $root.Values.planner.enabled }}
+planner: {key: planner, role: planner}
+{{- end }}
 {{- end -}}
 
 {{/* Resource name of a component in a zone: <release>-<zone>-<component>. Args: root, zone, name. */}}
@@ -74,8 +79,10 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.telemetry.logFormat | quote }}
 - name: KVMESH_OTLP_ENDPOINT
   value: {{ $v.telemetry.otlpEndpoint | quote }}
+{{- if ne .name "planner" }}{{/* the planner finds its zone's router by name, not in Consul */}}
 - name: KVMESH_CONSUL_URL
   value: {{ include "kvmesh.consulUrl" .root | quote }}
+{{- end }}
 - name: KVMESH_AUTH_MODE
   value: {{ $v.auth.mode | quote }}
 {{- if $v.tls.enabled }}
@@ -154,6 +161,30 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.failover.healthIntervalS | quote }}
 - name: KVMESH_ZONES
   value: {{ include "kvmesh.zoneNames" .root | quote }}
+{{- end -}}
+
+{{/* The zone's planner: it scales the zone's worker Deployment (its Role allows exactly that) by the
+     forecast of the zone's router's load (docs/operations.md). */}}
+{{- define "kvmesh.env.planner" -}}
+{{- $v := .root.Values }}
+- name: KVMESH_ROUTERS
+  value: "{{ .zone.name }}={{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "router") }}:{{ $v.router.grpcPort }}"
+- name: KVMESH_ACTUATOR
+  value: kubernetes
+- name: KVMESH_KUBE_DEPLOYMENTS
+  value: "{{ .zone.name }}={{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "worker") }}"
+- name: KVMESH_PER_WORKER_RPS
+  value: {{ $v.planner.perWorkerRps | quote }}
+- name: KVMESH_MIN_WORKERS
+  value: {{ $v.planner.minWorkers | quote }}
+- name: KVMESH_MAX_WORKERS
+  value: {{ $v.planner.maxWorkers | quote }}
+- name: KVMESH_BUFFER
+  value: {{ $v.planner.buffer | quote }}
+- name: KVMESH_INTERVAL_S
+  value: {{ $v.planner.intervalS | quote }}
+- name: KVMESH_HISTORY_FILE
+  value: /var/lib/kvmesh-planner/history.json
 {{- end -}}
 
 {{- define "kvmesh.zoneNames" -}}
