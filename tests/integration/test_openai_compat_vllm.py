@@ -193,7 +193,8 @@ def test_every_other_vllm_field_is_refused_naming_it(servers: tuple[httpx.Client
         ours = fields_of(api)
         assert ours.keys() - vllm_fields <= {"best_of", "functions", "function_call", "store", "metadata",
                                              "modalities", "audio", "prediction", "service_tier",
-                                             "web_search_options"}  # fmt: skip
+                                             "web_search_options", "no_stop_trim",
+                                             "return_hidden_states"}  # fmt: skip
         answers = {n: post(r, path_of(api), base(api) | {n: True}) for n in sorted(vllm_fields - ours.keys())}
         bad = {n: a for n, a in answers.items() if (a[0], a[1][0]["error"]["param"]) != (400, n)}
         assert not bad, bad

@@ -5,7 +5,9 @@ starts W real worker processes with the simulated engine at ``--sim-speed 0`` (a
 time) and a real router process in front of them, all on 127.0.0.1, then for each prompt size measures
 ``c1_p50_ms`` / ``c1_p99_ms`` (one request at a time, ``max_tokens=1``, latency to the end of the stream) and
 ``c32_rps`` (``--concurrency`` requests in flight) through the router (``router.<P>.*``) and straight to the
-workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router − direct at concurrency 1.
+workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router − direct at concurrency 1, and
+``router.<P>.cpu_us_per_request``: the router process's CPU time (user + system, /proc) over the concurrency
+run per request.
 The c1 samples of the two paths are taken in 4 interleaved rounds after a warm-up of both, so a slow spell of
 the shared machine cannot land on one path only. Every request is a prefix-cache miss on both paths (one of
 64 random token-id prompts with a per-request first token); the client is grpc.aio in this process.

@@ -10,6 +10,11 @@ fed by the workers' vLLM-format ZMQ KV events). The third-party routers are the 
 `sglang-router` / `vllm-router`, installed by the caller into DIR (`pip install --target DIR --no-deps
 sglang-router vllm-router orjson`); they are started as subprocesses on free loopback ports and used once
 `GET /v1/models` answers through them (bounded wait).
+
+``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's process
+and its descendants spent during the concurrency run, divided by its requests, in µs (`tree_cpu_s`, from
+the kernel's counters in /proc). Unlike requests/s it does not depend on how many cores the router had or on
+what else ran on the machine, so it carries from one machine to the next.
 """
 
 from __future__ import annotations
@@ -38,10 +43,37 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(int(q * len(s)), len(s) - 1)]
 
 
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants, from /proc (Linux)."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        # after "(comm)": state, ppid, ..., utime (field 14 of proc(5)) and stime (15) at offsets 11 and 12
+        parent[int(d.name)], ticks[int(d.name)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
 async def measure(
-    sends: dict[str, Callable[[int], Awaitable[None]]], n_c1: int, n_cc: int, concurrency: int, rounds: int = 4
+    sends: dict[str, Callable[[int], Awaitable[None]]],
+    n_c1: int,
+    n_cc: int,
+    concurrency: int,
+    rounds: int = 4,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`.
+    """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`, and
+    for a path in `pids` (its router's process) the CPU µs per request of the concurrency run.
     The c1 samples of all paths are taken in `rounds` interleaved rounds (after a warm-up of every path), so a
     slow spell of this shared machine lands on every path instead of biasing one side of a difference.
     `send(i)` gets i = 0, 1, ... per path."""
@@ -73,13 +105,18 @@ async def measure(
                 left -= 1
                 await one(name)
 
+        pid = (pids or {}).get(name)
+        cpu0 = tree_cpu_s(pid) if pid else 0.0
         t0 = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
         out[name] = {
             "c1_p50_ms": round(_pct(lat[name], 0.5), 3),
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
-            f"c{concurrency}_rps": round(n_cc / (time.perf_counter() - t0), 1),
+            f"c{concurrency}_rps": round(n_cc / wall, 1),
         }
+        if pid:
+            out[name]["cpu_us_per_request"] = round((tree_cpu_s(pid) - cpu0) / n_cc * 1e6, 1)
     return out
 
 
@@ -175,8 +212,10 @@ async def run_http(
     concurrency: int,
     c1_requests: int,
     model: str,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
-    """`model`: the served model name (the routers' /v1/models), sent as the body's "model"."""
+    """`model`: the served model name (the routers' /v1/models), sent as the body's "model"; `pids`: each
+    router's process (its CPU time per request)."""
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
@@ -198,7 +237,7 @@ async def run_http(
                 return send
 
             got = await measure(
-                {name: sender(urls) for name, urls in targets.items()}, c1_requests, requests, concurrency
+                {name: sender(urls) for name, urls in targets.items()}, c1_requests, requests, concurrency, pids=pids
             )
             for name, figures in got.items():
                 out[name][str(p)] = figures

@@ -92,7 +92,8 @@ async def _run(
             body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
             await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
 
-        got = await measure({"direct": direct, "router": via_router}, c1_requests, requests, concurrency)
+        pids = {"router": router.proc.pid}
+        got = await measure({"direct": direct, "router": via_router}, c1_requests, requests, concurrency, pids=pids)
         out["direct"][str(p)] = got["direct"]
         out["router"][str(p)] = got["router"]
         out["overhead_p50_ms"][str(p)] = round(
@@ -185,8 +186,9 @@ def main(argv: Sequence[str]) -> int:
                 assert model_dir is not None  # checked above for --api http
                 tok = HfTokenizer(str(model_dir))  # what the kvmesh router's tokenizer loads from the same folder
                 served = model_dir.name  # the kvmesh router's /v1/models name (its tokenizer folder)
+                pids = {"kvmesh": router.proc.pid, **{k: p.pid for k, p in others.items()}}
                 res = asyncio.run(
-                    run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests, served)
+                    run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests, served, pids)
                 )
         finally:
             for proc in others.values():

@@ -33,7 +33,7 @@ class Field:
     why: str
     example: object
     off: tuple[object, ...] = ()
-    origin: Literal["OpenAI", "vLLM"] = "OpenAI"
+    origin: Literal["OpenAI", "vLLM", "SGLang"] = "OpenAI"
 
 
 FIELDS: tuple[Field, ...] = (
@@ -95,9 +95,16 @@ FIELDS: tuple[Field, ...] = (
     Field("session_id", BOTH, "supported", "the session-affinity key, as `user`", "s1", origin="vLLM"),
     Field("min_p", BOTH, "off only", "kvmesh's sampling parameters on the wire carry no `min_p`", 0.1,
           off=(0, 0.0), origin="vLLM"),
+    Field("skip_special_tokens", BOTH, "off only", "special tokens are always left out of the text", False,
+          off=(True,), origin="vLLM"),
+    # what sglang-router adds to every request it forwards, at these values
+    Field("no_stop_trim", BOTH, "off only", "a matched stop string is always trimmed from the text", True,
+          off=(False,), origin="SGLang"),
+    Field("return_hidden_states", BOTH, "off only", "the worker returns no hidden states", True,
+          off=(False,), origin="SGLang"),
 )  # fmt: skip
 UNKNOWN_WHY = (
-    "any other field (vLLM's other extensions: `use_beam_search`, `length_penalty`, `skip_special_tokens`, "
+    "any other field (vLLM's other extensions: `use_beam_search`, `length_penalty`, "
     "`chat_template`, `add_generation_prompt`, `structured_outputs`, `priority`, `bad_words` ...; a typo) is "
     "refused with 400 naming it"
 )
