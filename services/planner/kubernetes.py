@@ -156,6 +156,7 @@ class KubernetesWorkers:
         self.poll_s = poll_s
         self.start_timeout_s = start_timeout_s
         self._lock = asyncio.Lock()  # one read-modify-write of a replica count at a time
+        self._claimed: set[str] = set()  # pods already returned by a start (two starts never share one)
 
     def _deployment(self, zone: str) -> str:
         if zone not in self.deployments:
@@ -174,8 +175,9 @@ class KubernetesWorkers:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             new = sorted(p["metadata"]["name"] for p in await self.api.pods(selector))
-            created = [name for name in new if name not in before]
+            created = [name for name in new if name not in before and name not in self._claimed]
             if created:
+                self._claimed.add(created[0])
                 return created[0]
             await asyncio.sleep(self.poll_s)  # the ReplicaSet controller's pace, not a synchronisation
         raise KubeError(f"{dep}: no new pod within {self.start_timeout_s:.0f} s of scaling to {n + 1}")

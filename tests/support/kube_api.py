@@ -11,11 +11,14 @@ Faithful where the planner's Kubernetes actuator depends on it (the paths, verbs
 - the controller: a scale-up creates pods ``<deployment>-<template hash>-<5 characters>``, not ready; a
   scale-down deletes the ReplicaSet controller's order: not ready before ready, then the lowest
   ``controller.kubernetes.io/pod-deletion-cost`` first, then the newest. ``deleted`` records each deletion.
-Readiness is set by the test (``ready``): there are no kubelets.
+Readiness is set by the test (``ready``): there are no kubelets. With ``manual_controller`` a scale patch only
+sets the replica count (and ``scaled``); pods follow when the test calls ``reconcile()``, as a real
+controller's pods come some time after the patch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import ssl
@@ -69,6 +72,8 @@ class KubeApiStandIn:
         self._ssl.load_cert_chain(cert, key)
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.manual_controller = False
+        self.scaled = asyncio.Event()
 
     def add_deployment(self, name: str, labels: dict[str, str], replicas: int, ready: bool = True) -> None:
         dep = Deployment(name, labels)
@@ -82,6 +87,10 @@ class KubeApiStandIn:
             for p in dep.pods:
                 if p.name == pod:
                     p.ready = True
+
+    def reconcile(self) -> None:
+        for dep in self.deployments.values():
+            self._reconcile(dep, dep.replicas)
 
     def _reconcile(self, dep: Deployment, replicas: int) -> None:
         dep.replicas = replicas
@@ -155,7 +164,11 @@ class KubeApiStandIn:
             replicas = patch.get("spec", {}).get("replicas")
             if not isinstance(replicas, int) or replicas < 0:
                 return _status(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
-            self._reconcile(dep, replicas)
+            if self.manual_controller:
+                dep.replicas = replicas
+            else:
+                self._reconcile(dep, replicas)
+            self.scaled.set()
         body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": name}}
         return web.json_response({**body, "spec": {"replicas": dep.replicas}, "status": {"replicas": len(dep.pods)}})
 

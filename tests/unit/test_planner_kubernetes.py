@@ -3,6 +3,7 @@ tests/support/kube_api (HTTPS on loopback, bearer tokens, RBAC, the ReplicaSet c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,25 @@ async def test_scale_out_adds_one_replica_and_returns_the_new_pod(cluster: Clust
     assert cluster.api.deployments[DEP].replicas == 4
     assert pods - before == {new}
     assert ("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{DEP}/scale") in cluster.api.requests
+
+
+async def test_concurrent_scale_outs_return_different_pods(cluster: Cluster) -> None:
+    """Both starts patch before the controller creates either pod: each must still get its own."""
+    cluster.api.manual_controller = True
+    act = cluster.actuator()
+    starts = [asyncio.create_task(act.start("zone-a")) for _ in range(2)]
+    dep = cluster.api.deployments[DEP]
+
+    async def both_patched() -> None:
+        while dep.replicas < 5:
+            await cluster.api.scaled.wait()
+            cluster.api.scaled.clear()
+
+    await asyncio.wait_for(both_patched(), 10)
+    cluster.api.reconcile()
+    got = await asyncio.wait_for(asyncio.gather(*starts), 10)
+    await act.close()
+    assert len(set(got)) == 2 and {p.name for p in dep.pods} >= set(got)
 
 
 async def test_scale_in_deletes_the_drained_pod_not_the_controllers_default(cluster: Cluster) -> None:
