@@ -189,6 +189,7 @@ class KubernetesWorkers:
             await self.api.annotate_pod(worker_id, {DELETION_COST: LOWEST_COST})
             n = await self.api.replicas(dep)
             await self.api.set_replicas(dep, max(n - 1, 0))
+        self._claimed.discard(worker_id)  # its pod is gone: the set stays as small as the fleet
         log.info("zone %s: %s scaled to %d replicas, pod %s (%s) deleted first", zone, dep, n - 1, worker_id, address)
 
     def removable(self, zone: str) -> set[str] | None:
