@@ -1,10 +1,11 @@
 """Entry point: `python -m kvmesh.services.planner` / `kvmesh-planner`.
 
 Wiring: one :class:`~kvmesh.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
-settings), the actuator (``--actuator dry-run|local|kubernetes``), the history checkpoint (``--history-file``, loaded at
-start), and the planning step every ``--interval-s`` on the service skeleton's background tasks. The
-planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the authorisation table enforced,
-give it an admin token or certificate. It does not register itself in Consul.
+settings), the actuator (``--actuator dry-run|local|kubernetes``), the history checkpoint
+(``--history-file``, loaded at start), and the planning step every ``--interval-s`` on the service
+skeleton's background tasks. The planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the
+authorisation table enforced, give it a token or certificate of role planner (or admin). It does not
+register itself in Consul.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from kvmesh.planner.sizing import SizingPolicy
 from kvmesh.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.rpc.server import ServiceRunner, run_service
 from kvmesh.services.planner.actuators import make_actuator
-from kvmesh.services.planner.loop import PlannerLoop, parse_routers
-from kvmesh.services.planner.settings import PlannerSettings
+from kvmesh.services.planner.loop import PlannerLoop
+from kvmesh.services.planner.settings import PlannerSettings, zone_map
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def planner_config(s: PlannerSettings) -> PlannerConfig:
 async def build(runner: ServiceRunner, settings: PlannerSettings) -> None:
     if settings.consul_url:
         raise InvalidArgument("consul_url", "the planner does not register in Consul: give it --routers")
-    routers = parse_routers(settings.routers)
+    routers = zone_map("routers", settings.routers, "host:port")
     config = planner_config(settings)
     actuator = make_actuator(settings)
     loop = PlannerLoop(

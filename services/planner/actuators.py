@@ -23,8 +23,8 @@ from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.errors import InvalidArgument
 from kvmesh.launcher import ServiceProcess, start_service
-from kvmesh.services.planner.kubernetes import KubeApi, KubernetesWorkers, parse_deployments
-from kvmesh.services.planner.settings import PlannerSettings
+from kvmesh.services.planner.kubernetes import KubeApi, KubernetesWorkers
+from kvmesh.services.planner.settings import PlannerSettings, zone_map
 
 log = logging.getLogger(__name__)
 
@@ -117,5 +117,5 @@ def make_actuator(s: PlannerSettings) -> Actuator:
         return LocalWorkers(s.registry_file, s.worker_args, s.worker_log_dir)
     if s.actuator == "kubernetes":
         api = KubeApi.in_cluster(s.kube_api_url, s.kube_namespace, s.kube_token_file, s.kube_ca_file)
-        return KubernetesWorkers(api, parse_deployments(s.kube_deployments))
+        return KubernetesWorkers(api, zone_map("kube_deployments", s.kube_deployments, "deployment"))
     raise InvalidArgument("actuator", f"unknown actuator {s.actuator!r}; known: dry-run, local, kubernetes")

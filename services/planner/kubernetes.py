@@ -129,17 +129,6 @@ def _reason(text: str) -> str:
         return text[:200]
 
 
-def parse_deployments(items: tuple[str, ...]) -> dict[str, str]:
-    """``('zone-a=kvmesh-zone-a-worker', ...)`` → {zone: Deployment}; raises InvalidArgument naming the flag."""
-    out: dict[str, str] = {}
-    for item in items:
-        zone, sep, name = item.partition("=")
-        if not sep or not zone or not name or zone in out:
-            raise InvalidArgument("kube_deployments", f"expected zone=deployment once per zone, got {item!r}")
-        out[zone] = name
-    return out
-
-
 class KubernetesWorkers:
     """Workers as the pods of one Deployment per zone."""
 
@@ -149,14 +138,13 @@ class KubernetesWorkers:
     def __init__(
         self, api: KubeApi, deployments: dict[str, str], poll_s: float = 2.0, start_timeout_s: float = 900.0
     ) -> None:
-        if not deployments:
-            raise InvalidArgument("kube_deployments", "name each zone's worker Deployment: zone=deployment")
         self.api = api
         self.deployments = deployments
         self.poll_s = poll_s
         self.start_timeout_s = start_timeout_s
         self._lock = asyncio.Lock()  # one read-modify-write of a replica count at a time
         self._claimed: set[str] = set()  # pods already returned by a start (two starts never share one)
+        self._selectors: dict[str, str] = {}  # a Deployment's selector is immutable (apps/v1): read it once
 
     def _deployment(self, zone: str) -> str:
         if zone not in self.deployments:
@@ -166,7 +154,9 @@ class KubernetesWorkers:
     async def start(self, zone: str) -> str:
         """Adds a replica; returns the new pod's name (the worker's id) once the ReplicaSet has created it."""
         dep = self._deployment(zone)
-        selector = await self.api.selector(dep)
+        if dep not in self._selectors:
+            self._selectors[dep] = await self.api.selector(dep)
+        selector = self._selectors[dep]
         async with self._lock:
             before = {p["metadata"]["name"] for p in await self.api.pods(selector)}
             n = await self.api.replicas(dep)

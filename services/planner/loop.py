@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmesh.config import ServerSettings
-from kvmesh.errors import InvalidArgument
 from kvmesh.planner.history import LoadHistory
 from kvmesh.planner.sizing import WorkerLife
 from kvmesh.planner.zone import Decision, ZonePlanner
@@ -31,21 +30,6 @@ from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger(__name__)
 PASSING = common_pb2.HEALTH_STATE_PASSING
-
-
-def parse_routers(items: tuple[str, ...]) -> dict[str, str]:
-    """``('a=host:port', ...)`` → {zone: address}; raises InvalidArgument naming ``routers``."""
-    out: dict[str, str] = {}
-    for item in items:
-        zone, sep, address = item.partition("=")
-        if not sep or not zone or not address:
-            raise InvalidArgument("routers", f"expected zone=host:port, got {item!r}")
-        if zone in out:
-            raise InvalidArgument("routers", f"zone {zone!r} given twice")
-        out[zone] = address
-    if not out:
-        raise InvalidArgument("routers", "at least one zone=host:port is needed")
-    return out
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.config import ServerSettings, setting
+from kvmesh.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,19 @@ class PlannerSettings(ServerSettings):
     kube_token_file: str = setting("", "kubernetes actuator: bearer token file ('' = the pod's service account)")
     kube_ca_file: str = setting("", "kubernetes actuator: CA of the API server ('' = the service account's)")
     drain_timeout_s: float = setting(120.0, "a draining worker is stopped at the latest this long after its drain")
+
+
+def zone_map(field: str, items: tuple[str, ...], what: str) -> dict[str, str]:
+    """``('a=X', 'b=Y')`` → {zone: X}: at least one entry, each zone once; InvalidArgument naming ``field``
+    (``what`` names the value in the message: ``host:port``, ``deployment``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        zone, sep, value = item.partition("=")
+        if not sep or not zone or not value:
+            raise InvalidArgument(field, f"expected zone={what}, got {item!r}")
+        if zone in out:
+            raise InvalidArgument(field, f"zone {zone!r} given twice")
+        out[zone] = value
+    if not out:
+        raise InvalidArgument(field, f"at least one zone={what} is needed")
+    return out

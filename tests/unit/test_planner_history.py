@@ -10,8 +10,7 @@ from kvmesh.planner.history import LoadHistory
 from kvmesh.planner.sizing import SizingPolicy, WorkerLife
 from kvmesh.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.services.planner.actuators import make_actuator
-from kvmesh.services.planner.loop import parse_routers
-from kvmesh.services.planner.settings import PlannerSettings
+from kvmesh.services.planner.settings import PlannerSettings, zone_map
 
 
 def test_history_counts_deltas_per_bucket_and_survives_counter_resets() -> None:
@@ -65,10 +64,10 @@ def test_zone_planner_judges_the_forecasters_once_three_days_are_recorded() -> N
 
 
 def test_planner_settings_are_checked_naming_the_field() -> None:
-    assert parse_routers(("a=h:1", "b=h:2")) == {"a": "h:1", "b": "h:2"}
+    assert zone_map("routers", ("a=h:1", "b=h:2"), "host:port") == {"a": "h:1", "b": "h:2"}
     for bad in ((), ("a",), ("a=h:1", "a=h:2")):
         with pytest.raises(InvalidArgument, match="routers"):
-            parse_routers(bad)
+            zone_map("routers", bad, "host:port")
     with pytest.raises(InvalidArgument, match="actuator"):
         make_actuator(PlannerSettings(actuator="cloud"))
     with pytest.raises(InvalidArgument, match="registry_file"):
