@@ -14,6 +14,7 @@ from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import MessageBounds
 from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
 from kvmesh.security.client_keys import ClientKeys
+from kvmesh.services.router import metrics as m
 from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.follow import FailoverFollower
@@ -72,7 +73,8 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         max_migrations=s.max_migrations,
         queue_timeout_s=s.queue_timeout_s,
     )
-    tok = RouterTokenizer(s.model)
+    tok = RouterTokenizer(s.model, s.tokenize_cache_mb)
+    m.TOKEN_CACHE.stats = tok.cache.stats
     limits.max_prompt_chars = s.max_prompt_chars or s.max_prompt_tokens * tok.max_chars_per_token
     limits.max_chat_messages = s.max_chat_messages
     limits.vocab_size = s.vocab_size or tok.vocab_size

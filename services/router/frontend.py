@@ -120,12 +120,20 @@ class Frontend:
 
     async def tokenize_text(self, text: str) -> list[int]:
         """Token ids of `text` (InvalidArgument, before any work, when it is longer than any prompt within the
-        token limit can be); long texts are encoded on a worker thread (HF tokenizers releases the GIL), so
-        the event loop keeps serving and several long prompts tokenise in parallel."""
+        token limit can be); a text tokenised before comes from the cache, long texts are encoded on a worker
+        thread (HF tokenizers releases the GIL), so the event loop keeps serving and several long prompts
+        tokenise in parallel."""
         check_text_size(text, self.core.limits.max_prompt_chars, "prompt")
+        cache = self.tokenizer.cache
+        ids = cache.get(text)
+        if ids is not None:
+            return ids
         if len(text) < _INLINE_CHARS:
-            return self.tokenizer.encode(text)
-        return await asyncio.to_thread(self.tokenizer.encode, text)
+            ids = self.tokenizer.encode(text)
+        else:
+            ids = await asyncio.to_thread(self.tokenizer.encode, text)
+        cache.put(text, ids)
+        return ids
 
     async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """Token ids of a rendered chat; its message count and total size are checked before rendering."""

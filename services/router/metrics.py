@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvmesh.engine.token_cache import TokenCacheStats
 from kvmesh.routing import Admission
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -83,3 +84,35 @@ GUARDRAIL_RELOADS = Counter(
     ["outcome"],
 )
 GUARDRAIL_RULES = Gauge("kvmesh_router_guardrail_rules", "Output guardrail rules in force")
+
+
+class TokenCacheCollector:
+    """`kvmesh_router_tokenize_cache_*`: the tokenisation cache's lookups, evictions and size, read from its
+    counters when /metrics is scraped (nothing on the request path)."""
+
+    def __init__(self) -> None:
+        self.stats: TokenCacheStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.stats or TokenCacheStats()
+        lookups = CounterMetricFamily(
+            "kvmesh_router_tokenize_cache_lookups",
+            "Prompt texts looked up in the tokenisation cache: hit (tokenised before) or miss",
+            labels=["result"],
+        )
+        lookups.add_metric(["hit"], st.hits)
+        lookups.add_metric(["miss"], st.misses)
+        yield lookups
+        yield CounterMetricFamily(
+            "kvmesh_router_tokenize_cache_evictions", "Texts dropped from the tokenisation cache", value=st.evictions
+        )
+        yield GaugeMetricFamily(
+            "kvmesh_router_tokenize_cache_bytes", "Bytes the tokenisation cache holds (texts and ids)", value=st.bytes
+        )
+        yield GaugeMetricFamily(
+            "kvmesh_router_tokenize_cache_entries", "Texts in the tokenisation cache", value=st.entries
+        )
+
+
+TOKEN_CACHE = TokenCacheCollector()  # the router's frontend points it at its cache
+REGISTRY.register(TOKEN_CACHE)

@@ -78,6 +78,9 @@ class RouterSettings(ServerSettings):
         "tokenizer's longest token, at most 32 characters)",
     )
     max_chat_messages: int = setting(1024, "most messages in one chat request")
+    tokenize_cache_mb: int = setting(
+        64, "memory for tokenised prompt texts, MiB: a repeated text is not tokenised again (0 = off)"
+    )
     vocab_size: int = setting(
         SIM_VOCAB_SIZE,
         "token ids accepted are below this: the served model's vocabulary (default: the simulated engine's; "

@@ -15,7 +15,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from kvmesh.engine.token_cache import TokenCache
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
+from kvmesh.errors import InvalidArgument
 from kvmesh.modelfiles import resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -24,9 +26,12 @@ CHARS_PER_TOKEN_CAP = 32  # assumed at most, whatever the vocabulary's longest e
 
 
 class RouterTokenizer:
-    """encode / decode / render_chat for one model."""
+    """encode / decode / render_chat for one model, and the cache of its tokenised texts."""
 
-    def __init__(self, model: str = "") -> None:
+    def __init__(self, model: str = "", cache_mb: int = 0) -> None:
+        if cache_mb < 0:
+            raise InvalidArgument("tokenize_cache_mb", f"must be >= 0 MiB (0 = off), got {cache_mb}")
+        self.cache = TokenCache(cache_mb * 2**20)
         self.model_dir = resolve_model_dir(model)
         self.tok: Tokenizer
         self._template: Any = None

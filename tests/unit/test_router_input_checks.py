@@ -13,7 +13,7 @@ from kvmesh.routing import attempts as at
 from kvmesh.rpc.interceptors import MessageBounds, RefusedRequest, safe_deserializer
 from kvmesh.rpc.server import QuietClientErrors
 from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
-from kvmesh.v1 import router_pb2
+from kvmesh.v1 import common_pb2, router_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -26,6 +26,15 @@ def test_token_ids_within_the_vocabulary() -> None:
         with pytest.raises(InvalidArgument) as ei:
             check_token_ids(ids, 100, "resume_token_ids")
         assert ei.value.field == "resume_token_ids" and "[0, 100)" in ei.value.message
+
+
+def test_token_ids_from_the_wire() -> None:
+    """A protobuf repeated field (checked through its buffer, not as a list) gets the same verdicts."""
+    check_token_ids(common_pb2.TokenIds(ids=[0, 5, 99]).ids, 100, "prompt")
+    check_token_ids(common_pb2.TokenIds().ids, 100, "prompt")
+    with pytest.raises(InvalidArgument) as ei:
+        check_token_ids(common_pb2.TokenIds(ids=[3, 100, 4]).ids, 100, "prompt")
+    assert ei.value.field == "prompt" and "[0, 100)" in ei.value.message
 
 
 def test_text_and_chat_sizes() -> None:

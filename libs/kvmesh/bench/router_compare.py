@@ -35,7 +35,7 @@ import aiohttp
 from kvmesh.engine.tokenizer import Tokenizer
 from kvmesh.launcher import free_port
 
-DISTINCT = 64
+DISTINCT = 64  # prompts per size, sent in turn (--distinct-prompts)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -213,9 +213,11 @@ async def run_http(
     c1_requests: int,
     model: str,
     pids: dict[str, int],
+    distinct: int = DISTINCT,
 ) -> dict[str, Any]:
     """`model`: the served model name (the routers' /v1/models), sent as the body's "model"; `pids`: each
-    router's process (its CPU time per request)."""
+    router's process (its CPU time per request); `distinct`: different prompts per size, sent in turn (the
+    kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new)."""
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
@@ -223,13 +225,13 @@ async def run_http(
         for name, urls in targets.items():
             await wait_http(session, urls[0], procs.get(name))
         for p in sizes:
-            texts = [make_text(tok, p, rng) for _ in range(DISTINCT)]
-            out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / DISTINCT)
+            texts = [make_text(tok, p, rng) for _ in range(distinct)]
+            out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / distinct)
             bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
 
             def sender(urls: list[str], bodies: list[Any] = bodies) -> Callable[[int], Awaitable[None]]:
                 async def send(i: int) -> None:
-                    async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % DISTINCT]) as r:
+                    async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
                         body = await r.read()
                         if r.status != 200:
                             raise RuntimeError(f"{r.status}: {body[:300]!r}")

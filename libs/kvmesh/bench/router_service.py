@@ -118,7 +118,16 @@ def main(argv: Sequence[str]) -> int:
     )
     ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
     ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
+    ap.add_argument(
+        "--distinct-prompts",
+        type=int,
+        default=DISTINCT,
+        help="http only: different prompts per size, sent in turn (a repeated text hits the router's "
+        "tokenisation cache; as many as the requests sent: every prompt new)",
+    )
     a = ap.parse_args(list(argv))
+    if a.distinct_prompts < 1:
+        ap.error(f"--distinct-prompts must be >= 1, got {a.distinct_prompts}")
     compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
     max_len = int(max(sizes) * 1.05) + 64  # text prompts are only about P tokens
@@ -188,7 +197,18 @@ def main(argv: Sequence[str]) -> int:
                 served = model_dir.name  # the kvmesh router's /v1/models name (its tokenizer folder)
                 pids = {"kvmesh": router.proc.pid, **{k: p.pid for k, p in others.items()}}
                 res = asyncio.run(
-                    run_http(tok, targets, others, sizes, a.requests, a.concurrency, a.c1_requests, served, pids)
+                    run_http(
+                        tok,
+                        targets,
+                        others,
+                        sizes,
+                        a.requests,
+                        a.concurrency,
+                        a.c1_requests,
+                        served,
+                        pids,
+                        a.distinct_prompts,
+                    )
                 )
         finally:
             for proc in others.values():
@@ -204,6 +224,7 @@ def main(argv: Sequence[str]) -> int:
                     sp.kill()
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
+        | ({"distinct_prompts": a.distinct_prompts} if a.api == "http" else {})
     )
     print(json.dumps(res, sort_keys=True))
     return 0

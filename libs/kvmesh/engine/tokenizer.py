@@ -38,9 +38,6 @@ class ByteTokenizer:
         return "".join(out)
 
 
-_GIL_FREE_CHARS = 2048  # shorter texts: `encode` (cheaper call, the GIL is held only briefly)
-
-
 class HfTokenizer:
     """A Hugging Face `tokenizer.json` (e.g. the tiny local model's), loaded with `tokenizers`."""
 
@@ -53,14 +50,13 @@ class HfTokenizer:
         # characters one token can stand for, at most (byte-level and sentencepiece entries have at least
         # one character per character of text they match; byte-fallback entries like <0x0A> more)
         self.longest_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)  # tokenizers < 0.21
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`. Long texts go through `encode_batch`, which releases the GIL while it works
-        (`encode` holds it: two threads encoding 100K-token texts run one after the other and block the event
-        loop), so concurrent long prompts tokenise in parallel on several cores."""
-        if len(text) >= _GIL_FREE_CHARS:
-            return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        """Token ids of `text`, through `encode_batch_fast`: it computes no character offsets (nothing here
+        uses them; 1.3-2x faster than `encode` on the tiny model's prompts) and releases the GIL while it
+        works (`encode` holds it), so concurrent long prompts tokenise in parallel on several cores."""
+        return list(self._encode_batch([text], add_special_tokens=False)[0].ids)
 
     def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))

@@ -1,0 +1,57 @@
+"""The tokenisation cache: a hit needs the same text, returns ids the caller may change, and the cache holds
+at most its byte budget, dropping the least recently used texts first."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.engine.token_cache import TokenCache, entry_bytes
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_repeated_text_hits_and_a_different_one_misses() -> None:
+    cache = TokenCache(2**20)
+    assert cache.get("hello world") is None
+    cache.put("hello world", [5, 6, 7])
+    assert cache.get("hello world") == [5, 6, 7]
+    assert cache.get("hello world!") is None
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.entries) == (1, 2, 1)
+
+
+def test_changing_a_returned_list_does_not_change_the_cache() -> None:
+    cache = TokenCache(2**20)
+    ids = [1, 2, 3]
+    cache.put("t", ids)
+    ids.append(4)
+    got = cache.get("t")
+    assert got == [1, 2, 3]
+    got.clear()
+    assert cache.get("t") == [1, 2, 3]
+
+
+def test_the_least_recently_used_text_goes_first_and_the_budget_holds() -> None:
+    texts = [f"text {i} " * 20 for i in range(4)]
+    ids = list(range(300, 340))
+    one = entry_bytes(texts[0], len(ids))
+    cache = TokenCache(3 * one + one // 2)  # room for three entries
+    for t in texts[:3]:
+        cache.put(t, ids)
+    assert cache.get(texts[0]) == ids  # texts[1] is now the least recently used
+    cache.put(texts[3], ids)
+    assert cache.get(texts[1]) is None
+    assert all(cache.get(t) == ids for t in (texts[0], texts[2], texts[3]))
+    assert cache.stats.evictions == 1
+    assert cache.stats.entries == 3
+    assert cache.stats.bytes == 3 * one <= cache.max_bytes
+
+
+def test_off_or_too_large_keeps_nothing() -> None:
+    off = TokenCache(0)
+    off.put("t", [1])
+    assert off.get("t") is None and off.stats.bytes == 0
+    small = TokenCache(100)
+    small.put("x" * 1000, [1, 2])
+    assert small.get("x" * 1000) is None and small.stats.entries == 0
+    with pytest.raises(ValueError, match="max_bytes"):
+        TokenCache(-1)
