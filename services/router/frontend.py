@@ -118,24 +118,26 @@ class Frontend:
             raise NotFound(f"unknown model {model!r}: serving {serving}")
         return model
 
-    async def tokenize_text(self, text: str) -> list[int]:
+    async def tokenize_text(self, text: str) -> common_pb2.TokenIds:
         """Token ids of `text` (InvalidArgument, before any work, when it is longer than any prompt within the
-        token limit can be); a text tokenised before comes from the cache, long texts are encoded on a worker
-        thread (HF tokenizers releases the GIL), so the event loop keeps serving and several long prompts
-        tokenise in parallel."""
+        token limit can be), a new message the caller owns; a text tokenised before comes from the cache, long
+        texts are encoded on a worker thread (HF tokenizers releases the GIL), so the event loop keeps serving
+        and several long prompts tokenise in parallel."""
         check_text_size(text, self.core.limits.max_prompt_chars, "prompt")
         cache = self.tokenizer.cache
-        ids = cache.get(text)
-        if ids is not None:
-            return ids
+        packed = cache.get(text)
+        if packed is not None:
+            return common_pb2.TokenIds.FromString(packed)
         if len(text) < _INLINE_CHARS:
             ids = self.tokenizer.encode(text)
         else:
             ids = await asyncio.to_thread(self.tokenizer.encode, text)
-        cache.put(text, ids)
-        return ids
+        msg = common_pb2.TokenIds(ids=ids)
+        if cache.max_bytes:
+            cache.put(text, msg.SerializeToString())
+        return msg
 
-    async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+    async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> common_pb2.TokenIds:
         """Token ids of a rendered chat; its message count and total size are checked before rendering."""
         require(len(messages) > 0, "messages", "must not be empty")
         check_chat_size(messages, self.core.limits.max_chat_messages, self.core.limits.max_prompt_chars)

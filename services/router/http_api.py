@@ -146,12 +146,12 @@ class HttpApi:
         return parsed, lora, tenant
 
     def _gen_request(
-        self, request: web.Request, parsed: OpenAIRequest, ids: list[int], lora: str, tenant: str
+        self, request: web.Request, parsed: OpenAIRequest, prompt: common_pb2.TokenIds, lora: str, tenant: str
     ) -> RouterRequest:
         session = _header(request, "X-Session-Id") or parsed.user
         return RouterRequest(
             f"http-{uuid.uuid4().hex}",
-            common_pb2.TokenIds(ids=ids),
+            prompt,
             sampling_to_proto(parsed.sampling),
             session_id=session,
             tenant=tenant,
@@ -169,16 +169,17 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=False)
         if parsed.prompt_text is not None:
-            ids = await self.front.tokenize_text(parsed.prompt_text)
+            prompt = await self.front.tokenize_text(parsed.prompt_text)
         else:
             ids = list(parsed.prompt_ids or ())
             self.front.check_token_ids(ids, "prompt")  # before the wire's uint32 sees them
-        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora, tenant))
+            prompt = common_pb2.TokenIds(ids=ids)
+        return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=True)
-        ids = await self.front.tokenize_chat(parsed.messages)
-        return await self._respond(request, parsed, self._gen_request(request, parsed, ids, lora, tenant))
+        prompt = await self.front.tokenize_chat(parsed.messages)
+        return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
 
     async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:
         api = "chat" if parsed.chat else "completions"

@@ -18,7 +18,7 @@ from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.telemetry.context import new_request_id, request_id_var
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.v1 import router_pb2, router_pb2_grpc
 
 SERVICE = "router"  # as the audit log names it
 _TOKEN_IDS_FIELD = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
@@ -99,14 +99,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             lora = f.lora_for(request.model, request.lora_name)
             prompt_bytes = None
             if which == "text":
-                prompt = common_pb2.TokenIds(ids=await f.tokenize_text(request.text))
+                prompt = await f.tokenize_text(request.text)
             elif which == "token_ids":
                 prompt = request.token_ids
                 prompt_bytes = field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
             else:
-                prompt = common_pb2.TokenIds(
-                    ids=await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
-                )
+                prompt = await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
             non_empty(prompt.ids, "prompt")
             rid = request.request_id or request_id_var.get() or new_request_id()
             req = RouterRequest(

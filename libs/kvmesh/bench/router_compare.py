@@ -11,10 +11,14 @@ fed by the workers' vLLM-format ZMQ KV events). The third-party routers are the 
 sglang-router vllm-router orjson`); they are started as subprocesses on free loopback ports and used once
 `GET /v1/models` answers through them (bounded wait).
 
-``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's process
-and its descendants spent during the concurrency run, divided by its requests, in µs (`tree_cpu_s`, from
-the kernel's counters in /proc). Unlike requests/s it does not depend on how many cores the router had or on
-what else ran on the machine, so it carries from one machine to the next.
+The kvmesh router runs as it is deployed, with a cache-manager (the workers publish their KV events to it,
+the router follows its index), so it sends a repeated prompt to the worker that holds it, as the others do.
+
+``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's
+processes (for kvmesh: the router and its cache-manager) and their descendants spent during the concurrency
+run, divided by its requests, in µs (`tree_cpu_s`, from the kernel's counters in /proc). Unlike requests/s
+it does not depend on how many cores the router had or on what else ran on the machine, so it carries from
+one machine to the next.
 """
 
 from __future__ import annotations
@@ -70,10 +74,10 @@ async def measure(
     n_cc: int,
     concurrency: int,
     rounds: int = 4,
-    pids: dict[str, int] | None = None,
+    pids: dict[str, list[int]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`, and
-    for a path in `pids` (its router's process) the CPU µs per request of the concurrency run.
+    for a path in `pids` (its router's processes) the CPU µs per request of the concurrency run.
     The c1 samples of all paths are taken in `rounds` interleaved rounds (after a warm-up of every path), so a
     slow spell of this shared machine lands on every path instead of biasing one side of a difference.
     `send(i)` gets i = 0, 1, ... per path."""
@@ -105,8 +109,8 @@ async def measure(
                 left -= 1
                 await one(name)
 
-        pid = (pids or {}).get(name)
-        cpu0 = tree_cpu_s(pid) if pid else 0.0
+        own = (pids or {}).get(name, [])
+        cpu0 = sum(map(tree_cpu_s, own))
         t0 = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
@@ -115,8 +119,8 @@ async def measure(
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
             f"c{concurrency}_rps": round(n_cc / wall, 1),
         }
-        if pid:
-            out[name]["cpu_us_per_request"] = round((tree_cpu_s(pid) - cpu0) / n_cc * 1e6, 1)
+        if own:
+            out[name]["cpu_us_per_request"] = round((sum(map(tree_cpu_s, own)) - cpu0) / n_cc * 1e6, 1)
     return out
 
 
@@ -212,11 +216,11 @@ async def run_http(
     concurrency: int,
     c1_requests: int,
     model: str,
-    pids: dict[str, int],
+    pids: dict[str, list[int]],
     distinct: int = DISTINCT,
 ) -> dict[str, Any]:
     """`model`: the served model name (the routers' /v1/models), sent as the body's "model"; `pids`: each
-    router's process (its CPU time per request); `distinct`: different prompts per size, sent in turn (the
+    router's processes (their CPU time per request); `distinct`: different prompts per size, sent in turn (the
     kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new)."""
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}

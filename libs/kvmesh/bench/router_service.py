@@ -92,7 +92,7 @@ async def _run(
             body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
             await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
 
-        pids = {"router": router.proc.pid}
+        pids = {"router": [router.proc.pid]}
         got = await measure({"direct": direct, "router": via_router}, c1_requests, requests, concurrency, pids=pids)
         out["direct"][str(p)] = got["direct"]
         out["router"][str(p)] = got["router"]
@@ -103,6 +103,9 @@ async def _run(
     for c in wchs:
         await c.close()
     return out
+
+
+_CM_ARGS = ("--checkpoint-interval-s", "0", "--warm-interval-s", "0", "--log-level", "WARNING")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -154,10 +157,14 @@ def main(argv: Sequence[str]) -> int:
                 "WARNING",
             ]
             model_dir = resolve_model_dir("")
+            cm: ServiceProcess | None = None  # http: kvmesh as deployed, routing on its cache-manager's index
             if a.api == "http":  # text prompts: everyone tokenises with the tiny model's tokenizer
                 if model_dir is None:
                     raise SystemExit("--api http needs the tiny model: run scripts/build_tiny_model.py")
                 wargs += ["--model", str(model_dir)]
+                cm = start_service("cache-manager", Path(tmp), "--block-size", str(a.block_size), *_CM_ARGS)
+                procs.append(cm)
+                wargs += ["--cache-manager", cm.address]
             # the normal worker serves the probe paths third-party routers use (/health, /model_info, ...)
             workers = [
                 start_service("worker", Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if compare and zmq else []))
@@ -179,6 +186,9 @@ def main(argv: Sequence[str]) -> int:
                 "4096",
                 "--log-level",
                 "WARNING",
+                # an instant engine recomputes for free, so a KV pull from a peer never pays here (it only
+                # burns the shared cores); the perf model assumes GPU prefill times and would hint pulls
+                *(["--cache-manager", cm.address, "--kv-pull-margin", "0"] if cm else []),
             )
             procs.append(router)
             if a.api == "grpc":
@@ -195,7 +205,8 @@ def main(argv: Sequence[str]) -> int:
                 assert model_dir is not None  # checked above for --api http
                 tok = HfTokenizer(str(model_dir))  # what the kvmesh router's tokenizer loads from the same folder
                 served = model_dir.name  # the kvmesh router's /v1/models name (its tokenizer folder)
-                pids = {"kvmesh": router.proc.pid, **{k: p.pid for k, p in others.items()}}
+                assert cm is not None  # started for --api http
+                pids = {"kvmesh": [router.proc.pid, cm.proc.pid], **{k: [p.pid] for k, p in others.items()}}
                 res = asyncio.run(
                     run_http(
                         tok,
