@@ -118,14 +118,14 @@ class Frontend:
             raise NotFound(f"unknown model {model!r}: serving {serving}")
         return model
 
-    async def tokenize_text(self, text: str) -> common_pb2.TokenIds:
+    async def tokenize_text(self, text: str, tenant: str) -> common_pb2.TokenIds:
         """Token ids of `text` (InvalidArgument, before any work, when it is longer than any prompt within the
-        token limit can be), a new message the caller owns; a text tokenised before comes from the cache, long
-        texts are encoded on a worker thread (HF tokenizers releases the GIL), so the event loop keeps serving
-        and several long prompts tokenise in parallel."""
+        token limit can be), a new message the caller owns; a text `tenant` had tokenised before comes from the
+        cache, long texts are encoded on a worker thread (HF tokenizers releases the GIL), so the event loop
+        keeps serving and several long prompts tokenise in parallel."""
         check_text_size(text, self.core.limits.max_prompt_chars, "prompt")
         cache = self.tokenizer.cache
-        packed = cache.get(text)
+        packed = cache.get(text, tenant)
         if packed is not None:
             return common_pb2.TokenIds.FromString(packed)
         if len(text) < _INLINE_CHARS:
@@ -134,16 +134,16 @@ class Frontend:
             ids = await asyncio.to_thread(self.tokenizer.encode, text)
         msg = common_pb2.TokenIds(ids=ids)
         if cache.max_bytes:
-            cache.put(text, msg.SerializeToString())
+            cache.put(text, msg.SerializeToString(), tenant)
         return msg
 
-    async def tokenize_chat(self, messages: Sequence[tuple[str, str]]) -> common_pb2.TokenIds:
+    async def tokenize_chat(self, messages: Sequence[tuple[str, str]], tenant: str) -> common_pb2.TokenIds:
         """Token ids of a rendered chat; its message count and total size are checked before rendering."""
         require(len(messages) > 0, "messages", "must not be empty")
         check_chat_size(messages, self.core.limits.max_chat_messages, self.core.limits.max_prompt_chars)
         for role, _ in messages:
             require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
-        return await self.tokenize_text(self.tokenizer.render_chat(messages))
+        return await self.tokenize_text(self.tokenizer.render_chat(messages), tenant)
 
     def check_token_ids(self, ids: Sequence[int], field: str) -> None:
         """Token ids a client sent, against the served model's vocabulary (before they go on the wire)."""

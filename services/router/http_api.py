@@ -169,7 +169,7 @@ class HttpApi:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=False)
         if parsed.prompt_text is not None:
-            prompt = await self.front.tokenize_text(parsed.prompt_text)
+            prompt = await self.front.tokenize_text(parsed.prompt_text, tenant)
         else:
             ids = list(parsed.prompt_ids or ())
             self.front.check_token_ids(ids, "prompt")  # before the wire's uint32 sees them
@@ -178,7 +178,7 @@ class HttpApi:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=True)
-        prompt = await self.front.tokenize_chat(parsed.messages)
+        prompt = await self.front.tokenize_chat(parsed.messages, tenant)
         return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
 
     async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:

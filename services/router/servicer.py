@@ -99,12 +99,13 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             lora = f.lora_for(request.model, request.lora_name)
             prompt_bytes = None
             if which == "text":
-                prompt = await f.tokenize_text(request.text)
+                prompt = await f.tokenize_text(request.text, tenant)
             elif which == "token_ids":
                 prompt = request.token_ids
                 prompt_bytes = field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
             else:
-                prompt = await f.tokenize_chat([(msg.role, msg.content) for msg in request.chat.messages])
+                messages = [(msg.role, msg.content) for msg in request.chat.messages]
+                prompt = await f.tokenize_chat(messages, tenant)
             non_empty(prompt.ids, "prompt")
             rid = request.request_id or request_id_var.get() or new_request_id()
             req = RouterRequest(

@@ -37,9 +37,9 @@ def _frontend(cache_mb: int) -> tuple[Frontend, list[str]]:
 def test_a_repeated_text_is_tokenised_once(n_chars: int) -> None:
     fe, encoded = _frontend(cache_mb=1)
     text = ("kv cache " * n_chars)[:n_chars]
-    first = asyncio.run(fe.tokenize_text(text))
+    first = asyncio.run(fe.tokenize_text(text, "t1"))
     first.ids.append(7)  # the caller's message is its own
-    second = asyncio.run(fe.tokenize_text(text))
+    second = asyncio.run(fe.tokenize_text(text, "t1"))
     assert list(second.ids) == fe.tokenizer.tok.encode(text) and len(second.ids) > 1
     assert encoded == [text]
     assert (fe.tokenizer.cache.stats.hits, fe.tokenizer.cache.stats.misses) == (1, 1)
@@ -48,10 +48,19 @@ def test_a_repeated_text_is_tokenised_once(n_chars: int) -> None:
 def test_cache_off_tokenises_every_time() -> None:
     fe, encoded = _frontend(cache_mb=0)
     for _ in range(2):
-        asyncio.run(fe.tokenize_text("same text"))
+        asyncio.run(fe.tokenize_text("same text", "t1"))
     assert encoded == ["same text", "same text"]
 
 
 def test_a_negative_budget_names_the_setting() -> None:
     with pytest.raises(InvalidArgument, match="tokenize_cache_mb"):
         RouterTokenizer("", -1)
+
+
+def test_tenants_do_not_share_entries() -> None:
+    """A text one tenant had tokenised is tokenised again for another (no timing tells who sent what)."""
+    fe, encoded = _frontend(cache_mb=1)
+    for tenant in ("t1", "t2", "t1"):
+        asyncio.run(fe.tokenize_text("shared system prompt", tenant))
+    assert encoded == ["shared system prompt"] * 2
+    assert (fe.tokenizer.cache.stats.hits, fe.tokenizer.cache.stats.entries) == (1, 2)

@@ -17,6 +17,9 @@ def test_a_repeated_text_hits_and_a_different_one_misses() -> None:
     assert cache.get("hello world") == b"\x05\x06\x07"
     assert cache.get("hello world!") is None
     assert (cache.stats.hits, cache.stats.misses, cache.stats.entries) == (1, 2, 1)
+    assert cache.get("hello world", scope="other tenant") is None
+    cache.put("hello world", b"\x09", scope="other tenant")
+    assert cache.get("hello world", scope="other tenant") == b"\x09" and cache.get("hello world") == b"\x05\x06\x07"
 
 
 def test_putting_a_text_again_keeps_the_first_entry() -> None:
