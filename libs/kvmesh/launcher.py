@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -177,8 +178,37 @@ def ports_in_use(ports: Sequence[int], host: str = "127.0.0.1") -> list[int]:
     return busy
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never the same one twice
+_FREE_PORT_SPAN = 16384  # how far below the ephemeral range free_port looks
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The ports the kernel gives sockets bound to port 0 (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(x) for x in Path(path).read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now (for a process that cannot pick its own, e.g. redis-server)."""
-    with socket.socket() as s:
+    """A port free on `host` now, for a process that cannot pick its own (redis-server, a ZMQ endpoint, a
+    third-party router). It comes from below the kernel's ephemeral range: a port picked from inside it could
+    be taken by any socket bound to port 0 (every kvmesh service started with port 0) before its process
+    binds it, which made runs fail with "Address already in use"."""
+    low, _ = ephemeral_range()
+    first = max(1024, low - _FREE_PORT_SPAN)
+    start = random.randrange(first, low) if low > first else first
+    for port in [*range(start, low), *range(first, start)]:
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # nothing free below the range: the kernel's pick, as before
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from kvmesh.launcher import free_port
 from kvmesh.v1 import failover_pb2, failover_pb2_grpc
 from tests.support.cli import kvmesh_cli
 
@@ -27,14 +27,6 @@ PORT_KEYS = {  # every fixed port of a one-zone, one-worker suite
 }
 
 
-def _free_ports(n: int) -> list[int]:
-    with ExitStack() as stack:  # all bound at once: n distinct ports
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-
-
 def test_a_bad_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
     f = tmp_path / "k.yaml"
     f.write_text("zones:\n  - name: a\n  - name: b\n    worker: {replicas: two}\n")
@@ -47,7 +39,7 @@ def test_a_bad_file_is_an_error_naming_the_key(tmp_path: Path) -> None:
 def test_a_port_in_use_stops_up_before_anything_starts(tmp_path: Path) -> None:
     """Fixed ports (free ones the test picks), the router's HTTP port held by a listening socket: `up` names it
     and the flag that moves it, and leaves nothing behind (no process, no state, no provisioned identity)."""
-    ports = iter(_free_ports(sum(len(k) for k in PORT_KEYS.values())))
+    ports = iter([free_port() for _ in range(sum(len(k) for k in PORT_KEYS.values()))])
     sets = [f"{section}.{key}={next(ports)}" for section, keys in PORT_KEYS.items() for key in keys]
     busy_port = int(sets[1].split("=")[1])  # router.httpPort
     home = tmp_path / "home"
