@@ -167,6 +167,10 @@ def start(s: SuiteSettings, rd: Path) -> Suite:
         _write_registry(registry, suite.services)
         for z in s.zones:
             suite.services.append(_start_failover(s, z, rd, auth, registry))
+        routers = {str(p.info.get("zone")): p.address for p in suite.services if p.name == "router"}
+        for z in s.zones:
+            if z.planner.enabled:
+                suite.services.append(_start_planner(s, z, rd, auth, routers[z.name]))
     except BaseException:
         suite.kill()
         raise
@@ -271,6 +275,24 @@ def _start_failover(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth
     creds = auth.credentials()
     return start_service(
         "failover", rd / "logs", *flags, timeout=60, credentials=creds, port=f.grpc_port, http_port=f.http_port
+    )
+
+
+def _start_planner(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, router: str) -> ServiceProcess:
+    """The zone's planner in dry-run: it reads its router's load and says what it would scale (metrics, log)."""
+    p = z.planner
+    flags = [*_common(s, z, auth, f"planner-{z.name}"), "--routers", f"{z.name}={router}", "--actuator", "dry-run"]
+    flags += ["--interval-s", str(p.interval_s), "--per-worker-rps", str(p.per_worker_rps)]
+    flags += ["--min-workers", str(p.min_workers), "--max-workers", str(p.max_workers), "--buffer", str(p.buffer)]
+    flags += ["--history-file", str(rd / f"planner-history-{z.name}.json")]
+    return start_service(
+        "planner",
+        rd / "logs",
+        *flags,
+        timeout=60,
+        credentials=auth.credentials(),
+        port=p.grpc_port,
+        http_port=p.http_port,
     )
 
 

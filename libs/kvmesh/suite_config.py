@@ -3,7 +3,7 @@
 The file has the shape of the Helm values (`deploy/helm/kvmesh/values.yaml`, one release per zone) and reuses
 its key names (`model.blockSize`, `router.grpcPort`, `worker.replicas`, `worker.engine`, `tls.enabled`,
 `auth.mode`, `redis.enabled` ...), plus what a local suite of several zones needs: `zones`, a list whose
-entries are `{name, router?, cacheManager?, worker?, failover?}`, each section a partial override of the
+entries are `{name, router?, cacheManager?, worker?, failover?, planner?}`, each section a partial override of the
 top-level one (what a zone's own values file would say), and `ports`. `docs/examples/` has complete files.
 
 Resolution: defaults < file < `--set` < the named flags (`--workers`, `--engine`, ...); a named flag wins over
@@ -90,6 +90,21 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class PlannerSettings:
+    """The zone's planner, run in dry-run: it forecasts and says how many workers it would run
+    (`kvmesh_planner_desired_workers`), starting and stopping none (docs/operations.md, "The planner")."""
+
+    enabled: bool = True
+    grpc_port: int = _port(50054)
+    http_port: int = _port(51054)
+    interval_s: float = _f(60.0, min=1)
+    per_worker_rps: float = _f(0.2, min=0.001)  # capacity model: requests/s one worker serves within the SLO
+    min_workers: int = _f(2, min=1)
+    max_workers: int = _f(64, min=1)
+    buffer: float = _f(0.2, min=0)
+
+
+@dataclass(frozen=True)
 class TlsSettings:
     enabled: bool = False  # a development CA in run/pki, mTLS everywhere
 
@@ -127,6 +142,7 @@ class ZoneSettings:
     cache_manager: CacheManagerSettings
     worker: WorkerSettings
     failover: FailoverSettings
+    planner: PlannerSettings
 
     def section(self, key: str) -> Any:
         """The section of a `ZONE_SECTIONS` key (`cacheManager` ...)."""
@@ -152,6 +168,7 @@ ZONE_SECTIONS: dict[str, type] = {
     "cacheManager": CacheManagerSettings,
     "worker": WorkerSettings,
     "failover": FailoverSettings,
+    "planner": PlannerSettings,
 }
 GLOBAL_SECTIONS: dict[str, type] = {
     "model": ModelSettings,
@@ -251,7 +268,14 @@ def _zone(k: int, raw: Any, top: Mapping[str, Any], stride: int, auto: bool) -> 
             if f.metadata.get("port")
         }
         sections[key] = dataclasses.replace(obj, **shifted)
-    return ZoneSettings(name, sections["router"], sections["cacheManager"], sections["worker"], sections["failover"])
+    return ZoneSettings(
+        name,
+        sections["router"],
+        sections["cacheManager"],
+        sections["worker"],
+        sections["failover"],
+        sections["planner"],
+    )
 
 
 def _zone_name(value: Any, path: str) -> str:
@@ -430,6 +454,8 @@ PORT_TABLE = (  # (service, kind, key, what) in start order; the documented defa
     ("router", "http", "router.httpPort", "router HTTP (OpenAI API, /metrics)"),
     ("failover", "grpc", "failover.grpcPort", "failover gRPC"),
     ("failover", "http", "failover.httpPort", "failover HTTP (/metrics)"),
+    ("planner", "grpc", "planner.grpcPort", "planner gRPC (health)"),
+    ("planner", "http", "planner.httpPort", "planner HTTP (/metrics)"),
 )
 
 
@@ -444,6 +470,8 @@ def plan(s: SuiteSettings) -> list[PlannedPort]:
     for k, z in enumerate(s.zones):
         zone_path = f"zones[{k}]." if s.zones_listed else ""
         for service, _kind, key, what in PORT_TABLE[1:]:
+            if service == "planner" and not z.planner.enabled:
+                continue
             section = z.section(service)
             attr = camel_to_snake(key.split(".")[1])
             base = getattr(section, attr)

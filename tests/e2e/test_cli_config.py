@@ -24,6 +24,7 @@ PORT_KEYS = {  # every fixed port of a one-zone, one-worker suite
     "cacheManager": ("grpcPort", "httpPort"),
     "failover": ("grpcPort", "httpPort"),
     "worker": ("grpcPort", "httpPort", "kvSyncPort"),
+    "planner": ("grpcPort", "httpPort"),
 }
 
 
@@ -116,7 +117,7 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
         assert [w["id"] for w in by_zone["b"]["worker"]] == ["worker-b-0", "worker-b-1"]
         assert len(by_zone["a"]["worker"]) == 1
         status = kvmesh_cli(home, "status", timeout=60)
-        assert status.returncode == 0 and status.stdout.count("SERVING") == 9, status.stdout
+        assert status.returncode == 0 and status.stdout.count("SERVING") == 11, status.stdout
         demo = kvmesh_cli(home, "demo", "--max-tokens", "3", timeout=120)
         assert demo.returncode == 0 and "completion=3" in demo.stdout, demo.stdout + demo.stderr
         pki = home / "run" / "pki"
@@ -150,12 +151,13 @@ def test_two_zone_vllm_example_serves_in_both_zones(tmp_path: Path) -> None:
                 "worker": 1,
                 "router": 1,
                 "failover": 1,
+                "planner": 1,
             }, zone
             assert services["worker"][0]["id"] == f"worker-{zone}-0"
             reply = _chat(services["router"][0]["http_port"])
             assert reply["usage"]["completion_tokens"] == 4 and reply["model"] == "tiny-llama", reply
         status = kvmesh_cli(home, "status", timeout=60)
-        assert status.returncode == 0 and status.stdout.count("SERVING") == 8, status.stdout
+        assert status.returncode == 0 and status.stdout.count("SERVING") == 10, status.stdout
         seen = _zones_healthy(by_zone["zone-b"]["failover"][0]["grpc"])
         assert [(z, h) for z, h, _ in seen] == [("zone-a", True), ("zone-b", True)], seen
     finally:

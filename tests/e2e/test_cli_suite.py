@@ -33,6 +33,7 @@ from kvmesh.v1 import (
     worker_pb2_grpc,
 )
 from tests.support.cli import kvmesh_cli
+from tests.support.poll import wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -206,6 +207,27 @@ def _all_but_publish(codes: dict[str, Any]) -> set[grpc.StatusCode]:
     return {c for name, c in codes.items() if name != "PublishKvEvents"}
 
 
+def _planner_sees_the_zone(home: Path) -> None:
+    """The suite's planner (dry-run) reads its router with its own identity: both workers serving, and at
+    least the 2 warm workers wanted."""
+    state = json.loads((home / "run" / "suite.json").read_text())
+    planner = next(s for s in state["services"] if s["name"] == "planner")
+    url = f"http://127.0.0.1:{planner['http_port']}/metrics"
+    gauges: dict[str, float] = {}
+
+    def planned() -> bool:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                name, _, value = line.partition('{zone="local"} ')
+                if value:
+                    gauges[name] = float(value)
+        return "kvmesh_planner_serving_workers" in gauges
+
+    wait_until(planned, timeout_s=60)
+    assert gauges["kvmesh_planner_serving_workers"] == 2
+    assert gauges["kvmesh_planner_desired_workers"] >= 2
+
+
 def _least_privilege(home: Path) -> None:
     """A plain `kvmesh up` suite: an anonymous caller gets no internal RPC (no KV events published or read, no
     drain, no admin HTTP route); a worker's own identity does not make it an admin or an index reader; the
@@ -238,14 +260,15 @@ def _least_privilege(home: Path) -> None:
 
 def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "2")
+    up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "2", "--set", "planner.intervalS=1")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         pids = _pids(home)
-        assert len(pids) == 5  # cache-manager, 2 workers, router, failover
+        assert len(pids) == 6  # cache-manager, 2 workers, router, failover, planner
         status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0, status.stdout
-        assert status.stdout.count("SERVING") == 5
+        assert status.stdout.count("SERVING") == 6
+        _planner_sees_the_zone(home)
         demo = kvmesh_cli(home, "demo", "--max-tokens", "8", timeout=120)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "completion (worker-local-" in demo.stdout
@@ -320,7 +343,7 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
         state = json.loads((home / "run" / "suite.json").read_text())
         tls = state["auth"]["tls"]
         status = kvmesh_cli(home, "status", timeout=60)
-        assert status.returncode == 0 and status.stdout.count("SERVING") == 4, status.stdout
+        assert status.returncode == 0 and status.stdout.count("SERVING") == 5, status.stdout
         demo = kvmesh_cli(home, "demo", "--max-tokens", "4", timeout=120)
         assert demo.returncode == 0 and "completion=4" in demo.stdout, demo.stdout + demo.stderr
         pki = home / "run" / "pki"

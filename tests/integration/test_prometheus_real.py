@@ -93,6 +93,7 @@ def test_every_service_is_an_up_target(suite: dict[str, Any]) -> None:
         "worker",
         "cache-manager",
         "failover",
+        "planner",
     }
 
 

@@ -28,7 +28,9 @@ def test_defaults_are_the_documented_ports() -> None:
     assert (z.name, z.router.http_port, z.router.grpc_port) == ("local", 8000, 50051)
     assert (z.cache_manager.grpc_port, z.failover.grpc_port, z.worker.grpc_port) == (50052, 50053, 50060)
     ports = {p.port: p for p in plan(s)}
-    assert {8000, 50051, 50052, 50053, 50060, 50061, 51052, 51053, 51060, 51061, 52060, 52061} == set(ports)
+    expected = {8000, 50051, 50052, 50053, 50054, 50060, 50061, 51052, 51053, 51054, 51060, 51061, 52060, 52061}
+    assert expected == set(ports)
+    assert {p.port for p in plan(parse({"planner": {"enabled": False}}))} == expected - {50054, 51054}
     assert ports[8000].flag == "--http-port" and ports[50051].flag == "--grpc-port"
     assert ports[50061].key == "worker.grpcPort + 1" and ports[50052].flag == "--set cacheManager.grpcPort=N"
 
