@@ -470,9 +470,9 @@ def plan(s: SuiteSettings) -> list[PlannedPort]:
     for k, z in enumerate(s.zones):
         zone_path = f"zones[{k}]." if s.zones_listed else ""
         for service, _kind, key, what in PORT_TABLE[1:]:
-            if service == "planner" and not z.planner.enabled:
-                continue
             section = z.section(service)
+            if not getattr(section, "enabled", True):  # a service the zone does not run listens on nothing
+                continue
             attr = camel_to_snake(key.split(".")[1])
             base = getattr(section, attr)
             count = z.worker.replicas if service == "worker" else 1

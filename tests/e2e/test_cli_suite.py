@@ -34,6 +34,7 @@ from kvmesh.v1 import (
 )
 from tests.support.cli import kvmesh_cli
 from tests.support.poll import wait_until
+from tests.support.scrape import metric
 
 pytestmark = [pytest.mark.integration]
 
@@ -211,21 +212,10 @@ def _planner_sees_the_zone(home: Path) -> None:
     """The suite's planner (dry-run) reads its router with its own identity: both workers serving, and at
     least the 2 warm workers wanted."""
     state = json.loads((home / "run" / "suite.json").read_text())
-    planner = next(s for s in state["services"] if s["name"] == "planner")
-    url = f"http://127.0.0.1:{planner['http_port']}/metrics"
-    gauges: dict[str, float] = {}
-
-    def planned() -> bool:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                name, _, value = line.partition('{zone="local"} ')
-                if value:
-                    gauges[name] = float(value)
-        return "kvmesh_planner_serving_workers" in gauges
-
-    wait_until(planned, timeout_s=60)
-    assert gauges["kvmesh_planner_serving_workers"] == 2
-    assert gauges["kvmesh_planner_desired_workers"] >= 2
+    port = next(s["http_port"] for s in state["services"] if s["name"] == "planner")
+    zone = 'zone="local"'
+    wait_until(lambda: metric(port, "kvmesh_planner_serving_workers", zone) == 2, timeout_s=60)
+    assert metric(port, "kvmesh_planner_desired_workers", zone) >= 2
 
 
 def _least_privilege(home: Path) -> None:
