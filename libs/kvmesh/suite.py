@@ -284,7 +284,7 @@ def _start_planner(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth,
     flags = [*_common(s, z, auth, f"planner-{z.name}"), "--routers", f"{z.name}={router}", "--actuator", "dry-run"]
     flags += ["--interval-s", str(p.interval_s), "--per-worker-rps", str(p.per_worker_rps)]
     flags += ["--min-workers", str(p.min_workers), "--max-workers", str(p.max_workers), "--buffer", str(p.buffer)]
-    flags += ["--history-file", str(rd / f"planner-history-{z.name}.json")]
+    flags += ["--lead-s", str(p.lead_s), "--history-file", str(rd / f"planner-history-{z.name}.json")]
     return start_service(
         "planner",
         rd / "logs",

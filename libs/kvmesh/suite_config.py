@@ -102,6 +102,7 @@ class PlannerSettings:
     min_workers: int = _f(2, min=1)
     max_workers: int = _f(64, min=1)
     buffer: float = _f(0.2, min=0)
+    lead_s: float = _f(1200.0, min=1)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ def planner_config(s: PlannerSettings) -> PlannerConfig:
         sizing = SizingPolicy(
             per_worker_rps=s.per_worker_rps,
             buffer=s.buffer,
+            lead_s=s.lead_s,
             min_workers=s.min_workers,
             max_workers=s.max_workers,
             min_lifetime_s=s.min_lifetime_s,

@@ -7,7 +7,7 @@ from prometheus_client import Counter, Gauge
 DESIRED = Gauge("kvmesh_planner_desired_workers", "Workers the forecast asks for", ["zone"])
 SERVING = Gauge("kvmesh_planner_serving_workers", "Workers taking traffic", ["zone"])
 STARTING = Gauge("kvmesh_planner_starting_workers", "Workers started and not yet serving", ["zone"])
-FORECAST_RPS = Gauge("kvmesh_planner_forecast_rps", "Highest forecast request rate over the horizon", ["zone"])
+FORECAST_RPS = Gauge("kvmesh_planner_forecast_rps", "Highest forecast request rate within lead_s", ["zone"])
 FORECASTER = Gauge("kvmesh_planner_forecaster", "1 for the forecaster the planner trusts", ["zone", "forecaster"])
 FORECAST_MAE = Gauge(
     "kvmesh_planner_forecast_mae", "Held-out MAE of each forecaster (requests per bucket)", ["zone", "forecaster"]

@@ -23,6 +23,7 @@ class PlannerSettings(ServerSettings):
         0.2, "capacity model: requests/s one worker serves within the SLO (measure it: python -m kvmesh.bench fleet)"
     )
     buffer: float = setting(0.2, "headroom over the forecast for bursts (seed 000 §4.3)")
+    lead_s: float = setting(1200.0, "the zone is sized for the forecast's peak over this many seconds ahead")
     min_workers: int = setting(2, "warm workers kept in every zone at all times (seed 003 §1.3)")
     max_workers: int = setting(64, "most workers per zone")
     min_lifetime_s: float = setting(1800.0, "a worker is kept at least this long after it starts (seed 000 §4.3)")

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from kvmesh.fleet.autoscale import Autoscaler, AutoscaleSettings
+from kvmesh.fleet.autoscale import Autoscaler, AutoscaleSettings, plan_open_loop, worker_range
+from kvmesh.fleet.autoscale_eval import slo_hours
 from kvmesh.fleet.policies import make_policy
 from kvmesh.fleet.sim import FleetConfig, FleetSim
 from kvmesh.fleet.trace import Trace, TraceRequest
@@ -79,3 +80,25 @@ def test_a_worker_that_joins_starts_cold_and_a_busy_one_cannot_be_reset() -> Non
     busy._busy[0] = True  # a step in flight
     with pytest.raises(RuntimeError, match="still has work"):
         busy.reset_worker(0)
+
+
+def test_the_open_loop_replay_follows_the_burst_and_bills_about_what_the_simulated_fleet_does() -> None:
+    trace = _burst_trace()
+    sim, scaler = _run(trace)
+    arrivals = np.array([r.arrival_s for r in trace.requests])
+    plan = plan_open_loop(scaler.settings, LastValue(), np.array([]), arrivals, end_s=sim.now)
+    serving = [(t, n) for t, n, _, _ in plan.timeline]
+    assert max(n for t, n in serving if 600.0 <= t < 1500.0) >= 5
+    assert min(n for _, n in serving) >= 2 and serving[-1][1] == 2
+    assert plan.serving_at(0.0) == 2 and plan.serving_at(1e9) == 2
+    # the same decisions, less the drains' tails and the queue rule
+    assert plan.billed_s == pytest.approx(scaler.billed_s, rel=0.15)
+    assert worker_range(plan.timeline)["max_workers"] >= 5
+
+
+def test_slo_windows_are_the_steepest_rise_then_the_peak_then_further_rises() -> None:
+    hourly = np.array([1, 2, 8, 9, 10, 4, 6, 2], dtype=float)
+    assert slo_hours(hourly, 1) == [2]  # +6 from hour 1
+    assert slo_hours(hourly, 2) == [2, 4]  # then the peak
+    assert slo_hours(hourly, 4) == [2, 4, 6, 1]  # then +2 at 6, +1 at 1 (ties in hour order: 1 before 3, 4)
+    assert slo_hours(np.array([3.0, 1.0]), 2) == [1, 0]  # no rise: the least fall, then the peak

@@ -65,3 +65,14 @@ def test_a_rise_in_demand_resets_the_scale_in_delay() -> None:
     plan_step(POLICY, st, 0.0, 2, lives, 0, 0)
     plan_step(POLICY, st, 500.0, 4, lives, 0, 0)
     assert plan_step(POLICY, st, 1000.0, 2, lives, 0, 0).remove == ()  # the delay restarted at 1000
+
+
+def test_the_fleet_is_sized_for_the_forecast_peak_within_the_lead_time_only() -> None:
+    # 5-min buckets, lead 20 min = the first 4: the rise in bucket 6 is left to a later step
+    forecast = [300.0, 600.0, 450.0, 300.0, 300.0, 3000.0]
+    assert POLICY.sized_rate(forecast, 300.0) == 2.0  # 600 arrivals / 300 s
+    assert SizingPolicy(per_worker_rps=1.0, lead_s=1800.0).sized_rate(forecast, 300.0) == 10.0
+    assert SizingPolicy(per_worker_rps=1.0, lead_s=1.0).sized_rate(forecast, 300.0) == 1.0  # at least one bucket
+    assert POLICY.sized_rate([], 300.0) == 0.0
+    with pytest.raises(ValueError, match="lead_s"):
+        SizingPolicy(per_worker_rps=1.0, lead_s=0.0)

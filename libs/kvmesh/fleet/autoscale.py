@@ -19,7 +19,7 @@ import numpy as np
 
 from kvmesh.fleet.sim import FleetSim
 from kvmesh.planner.forecast import Forecaster
-from kvmesh.planner.sizing import ScalerState, SizingPolicy, WorkerLife, plan_step
+from kvmesh.planner.sizing import ScaleAction, ScalerState, SizingPolicy, WorkerLife, plan_step
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,29 @@ class AutoscaleSettings:
     bucket_s: float = 300.0
     horizon_buckets: int = 12
     startup_s: float = 300.0
+
+
+def observed(history: np.ndarray, arrivals_s: np.ndarray, now: float, bucket_s: float) -> np.ndarray:
+    """``history`` and the arrival counts of every bucket of ``arrivals_s`` that has ended by ``now``."""
+    done = int(now // bucket_s)
+    counts = np.bincount((arrivals_s[arrivals_s < done * bucket_s] // bucket_s).astype(int), minlength=done)
+    return np.concatenate([history, counts[:done].astype(float)])
+
+
+def decide(
+    settings: AutoscaleSettings,
+    forecaster: Forecaster,
+    state: ScalerState,
+    now: float,
+    series: np.ndarray,
+    serving: list[WorkerLife],
+    starting: int,
+    queued: int,
+) -> tuple[int, ScaleAction]:
+    """One planner step, as ``kvmesh-planner`` takes it: forecast, size, :func:`plan_step`."""
+    pred = forecaster.predict(series, 0, settings.horizon_buckets) if series.size else np.zeros(0)
+    desired = settings.sizing.desired(settings.sizing.sized_rate(pred, settings.bucket_s))
+    return desired, plan_step(settings.sizing, state, now, desired, serving, starting, queued)
 
 
 @dataclass
@@ -62,21 +85,13 @@ class Autoscaler:
                 self._started[slot] = -math.inf  # warm from the start: old enough to scale in
         sim.at(0.0, lambda: self._tick(sim))
 
-    def _observed(self, now: float) -> np.ndarray:
-        b = self.settings.bucket_s
-        done = int(now // b)
-        counts = np.bincount((self.arrivals_s[self.arrivals_s < done * b] // b).astype(int), minlength=done)
-        return np.concatenate([self.history, counts[:done].astype(float)])
-
     def _tick(self, sim: FleetSim) -> None:
         s, now = self.settings, sim.now
         self._stop_drained(sim)
-        series = self._observed(now)
-        pred = self.forecaster.predict(series, 0, s.horizon_buckets) if series.size else np.zeros(1)
-        desired = s.sizing.desired(float(np.max(pred)) / s.bucket_s)
+        series = observed(self.history, self.arrivals_s, now, s.bucket_s)
         serving = [WorkerLife(sim.ids[v], self._started[v]) for v in self._started if v not in self._draining]
         queued = sum(w.waiting for w in sim.views())
-        action = plan_step(s.sizing, self._state, now, desired, serving, len(self._booting), queued)
+        desired, action = decide(s, self.forecaster, self._state, now, series, serving, len(self._booting), queued)
         for _ in range(action.add):
             self._start(sim)
         for wid in action.remove:
@@ -119,9 +134,56 @@ class Autoscaler:
             del self._on_since[slot]
 
     def summary(self) -> dict[str, Any]:
-        counts = [t[1] + t[2] for t in self.timeline]
-        return {
-            "gpu_hours": self.billed_s / 3600.0,
-            "min_workers": min((t[1] for t in self.timeline), default=0),
-            "max_workers": max(counts, default=0),
-        }
+        return {"gpu_hours": self.billed_s / 3600.0, **worker_range(self.timeline)}
+
+
+def worker_range(timeline: list[tuple[float, int, int, int]]) -> dict[str, int]:
+    """Fewest workers serving and most workers on (serving + starting) over a timeline."""
+    return {
+        "min_workers": min((t[1] for t in timeline), default=0),
+        "max_workers": max((t[1] + t[2] for t in timeline), default=0),
+    }
+
+
+@dataclass(frozen=True)
+class PlannedDay:
+    """The planner's decisions over a day without a simulated fleet (:func:`plan_open_loop`)."""
+
+    timeline: list[tuple[float, int, int, int]]  # (time, serving, starting, desired), as Autoscaler's
+    billed_s: float
+
+    def serving_at(self, t: float) -> int:
+        """Workers serving at the last step at or before ``t``."""
+        return next((n for at, n, _, _ in reversed(self.timeline) if at <= t), self.timeline[0][1])
+
+
+def plan_open_loop(
+    settings: AutoscaleSettings, forecaster: Forecaster, history: np.ndarray, arrivals_s: np.ndarray, end_s: float
+) -> PlannedDay:
+    """The planner's steps over ``[0, end_s)`` on arrivals alone: no queue ever builds (the queue rule never
+    fires) and a drained worker stops at once. Far cheaper than a simulated day; its GPU-hours differ from the
+    closed loop's by the drains and the queue rule (the bench reports both where it runs both); the SLO is not
+    judged here."""
+    state = ScalerState()
+    on_since = {f"w{i}": 0.0 for i in range(settings.initial_workers)}
+    started = dict.fromkeys(on_since, -math.inf)  # warm from the start, as in Autoscaler.attach
+    ready_at: dict[str, float] = {}
+    timeline: list[tuple[float, int, int, int]] = []
+    billed = 0.0
+    t = 0.0
+    while t < end_s:
+        for wid in [w for w, r in ready_at.items() if r <= t]:
+            started[wid] = ready_at.pop(wid)
+        serving = [WorkerLife(w, at) for w, at in started.items()]
+        series = observed(history, arrivals_s, t, settings.bucket_s)
+        desired, action = decide(settings, forecaster, state, t, series, serving, len(ready_at), 0)
+        for _ in range(min(action.add, settings.sizing.max_workers - len(on_since))):
+            wid = f"w{len(timeline)}-{len(on_since)}"
+            on_since[wid], ready_at[wid] = t, t + settings.startup_s
+        for wid in action.remove:
+            del started[wid]
+            billed += t - on_since.pop(wid)
+        timeline.append((t, len(serving) - len(action.remove), len(ready_at), desired))
+        t += settings.tick_s
+    billed += sum(end_s - since for since in on_since.values())
+    return PlannedDay(timeline, billed)

@@ -13,17 +13,25 @@ Protocol (``python -m kvmesh.bench autoscale``):
    peak hour (⌈peak rate / per_worker_rps⌉ workers, billed all day) and the autoscaled one (the planner,
    :mod:`kvmesh.fleet.autoscale`). Both are judged by the bench's SLO; cost = GPU-hours × price × load
    factor, with load factor 1 (an instance is billed for every hour it is up, whatever its load).
+   The planner's decisions are also replayed on the arrivals alone (:func:`kvmesh.fleet.autoscale.plan_open_loop`,
+   no simulated fleet): ``open_loop_gpu_hours``, a check of the cheap replay against the simulated day.
+5. **SLO windows** (``slo_windows`` > 0, for traces whose simulated day is beyond the machine: Azure's short
+   prompts put a worker at ~4.5 requests/s). The autoscaled GPU-hours are the open-loop replay's; the SLO is
+   judged by simulating, for both fleets, the day's hardest hours in full: the hour of the largest rise over
+   the hour before (where a forecast lags), then the peak hour, then the next largest rises. The autoscaled
+   fleet enters each window with the workers the replay had serving then, the planner with the day's history
+   up to that hour; both fleets start each window cold (empty caches).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from kvmesh.fleet.autoscale import Autoscaler, AutoscaleSettings
+from kvmesh.fleet.autoscale import Autoscaler, AutoscaleSettings, PlannedDay, observed, plan_open_loop, worker_range
 from kvmesh.fleet.capacity import bisect_capacity
 from kvmesh.fleet.diurnal import HOUR_S, DayShape, arrival_counts, repeat_hour
 from kvmesh.fleet.ideal import servable_trace
@@ -50,6 +58,8 @@ class AutoscaleStudy:
     buffer: float = 0.2
     min_workers: int = 2
     lstm_epochs: int = 150
+    slo_windows: int = 0  # 0: the whole day simulated; N: GPU-hours from the replay, SLO on N hours
+    per_worker_rps: float | None = None  # None: measured (protocol step 1)
 
 
 def measure_per_worker_rps(hour: Trace, workers: int, seed: int) -> tuple[float, float]:
@@ -90,10 +100,55 @@ def _arm(res: RunResult, gpu_hours: float, study: AutoscaleStudy) -> dict[str, A
     }
 
 
+def slo_hours(hourly: np.ndarray, n: int) -> list[int]:
+    """The ``n`` hours of a day hardest for a planner: the largest rise over the hour before, the peak hour,
+    then the next largest rises (distinct hours)."""
+    rises = [int(h) for h in np.argsort(-np.diff(hourly), kind="stable") + 1]
+    order = [rises[0], int(np.argmax(hourly)), *rises[1:]]
+    return list(dict.fromkeys(order))[:n]
+
+
+def _windows_arm(runs: list[RunResult], gpu_hours: float, study: AutoscaleStudy) -> dict[str, Any]:
+    """One fleet's figures over its SLO windows: met in every one, the worst p99 TTFT and goodput."""
+    arms = [_arm(r, gpu_hours, study) for r in runs]
+    return {
+        "gpu_hours": round(gpu_hours, 3),
+        "slo_met": all(a["slo_met"] for a in arms),
+        "ttft_p99_ms": max(a["ttft_p99_ms"] for a in arms),
+        "cost_usd": round(gpu_hours * study.gpu_hour_price, 2),
+        "goodput": min(a["goodput"] for a in arms),
+        "requests": sum(a["requests"] for a in arms),
+    }
+
+
+def _slo_windows(
+    day: Trace, fixed_n: int, study: AutoscaleStudy, settings: AutoscaleSettings, scaler_args: dict[str, Any],
+    plan: PlannedDay,
+) -> tuple[list[RunResult], list[RunResult], list[int]]:  # fmt: skip
+    arrivals = scaler_args["arrivals_s"]
+    hours = slo_hours(np.bincount((arrivals // HOUR_S).astype(int), minlength=24)[:24], study.slo_windows)
+    fixed_runs, auto_runs = [], []
+    for h in hours:
+        t0 = h * HOUR_S
+        win = day.window(t0, t0 + HOUR_S)
+        fixed_runs.append(_run(win, fixed_n, study, None)[0])
+        scaler = Autoscaler(
+            replace(settings, initial_workers=plan.serving_at(t0)),
+            scaler_args["forecaster"],
+            history=observed(scaler_args["history"], arrivals, t0, settings.bucket_s),
+            arrivals_s=np.sort(np.array([r.arrival_s for r in win.requests])),
+        )
+        auto_runs.append(_run(win, settings.sizing.max_workers, study, scaler)[0])
+    return fixed_runs, auto_runs, hours
+
+
 def evaluate(source: Trace, study: AutoscaleStudy) -> dict[str, Any]:
     """The bench's JSON line (module docstring) plus the series the report plots (``series``)."""
     hour, gone = servable_trace(source.window(0.0, HOUR_S), FleetConfig().engine_config())
-    pwr, cap = measure_per_worker_rps(hour, study.measure_workers, study.seed)
+    if study.per_worker_rps is None:
+        pwr, cap = measure_per_worker_rps(hour, study.measure_workers, study.seed)
+    else:
+        pwr, cap = study.per_worker_rps, math.nan
     base = 0.9 * study.peak_workers * pwr / (len(hour) / HOUR_S)
     days = study.history_days + 1
     keep = (base * study.shape.multipliers(days, study.seed)).ravel().tolist()
@@ -111,26 +166,41 @@ def evaluate(source: Trace, study: AutoscaleStudy) -> dict[str, Any]:
         per_worker_rps=pwr, buffer=study.buffer, min_workers=study.min_workers, max_workers=2 * fixed_n
     )
     forecaster = forecaster_named(cmp.chosen, DAY_BUCKETS, 12, lstm)
-    first = sizing.desired(float(np.max(forecaster.predict(series[:test_from], 0, 12))) / 300.0)
-    scaler = Autoscaler(
-        AutoscaleSettings(sizing=sizing, initial_workers=first, startup_s=study.startup_s),
-        forecaster,
-        history=series[:test_from],
-        arrivals_s=np.sort(np.array([r.arrival_s for r in day.requests])),
-    )
-    fixed_res, fixed_h = _run(day, fixed_n, study, None)
-    auto_res, auto_h = _run(day, sizing.max_workers, study, scaler)
-    auto = {**_arm(auto_res, auto_h, study), **{k: v for k, v in scaler.summary().items() if k != "gpu_hours"}}
-    return {
-        "trace": source.name,
-        "fixed": {**_arm(fixed_res, fixed_h, study), "workers": fixed_n},
-        "autoscaled": auto,
+    first = sizing.desired(sizing.sized_rate(forecaster.predict(series[:test_from], 0, 12), 300.0))
+    settings = AutoscaleSettings(sizing=sizing, initial_workers=first, startup_s=study.startup_s)
+    scaler_args = {
+        "forecaster": forecaster,
+        "history": series[:test_from],
+        "arrivals_s": np.sort(np.array([r.arrival_s for r in day.requests])),
+    }
+    plan = plan_open_loop(settings, end_s=24 * HOUR_S, **scaler_args)
+    fixed_h = fixed_n * 24.0
+    out: dict[str, Any] = {"trace": source.name}
+    if study.slo_windows:
+        fixed_runs, auto_runs, hours = _slo_windows(day, fixed_n, study, settings, scaler_args, plan)
+        auto_h, timeline = plan.billed_s / 3600.0, plan.timeline
+        out["fixed"] = {**_windows_arm(fixed_runs, fixed_h, study), "workers": fixed_n}
+        out["autoscaled"] = _windows_arm(auto_runs, auto_h, study) | worker_range(timeline)
+        out["slo_windows"] = [
+            {"hour": h, "fixed": _arm(f, 0.0, study), "autoscaled": _arm(a, 0.0, study)}
+            for h, f, a in zip(hours, fixed_runs, auto_runs, strict=True)
+        ]
+    else:
+        scaler = Autoscaler(settings, **scaler_args)
+        fixed_res, fixed_h = _run(day, fixed_n, study, None)
+        auto_res, auto_h = _run(day, sizing.max_workers, study, scaler)
+        timeline = scaler.timeline
+        auto = {**_arm(auto_res, auto_h, study), **{k: v for k, v in scaler.summary().items() if k != "gpu_hours"}}
+        out["fixed"] = {**_arm(fixed_res, fixed_h, study), "workers": fixed_n}
+        out["autoscaled"] = auto | {"open_loop_gpu_hours": round(plan.billed_s / 3600.0, 3)}
+    return out | {
         "gpu_hours_saved": round(1 - auto_h / fixed_h, 4) if fixed_h else 0.0,
         "forecast": cmp.to_json(),
-        "capacity_model": {"per_worker_rps": round(pwr, 4), "capacity_scale": round(cap, 4), "base_keep": base},
-        "unservable": len(gone.indices),
-        "series": {
-            "arrivals_5min": series[test_from:].tolist(),
-            "timeline": scaler.timeline,
+        "capacity_model": {
+            "per_worker_rps": round(pwr, 4),
+            "capacity_scale": round(cap, 4) if study.per_worker_rps is None else "given",
+            "base_keep": base,
         },
+        "unservable": len(gone.indices),
+        "series": {"arrivals_5min": series[test_from:].tolist(), "timeline": timeline},
     }

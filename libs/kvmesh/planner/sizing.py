@@ -4,12 +4,17 @@ Desired workers (seed 000 §4.3, seed 003 §1.3):
 
     desired = clamp(ceil(peak_forecast_rps · (1 + buffer) / per_worker_rps), min_workers, max_workers)
 
-with ``peak_forecast_rps`` the highest forecast rate over the next hour, ``buffer`` 0.2 (bursts) and
-``min_workers`` 2 (warm instances at all times). :func:`plan_step` turns it into an action: scale out at
-once (also by one when more than ``queue_scale_out`` requests wait, the seed's alert threshold); scale in
-only after the desired count has stayed below the current one for ``scale_in_delay_s``, by at most
-``scale_in_step`` workers per ``scale_in_cooldown_s``, and only workers that have lived ``min_lifetime_s``
-(30 min), oldest-started last so that the warmest caches stay. Scale-in is therefore slower than scale-out.
+with ``peak_forecast_rps`` the highest forecast rate over the next ``lead_s`` (20 min), ``buffer`` 0.2
+(bursts) and ``min_workers`` 2 (warm instances at all times). The planner forecasts the whole hour but sizes
+for its first ``lead_s`` only: that is what it cannot catch up with once it sees it coming (a start takes
+5 min, a step comes every minute, the forecast moves in 5-min buckets); a rise later in the hour is seen at
+a later step, still in time, and sizing for it now only bills workers early.
+
+:func:`plan_step` turns it into an action: scale out at once (also by one when more than
+``queue_scale_out`` requests wait, the seed's alert threshold); scale in only after the desired count has
+stayed below the current one for ``scale_in_delay_s``, by at most ``scale_in_step`` workers per
+``scale_in_cooldown_s``, and only workers that have lived ``min_lifetime_s`` (30 min), oldest-started last so
+that the warmest caches stay. Scale-in is therefore slower than scale-out.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class SizingPolicy:
@@ -25,6 +32,7 @@ class SizingPolicy:
 
     per_worker_rps: float
     buffer: float = 0.2
+    lead_s: float = 1200.0
     min_workers: int = 2
     max_workers: int = 64
     min_lifetime_s: float = 1800.0
@@ -40,6 +48,14 @@ class SizingPolicy:
             raise ValueError("need 1 <= min_workers <= max_workers")
         if self.buffer < 0 or self.scale_in_step < 1:
             raise ValueError("buffer must be >= 0 and scale_in_step >= 1")
+        if not self.lead_s > 0:
+            raise ValueError("lead_s must be > 0")
+
+    def sized_rate(self, forecast: np.ndarray | Sequence[float], bucket_s: float) -> float:
+        """The rate (requests/s) the fleet is sized for: the highest of the forecast buckets (arrivals per
+        ``bucket_s``) that start within ``lead_s``; 0 for an empty forecast."""
+        n = max(math.ceil(self.lead_s / bucket_s - 1e-9), 1)
+        return max((float(x) for x in forecast[:n]), default=0.0) / bucket_s
 
     def desired(self, peak_forecast_rps: float) -> int:
         """Workers for a forecast peak rate (requests/s), buffer included, within [min, max]."""

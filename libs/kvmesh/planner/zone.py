@@ -91,11 +91,12 @@ class ZonePlanner:
         queued: int,
         removable: Collection[str] | None = None,
     ) -> Decision:
-        """Forecast the next ``horizon`` buckets, size the zone, decide (see :func:`plan_step`)."""
+        """Forecast the next ``horizon`` buckets, size the zone for the first ``lead_s`` of them, decide (see
+        :func:`plan_step`)."""
         series = self.history.completed(now_s)
         f = self.forecaster()
-        pred = f.predict(series, self.history.start_bucket, self.config.horizon_buckets) if series.size else None
-        rps = float(np.max(pred)) / self.config.bucket_s if pred is not None else 0.0
+        pred = f.predict(series, self.history.start_bucket, self.config.horizon_buckets) if series.size else np.zeros(0)
+        rps = self.config.sizing.sized_rate(pred, self.config.bucket_s)
         desired = self.config.sizing.desired(rps)
         action = plan_step(self.config.sizing, self.state, now_s, desired, serving, starting, queued, removable)
         return Decision(action, desired, rps, f.name)

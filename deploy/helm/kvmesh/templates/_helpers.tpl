@@ -181,6 +181,8 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.planner.maxWorkers | quote }}
 - name: KVMESH_BUFFER
   value: {{ $v.planner.buffer | quote }}
+- name: KVMESH_LEAD_S
+  value: {{ $v.planner.leadS | quote }}
 - name: KVMESH_INTERVAL_S
   value: {{ $v.planner.intervalS | quote }}
 - name: KVMESH_HISTORY_FILE

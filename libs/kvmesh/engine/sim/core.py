@@ -30,7 +30,6 @@ recomputed.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import struct
@@ -105,7 +104,7 @@ class StepResult:
     preempted: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the scheduler's `seq in running` must not compare fields
 class _Seq:
     req: EngineRequest
     tokens: list[int]
@@ -209,7 +208,7 @@ class SimEngineCore:
         else:
             self._waiting.remove(seq)
         seq.blocks = []
-        return dataclasses.replace(self._output(seq, (), FINISH_ABORT), time_s=now)
+        return self._output(seq, (), FINISH_ABORT, now)
 
     def request_ids(self) -> list[str]:
         """Ids of every request in flight (waiting or running)."""
@@ -265,6 +264,7 @@ class SimEngineCore:
             duration += seq.load_s
             seq.load_s = 0.0
         result = StepResult(duration_s=duration, preempted=preempted)
+        due = now + duration  # every output of this step becomes available when it ends
         for seq, n in chunks:
             seq.num_computed += n
             result.prefill_tokens += n
@@ -272,22 +272,19 @@ class SimEngineCore:
             if seq.num_computed == len(seq.tokens):
                 if seq.req.prefill_only:
                     self._finish(seq)
-                    result.outputs.append(self._output(seq, (), FINISH_PREFILL_ONLY))
+                    result.outputs.append(self._output(seq, (), FINISH_PREFILL_ONLY, due))
                 else:
-                    result.outputs.append(self._sample(seq))
+                    result.outputs.append(self._sample(seq, due))
         for seq in decodes:
             seq.num_computed += 1
             result.decode_tokens += 1
             self._register_full_blocks(seq, now)
-            result.outputs.append(self._sample(seq))
+            result.outputs.append(self._sample(seq, due))
         if decodes:  # the inter-token latency seen by decoding requests
             self._step_ms.append(duration * 1000.0)
         self.prefill_tokens_total += result.prefill_tokens
         self.decode_tokens_total += result.decode_tokens
         result.kv_events = self.pool.drain_events()
-        if result.outputs:
-            due = now + duration
-            result.outputs = [dataclasses.replace(o, time_s=due) for o in result.outputs]
         return result
 
     # -- internals -------------------------------------------------------------------------------
@@ -402,7 +399,7 @@ class SimEngineCore:
         x ^= x >> 29
         return x % self.config.vocab_size
 
-    def _sample(self, seq: _Seq) -> EngineOutput:
+    def _sample(self, seq: _Seq, due: float) -> EngineOutput:
         tok = self._next_token(seq)
         seq.tokens.append(tok)
         seq.generated += 1
@@ -416,7 +413,7 @@ class SimEngineCore:
             reason = FINISH_STOP
         if reason is not None:
             self._finish(seq)
-        return self._output(seq, (tok,), reason)
+        return self._output(seq, (tok,), reason, due)
 
     def _finish(self, seq: _Seq) -> None:
         self._running.remove(seq)
@@ -424,13 +421,14 @@ class SimEngineCore:
         seq.blocks = []
         self._by_id.pop(seq.req.request_id, None)
 
-    def _output(self, seq: _Seq, toks: tuple[int, ...], reason: str | None) -> EngineOutput:
+    def _output(self, seq: _Seq, toks: tuple[int, ...], reason: str | None, due: float) -> EngineOutput:
         return EngineOutput(
             request_id=seq.req.request_id,
             token_ids=toks,
             finished=reason is not None,
             finish_reason=reason,
             usage=Usage(seq.prompt_len, seq.cached_tokens, seq.generated),
+            time_s=due,
         )
 
     # -- reports ---------------------------------------------------------------------------------

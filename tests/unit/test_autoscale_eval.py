@@ -1,0 +1,38 @@
+"""The autoscaling study's SLO-window mode (kvmesh.fleet.autoscale_eval, step 5) on a small synthetic hour."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvmesh.fleet.autoscale_eval import AutoscaleStudy, evaluate
+from kvmesh.fleet.trace import Trace, TraceRequest
+
+
+def _hour() -> Trace:
+    """One hour at 1 request/s: 1,024-token prompts of their own, 16 output tokens."""
+    rng = np.random.default_rng(1)
+    times = np.cumsum(rng.exponential(1.0, size=3700))
+    reqs = [TraceRequest(i, float(t), 1024, 16, (10 * i, 10 * i + 1)) for i, t in enumerate(times) if t < 3600.0]
+    return Trace("synthetic", reqs)
+
+
+def test_windows_judge_the_slo_on_the_hardest_hours_and_bill_the_replayed_plan() -> None:
+    study = AutoscaleStudy(
+        peak_workers=4, min_workers=2, history_days=2, lstm_epochs=1, slo_windows=2, per_worker_rps=0.5
+    )
+    res = evaluate(_hour(), study)
+    fixed, auto, windows = res["fixed"], res["autoscaled"], res["slo_windows"]
+    hours = [w["hour"] for w in windows]
+    assert len(set(hours)) == len(hours) == 2
+    assert fixed["gpu_hours"] == fixed["workers"] * 24  # billed all day
+    tl = res["series"]["timeline"]
+    assert len(tl) == 24 * 60  # the replay stepped every minute of the day
+    assert auto["min_workers"] >= 2 and auto["max_workers"] <= 2 * fixed["workers"]
+    assert 0 < auto["gpu_hours"] < fixed["gpu_hours"]  # the trough is a quarter of the peak
+    assert res["gpu_hours_saved"] == round(1 - auto["gpu_hours"] / fixed["gpu_hours"], 4)
+    for name, arm in (("fixed", fixed), ("autoscaled", auto)):
+        assert arm["requests"] == sum(w[name]["requests"] for w in windows) > 0
+        assert arm["slo_met"] == all(w[name]["slo_met"] for w in windows)
+        assert arm["ttft_p99_ms"] == max(w[name]["ttft_p99_ms"] for w in windows)
+    assert fixed["requests"] == auto["requests"]  # the same hours for both fleets
+    assert res["capacity_model"]["capacity_scale"] == "given"
