@@ -87,8 +87,8 @@ GUARDRAIL_RULES = Gauge("kvmesh_router_guardrail_rules", "Output guardrail rules
 
 
 class TokenCacheCollector:
-    """`kvmesh_router_tokenize_cache_*`: the tokenisation cache's lookups, evictions and size, read from its
-    counters when /metrics is scraped (nothing on the request path)."""
+    """`kvmesh_router_tokenize_cache_*`: the tokenisation cache's lookups, evictions, rejections and size, read
+    from its counters when /metrics is scraped (nothing on the request path)."""
 
     def __init__(self) -> None:
         self.stats: TokenCacheStats | None = None
@@ -105,6 +105,11 @@ class TokenCacheCollector:
         yield lookups
         yield CounterMetricFamily(
             "kvmesh_router_tokenize_cache_evictions", "Texts dropped from the tokenisation cache", value=st.evictions
+        )
+        yield CounterMetricFamily(
+            "kvmesh_router_tokenize_cache_rejections",
+            "Texts the full tokenisation cache did not take (asked for no more often than the texts they displace)",
+            value=st.rejections,
         )
         yield GaugeMetricFamily(
             "kvmesh_router_tokenize_cache_bytes", "Bytes the tokenisation cache holds (texts and ids)", value=st.bytes

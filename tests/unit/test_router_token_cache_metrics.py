@@ -16,6 +16,7 @@ def test_the_collector_reports_the_cache_it_points_at() -> None:
     cache.put("a", b"\x01\x02")
     cache.get("a")
     cache.get("b")
+    cache.stats.rejections = 3  # as a full cache counts them (tests/unit/test_token_cache.py)
     before = m.TOKEN_CACHE.stats
     m.TOKEN_CACHE.stats = cache.stats
     try:
@@ -30,5 +31,6 @@ def test_the_collector_reports_the_cache_it_points_at() -> None:
     assert got[("kvmesh_router_tokenize_cache_lookups_total", "hit")] == 1
     assert got[("kvmesh_router_tokenize_cache_lookups_total", "miss")] == 1
     assert got[("kvmesh_router_tokenize_cache_evictions_total", "")] == 0
+    assert got[("kvmesh_router_tokenize_cache_rejections_total", "")] == 3
     assert got[("kvmesh_router_tokenize_cache_entries", "")] == 1
     assert got[("kvmesh_router_tokenize_cache_bytes", "")] == cache.stats.bytes > 0
