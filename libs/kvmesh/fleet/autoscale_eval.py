@@ -88,16 +88,20 @@ def _run(day: Trace, workers: int, study: AutoscaleStudy, scaler: Autoscaler | N
     return res, scaler.billed_s / 3600.0
 
 
-def _arm(res: RunResult, gpu_hours: float, study: AutoscaleStudy) -> dict[str, Any]:
+def _served(res: RunResult) -> dict[str, Any]:
+    """How one run served its requests: SLO met, p99 TTFT, goodput, requests."""
     s = res.summary
     return {
-        "gpu_hours": round(gpu_hours, 3),
         "slo_met": bool(s.get("meets_slo")),
         "ttft_p99_ms": round(float(s["ttft_ms"]["p99"]), 1),  # type: ignore[index]
-        "cost_usd": round(gpu_hours * study.gpu_hour_price, 2),
         "goodput": round(float(s["goodput"]), 4),  # type: ignore[arg-type]
         "requests": int(s["requests"]),  # type: ignore[call-overload]
     }
+
+
+def _arm(served: dict[str, Any], gpu_hours: float, study: AutoscaleStudy) -> dict[str, Any]:
+    """One fleet's line: what it was billed and how it served."""
+    return {"gpu_hours": round(gpu_hours, 3), "cost_usd": round(gpu_hours * study.gpu_hour_price, 2), **served}
 
 
 def slo_hours(hourly: np.ndarray, n: int) -> list[int]:
@@ -108,16 +112,14 @@ def slo_hours(hourly: np.ndarray, n: int) -> list[int]:
     return list(dict.fromkeys(order))[:n]
 
 
-def _windows_arm(runs: list[RunResult], gpu_hours: float, study: AutoscaleStudy) -> dict[str, Any]:
-    """One fleet's figures over its SLO windows: met in every one, the worst p99 TTFT and goodput."""
-    arms = [_arm(r, gpu_hours, study) for r in runs]
+def _served_in_windows(runs: list[RunResult]) -> dict[str, Any]:
+    """One fleet over its SLO windows: met in every one, the worst p99 TTFT and goodput, all requests."""
+    each = [_served(r) for r in runs]
     return {
-        "gpu_hours": round(gpu_hours, 3),
-        "slo_met": all(a["slo_met"] for a in arms),
-        "ttft_p99_ms": max(a["ttft_p99_ms"] for a in arms),
-        "cost_usd": round(gpu_hours * study.gpu_hour_price, 2),
-        "goodput": min(a["goodput"] for a in arms),
-        "requests": sum(a["requests"] for a in arms),
+        "slo_met": all(a["slo_met"] for a in each),
+        "ttft_p99_ms": max(a["ttft_p99_ms"] for a in each),
+        "goodput": min(a["goodput"] for a in each),
+        "requests": sum(a["requests"] for a in each),
     }
 
 
@@ -179,10 +181,10 @@ def evaluate(source: Trace, study: AutoscaleStudy) -> dict[str, Any]:
     if study.slo_windows:
         fixed_runs, auto_runs, hours = _slo_windows(day, fixed_n, study, settings, scaler_args, plan)
         auto_h, timeline = plan.billed_s / 3600.0, plan.timeline
-        out["fixed"] = {**_windows_arm(fixed_runs, fixed_h, study), "workers": fixed_n}
-        out["autoscaled"] = _windows_arm(auto_runs, auto_h, study) | worker_range(timeline)
+        out["fixed"] = {**_arm(_served_in_windows(fixed_runs), fixed_h, study), "workers": fixed_n}
+        out["autoscaled"] = _arm(_served_in_windows(auto_runs), auto_h, study) | worker_range(timeline)
         out["slo_windows"] = [
-            {"hour": h, "fixed": _arm(f, 0.0, study), "autoscaled": _arm(a, 0.0, study)}
+            {"hour": h, "fixed": _served(f), "autoscaled": _served(a)}
             for h, f, a in zip(hours, fixed_runs, auto_runs, strict=True)
         ]
     else:
@@ -190,9 +192,9 @@ def evaluate(source: Trace, study: AutoscaleStudy) -> dict[str, Any]:
         fixed_res, fixed_h = _run(day, fixed_n, study, None)
         auto_res, auto_h = _run(day, sizing.max_workers, study, scaler)
         timeline = scaler.timeline
-        auto = {**_arm(auto_res, auto_h, study), **{k: v for k, v in scaler.summary().items() if k != "gpu_hours"}}
-        out["fixed"] = {**_arm(fixed_res, fixed_h, study), "workers": fixed_n}
-        out["autoscaled"] = auto | {"open_loop_gpu_hours": round(plan.billed_s / 3600.0, 3)}
+        out["fixed"] = {**_arm(_served(fixed_res), fixed_h, study), "workers": fixed_n}
+        out["autoscaled"] = _arm(_served(auto_res), auto_h, study) | worker_range(timeline)
+        out["autoscaled"]["open_loop_gpu_hours"] = round(plan.billed_s / 3600.0, 3)
     return out | {
         "gpu_hours_saved": round(1 - auto_h / fixed_h, 4) if fixed_h else 0.0,
         "forecast": cmp.to_json(),
