@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvmesh.fleet.autoscale_eval import AutoscaleStudy, evaluate
+from kvmesh.fleet.autoscale_eval import AutoscaleStudy, evaluate, measure_per_worker_rps
+from kvmesh.fleet.diurnal import repeat_hour
 from kvmesh.fleet.trace import Trace, TraceRequest
 
 
@@ -35,4 +36,25 @@ def test_windows_judge_the_slo_on_the_hardest_hours_and_bill_the_replayed_plan()
         assert arm["slo_met"] == all(w[name]["slo_met"] for w in windows)
         assert arm["ttft_p99_ms"] == max(w[name]["ttft_p99_ms"] for w in windows)
     assert fixed["requests"] == auto["requests"]  # the same hours for both fleets
-    assert res["capacity_model"]["capacity_scale"] == "given"
+    assert res["capacity_model"]["capacity_keep"] == "given"
+
+
+def _long_hour(shared: bool) -> Trace:
+    """One hour at 0.25 requests/s of 16K-token prompts: all behind one prefix (``shared``) or each its own."""
+    rng = np.random.default_rng(1)
+    times = np.cumsum(rng.exponential(4.0, size=1000))
+    chunks = [tuple(range(31)) if shared else tuple(range(100 * i, 100 * i + 31)) for i in range(len(times))]
+    return Trace(
+        "long",
+        [TraceRequest(i, float(t), 16384, 64, (*chunks[i], 10**6 + i)) for i, t in enumerate(times) if t < 3600.0],
+    )
+
+
+def test_capacity_is_measured_on_the_day_s_own_construction_and_counts_its_reuse() -> None:
+    rates = {}
+    for shared in (False, True):
+        hour = _long_hour(shared)
+        rps, keep = measure_per_worker_rps(hour, 1, 0)
+        assert rps == len(repeat_hour(hour, [keep], 0).window(0.0, 900.0)) / 900.0  # the window it judged
+        rates[shared] = rps
+    assert rates[True] > 2 * rates[False]  # a shared prefix is prefilled once per worker, not per request

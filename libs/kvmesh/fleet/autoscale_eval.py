@@ -2,8 +2,9 @@
 
 Protocol (``python -m kvmesh.bench autoscale``):
 
-1. **Capacity model.** The source hour's first 900 s on ``measure_workers`` workers, capacity bisection as in
-   ``kvmesh.bench fleet`` (same SLO): ``per_worker_rps`` = capacity scale × the window's rate / workers.
+1. **Capacity model.** The first 900 s of the hour as the day builds it (step 2) on ``measure_workers``
+   workers, the keep bisected to the largest that meets the bench's SLO: ``per_worker_rps`` = that window's
+   rate / workers (``capacity_keep``).
 2. **Days.** ``history_days`` + 1 days from the hour (:mod:`kvmesh.fleet.diurnal`), thinned so that the day's
    peak hour needs about ``peak_workers`` workers: base keep = 0.9 · peak_workers · per_worker_rps / the
    hour's own rate (above 1, whole copies of the hour are overlaid).
@@ -63,17 +64,22 @@ class AutoscaleStudy:
 
 
 def measure_per_worker_rps(hour: Trace, workers: int, seed: int) -> tuple[float, float]:
-    """(requests/s one worker sustains within the SLO, the capacity scale) on the hour's first 900 s."""
-    win = hour.window(0.0, 900.0)
-    hc = HashCache(win, FleetConfig().block_size)
+    """(requests/s one worker sustains within the SLO, the keep that reaches it) on the first 900 s of the hour
+    as the day builds it (:func:`repeat_hour`: thinned below keep 1, whole copies overlaid above), so that the
+    capacity counts the reuse the day really has; time compression would keep a single copy's reuse at
+    any rate and overstate a worker wherever the day overlays copies."""
 
-    def meets(scale: float) -> bool:
-        cfg = FleetConfig(workers=workers, seed=seed, load_scale=scale, stop_when_slo_lost=True)
-        res = FleetSim(win, make_policy("kvmesh"), cfg, hc).run()
+    def window(keep: float) -> Trace:
+        return repeat_hour(hour, [keep], seed).window(0.0, 900.0)
+
+    def meets(keep: float) -> bool:
+        win = window(keep)
+        cfg = FleetConfig(workers=workers, seed=seed, stop_when_slo_lost=True)
+        res = FleetSim(win, make_policy("kvmesh"), cfg, HashCache(win, cfg.block_size)).run()
         return bool(res.summary.get("meets_slo")) and not res.truncated
 
     cap = bisect_capacity(meets, start=0.5, rel_tol=0.05, max_iter=10)
-    return cap.value * len(win) / 900.0 / workers, cap.value
+    return len(window(cap.value)) / 900.0 / workers, cap.value
 
 
 def _run(day: Trace, workers: int, study: AutoscaleStudy, scaler: Autoscaler | None) -> tuple[RunResult, float]:
@@ -200,7 +206,7 @@ def evaluate(source: Trace, study: AutoscaleStudy) -> dict[str, Any]:
         "forecast": cmp.to_json(),
         "capacity_model": {
             "per_worker_rps": round(pwr, 4),
-            "capacity_scale": round(cap, 4) if study.per_worker_rps is None else "given",
+            "capacity_keep": round(cap, 4) if study.per_worker_rps is None else "given",
             "base_keep": base,
         },
         "unservable": len(gone.indices),
