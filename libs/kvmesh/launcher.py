@@ -10,6 +10,7 @@ a `grpc.health.v1` check. Every wait is bounded by a deadline; nothing sleeps to
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -100,6 +101,9 @@ def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:
     return [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": threads}] * n
 
 
+_STARTS = itertools.count()  # with the clock, a unique ready-file name when threads start services together
+
+
 def start_service(
     name: str,
     tmp: Path,
@@ -114,7 +118,7 @@ def start_service(
     """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves (its
     health checked over TLS with `credentials` when given)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    ready = tmp / f"{name}-{time.monotonic_ns()}.ready.json"
+    ready = tmp / f"{name}-{time.monotonic_ns()}-{next(_STARTS)}.ready.json"
     log_path = ready.with_suffix(".log")
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [

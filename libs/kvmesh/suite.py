@@ -4,7 +4,8 @@ registry (every failover service sees every zone) and one set of provisioned ide
 
 `start(settings, run_dir)` checks every fixed port first (a port in use is a `PortsInUse` naming the port, the
 service, its key and the flag that moves it; nothing is started then), starts the zones, and on any failure
-kills whatever it had started, so no half-started suite is left behind.
+kills whatever it had started, so no half-started suite is left behind. The zones start at the same time,
+and so do a zone's workers: a suite of N vLLM workers waits for one engine load, not N in a row.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +164,11 @@ def start(s: SuiteSettings, rd: Path) -> Suite:
             suite.redis, redis_url = _start_redis(rd / "redis", s.redis.port)
         total = sum(z.worker.replicas for z in s.zones)
         envs = vllm_core_env(total) if any(z.worker.engine == "vllm" for z in s.zones) else [{}] * total
+        starts = []
         for z in s.zones:
             zone_envs, envs = envs[: z.worker.replicas], envs[z.worker.replicas :]
-            suite.services += _start_zone(s, z, rd, auth, redis_url, zone_envs)
+            starts.append(partial(_start_zone, s, z, rd, auth, redis_url, zone_envs))
+        suite.services += _start_together(starts)
         registry = rd / "registry.yaml"
         _write_registry(registry, suite.services)
         for z in s.zones:
@@ -215,32 +221,59 @@ def _start_zone(
             http_port=cm_s.http_port,
         )
         started.append(cache)
-        w = z.worker
-        for i in range(w.replicas):
-            sid = f"worker-{z.name}-{i}"
-            flags = [*_common(s, z, auth, sid), "--service-id", sid, "--engine", w.engine, "--block-size", bs]
-            flags += ["--cache-manager", cache.address, "--max-model-len", str(w.max_model_len)]
-            flags += ["--kv-blocks", str(w.kv_blocks), "--sim-speed", str(w.sim_speed)]
-            flags += ["--kvsync-port", str(w.kv_sync_port + i if w.kv_sync_port else 0)]
-            flags += ["--model", s.model.path] if s.model.path else []
-            flags += ["--vllm-args", w.vllm_args] if w.vllm_args else []
-            worker = start_service(
-                "worker",
-                logs,
-                *flags,
-                env=envs[i],
-                timeout=300 if w.engine == "vllm" else 60,
-                credentials=creds,
-                port=w.grpc_port + i if w.grpc_port else 0,
-                http_port=w.http_port + i if w.http_port else 0,
-            )
-            started.append(worker)
+        started += _start_together(
+            [partial(_start_worker, s, z, rd, auth, cache.address, i, envs[i]) for i in range(z.worker.replicas)]
+        )
         started.append(_start_router(s, z, rd, auth, cache.address, [p.address for p in started[1:]]))
     except BaseException:
         for sp in reversed(started):
             sp.kill()
         raise
     return started
+
+
+def _start_worker(
+    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, cache: str, i: int, env: dict[str, str]
+) -> ServiceProcess:
+    w, sid = z.worker, f"worker-{z.name}-{i}"
+    flags = [*_common(s, z, auth, sid), "--service-id", sid, "--engine", w.engine]
+    flags += ["--block-size", str(s.model.block_size), "--cache-manager", cache]
+    flags += ["--max-model-len", str(w.max_model_len), "--kv-blocks", str(w.kv_blocks), "--sim-speed", str(w.sim_speed)]
+    flags += ["--kvsync-port", str(w.kv_sync_port + i if w.kv_sync_port else 0)]
+    flags += ["--model", s.model.path] if s.model.path else []
+    flags += ["--vllm-args", w.vllm_args] if w.vllm_args else []
+    return start_service(
+        "worker",
+        rd / "logs",
+        *flags,
+        env=env,
+        timeout=300 if w.engine == "vllm" else 60,
+        credentials=auth.credentials(),
+        port=w.grpc_port + i if w.grpc_port else 0,
+        http_port=w.http_port + i if w.http_port else 0,
+    )
+
+
+def _start_together(starts: Sequence[Callable[[], ServiceProcess | list[ServiceProcess]]]) -> list[ServiceProcess]:
+    """Runs every start at once and returns what they started, in order. If any fails (or the caller is
+    interrupted), it waits for the others, kills everything they started and re-raises the first failure."""
+    pool = ThreadPoolExecutor(max(len(starts), 1))
+    futures = [pool.submit(start) for start in starts]
+    try:
+        return [sp for f in futures for sp in _as_list(f.result())]
+    except BaseException:
+        pool.shutdown(wait=True)
+        for f in futures:
+            if not f.cancelled() and f.exception() is None:
+                for sp in _as_list(f.result()):
+                    sp.kill()
+        raise
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _as_list(started: ServiceProcess | list[ServiceProcess]) -> list[ServiceProcess]:
+    return started if isinstance(started, list) else [started]
 
 
 def _start_router(

