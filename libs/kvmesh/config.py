@@ -67,6 +67,10 @@ class ServerSettings:
     registry_file: str = setting("", "static registry YAML (embedded default discovery)")
     consul_url: str = setting("", "Consul agent HTTP address; enables Consul registration")
     advertise_address: str = setting("", "host:port peers reach this gRPC server at (default: host:bound port)")
+    reuse_port: bool = setting(False, "share the gRPC and HTTP ports with other processes (SO_REUSEPORT)")
+    process_http_port: int = setting(
+        -1, "a second HTTP port of this process alone, e.g. its own /metrics when processes share a port (-1 = none)"
+    )
 
 
 def _flag(name: str) -> str:

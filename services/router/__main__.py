@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvmesh.config import load_settings
+from kvmesh.processes import Supervisor, process_count
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
@@ -28,6 +30,7 @@ from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer,
 from kvmesh.services.router.settings import RouterSettings
 from kvmesh.services.router.tokenize import CHARS_PER_TOKEN_CAP, RouterTokenizer
 from kvmesh.services.router.workers import WorkerPool
+from kvmesh.telemetry.logging import setup_logging
 from kvmesh.v1 import router_pb2_grpc
 
 
@@ -169,7 +172,19 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_service("router", RouterSettings, build, argv, limits=server_limits)
+    args = list(sys.argv[1:] if argv is None else argv)
+    s = load_settings(RouterSettings, args, service="router")
+    try:
+        n = process_count(s.processes)
+    except ValueError as exc:
+        print(f"kvmesh-router: {exc}", file=sys.stderr)
+        return 2
+    if n == 1:
+        return run_service("router", RouterSettings, build, args, limits=server_limits)
+    setup_logging("router", s.log_level, s.log_format, s.log_repeat_limit, s.log_repeat_window_s)
+    # the in-flight estimates of each process count for every process of every replica (no herding)
+    replicas = ["--router-replicas", str(max(s.router_replicas, 1) * n)]
+    return Supervisor("router", "kvmesh.services.router", args, s, n, lambda _: replicas).run()
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ class RouterSettings(ServerSettings):
     prefix_report_flush_ms: int = setting(100, "a routed prompt is reported at most this long after it was routed")
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")
+    processes: int = setting(
+        1,
+        "router processes on this host sharing its ports (SO_REUSEPORT), each with its own index replica and "
+        "its own /metrics port (0 = one per core, at most 8)",
+    )
     api_keys_file: str = setting(
         "",
         "API keys: one per line, or YAML entries {key, id, tenants, signing_secret, require_signature, role} "

@@ -60,12 +60,21 @@ async def _run(
 ) -> dict[str, Any]:
     rng = random.Random(0)
     out: dict[str, Any] = {"router": {}, "direct": {}, "overhead_p50_ms": {}}
-    rch = grpc.aio.insecure_channel(router.address, options=OPTS)
-    router_generate = rch.unary_stream(
-        "/kvmesh.v1.RouterService/Generate",
-        request_serializer=None,
-        response_deserializer=router_pb2.RouterServiceGenerateResponse.FromString,
-    )
+    # one connection per router process would pin a process to a connection: with several processes, 8 own
+    # connections each (the kernel spreads connections over the processes, not calls)
+    n_conns = 1 if router_processes(router) == 1 else 8 * router_processes(router)
+    rchs = [
+        grpc.aio.insecure_channel(router.address, options=[*OPTS, ("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(n_conns)
+    ]
+    router_calls = [
+        c.unary_stream(
+            "/kvmesh.v1.RouterService/Generate",
+            request_serializer=None,
+            response_deserializer=router_pb2.RouterServiceGenerateResponse.FromString,
+        )
+        for c in rchs
+    ]
     wchs = [grpc.aio.insecure_channel(w.address, options=OPTS) for w in workers]
     worker_generate = [
         c.unary_stream(
@@ -84,7 +93,7 @@ async def _run(
 
         async def via_router(i: int, prompts: UniquePrompts = prompts) -> None:
             body = length_delimited(router_ids_field, prompts.token_ids_bytes()) + router_tail
-            await _drain(router_generate(body, timeout=120))
+            await _drain(router_calls[i % len(router_calls)](body, timeout=120))
 
         async def direct(i: int, p: int = p, prompts: UniquePrompts = prompts) -> None:
             k = prompts.next
@@ -99,10 +108,15 @@ async def _run(
         out["overhead_p50_ms"][str(p)] = round(
             out["router"][str(p)]["c1_p50_ms"] - out["direct"][str(p)]["c1_p50_ms"], 3
         )
-    await rch.close()
-    for c in wchs:
+    for c in [*rchs, *wchs]:
         await c.close()
     return out
+
+
+def router_processes(router: ServiceProcess) -> int:
+    """How many processes serve the router's ports (`--processes N` lists them in its ready file); the CPU
+    counted for the router is its process tree's, so theirs with it."""
+    return len(router.info.get("processes", [])) or 1
 
 
 _CM_ARGS = ("--checkpoint-interval-s", "0", "--warm-interval-s", "0", "--log-level", "WARNING")
@@ -119,6 +133,9 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument(
         "--api", choices=("grpc", "http"), default="grpc", help="grpc: router vs direct; http: see --compare"
     )
+    ap.add_argument(
+        "--router-processes", type=int, default=1, help="kvmesh router processes sharing its ports (--processes)"
+    )
     ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
     ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
     ap.add_argument(
@@ -131,6 +148,8 @@ def main(argv: Sequence[str]) -> int:
     a = ap.parse_args(list(argv))
     if a.distinct_prompts < 1:
         ap.error(f"--distinct-prompts must be >= 1, got {a.distinct_prompts}")
+    if a.router_processes < 1:
+        ap.error(f"--router-processes must be >= 1, got {a.router_processes}")
     compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
     max_len = int(max(sizes) * 1.05) + 64  # text prompts are only about P tokens
@@ -186,6 +205,8 @@ def main(argv: Sequence[str]) -> int:
                 "4096",
                 "--log-level",
                 "WARNING",
+                "--processes",
+                str(a.router_processes),
                 # an instant engine recomputes for free, so a KV pull from a peer never pays here (it only
                 # burns the shared cores); the perf model assumes GPU prefill times and would hint pulls
                 *(["--cache-manager", cm.address, "--kv-pull-margin", "0"] if cm else []),
@@ -235,6 +256,7 @@ def main(argv: Sequence[str]) -> int:
                     sp.kill()
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
+        | {"router_processes": a.router_processes}
         | ({"distinct_prompts": a.distinct_prompts} if a.api == "http" else {})
     )
     print(json.dumps(res, sort_keys=True))

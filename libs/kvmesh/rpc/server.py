@@ -86,13 +86,13 @@ class ServerLimits:
         return 2 * (self.grpc_requests.largest or DEFAULT_MAX_REQUEST_BYTES)
 
 
-def _server_options(limits: ServerLimits) -> list[tuple[str, int]]:
+def _server_options(limits: ServerLimits, reuse_port: bool) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", limits.grpc_transport_bytes),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),  # off unless asked: a second server on a taken port must fail
     ]
 
 
@@ -154,6 +154,7 @@ class ServiceRunner:
     http_app: web.Application = field(init=False)
     stopping: asyncio.Event = field(init=False)
     ports: BoundPorts | None = field(init=False, default=None)
+    process_http_port: int | None = field(init=False, default=None)
     on_started: list[Callable[[BoundPorts], Awaitable[None]]] = field(init=False, default_factory=list)
     on_stopping: list[Hook] = field(init=False, default_factory=list)
     on_stopped: list[Hook] = field(init=False, default_factory=list)
@@ -165,7 +166,7 @@ class ServiceRunner:
     _registered: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        self.server = grpc.aio.server(options=_server_options(self.limits))
+        self.server = grpc.aio.server(options=_server_options(self.limits, self.settings.reuse_port))
         self.guard = Guard.from_settings(self.settings, self.name)
         self.health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc_own())
@@ -332,9 +333,17 @@ class ServiceRunner:
                 await close(deregister=False)
 
     async def _start_http(self) -> int:
+        s = self.settings
         self._http_runner = web.AppRunner(self.http_app, access_log=None)
         await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, self.settings.host, self.settings.http_port)
+        port = await self._start_site(s.http_port, s.reuse_port)
+        if s.process_http_port >= 0:
+            self.process_http_port = await self._start_site(s.process_http_port, False)
+        return port
+
+    async def _start_site(self, port: int, reuse_port: bool) -> int:
+        assert self._http_runner is not None
+        site = web.TCPSite(self._http_runner, self.settings.host, port, reuse_port=reuse_port or None)
         await site.start()
         sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr,attr-defined]
         return int(sockets[0].getsockname()[1])
@@ -351,6 +360,8 @@ class ServiceRunner:
             "grpc_port": self.ports.grpc_port,
             "http_port": self.ports.http_port,
         }
+        if self.process_http_port is not None:
+            payload["process_http_port"] = self.process_http_port
         path = Path(self.settings.ready_file)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(payload))

@@ -1,0 +1,115 @@
+"""`kvmesh-router --processes N`: N real router processes behind one gRPC and one HTTP port (SO_REUSEPORT),
+supervised by one parent (kvmesh.processes), over simulated workers on loopback."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from kvmesh.launcher import ServiceProcess
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+pytestmark = pytest.mark.integration
+BS = 32
+
+
+def workers(services: Callable[..., ServiceProcess], n: int, *extra: str) -> list[ServiceProcess]:
+    return [
+        services("worker", "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "8192", *extra) for _ in range(n)
+    ]
+
+
+def routed_by_process(router: ServiceProcess) -> dict[int, float]:
+    """pid -> requests that process routed, from each process's own /metrics port."""
+    out = {}
+    for p in json.loads(router.ready_file.read_text())["processes"]:
+        text = httpx.get(f"http://127.0.0.1:{p['process_http_port']}/metrics", timeout=10).text
+        lines = [ln for ln in text.splitlines() if ln.startswith("kvmesh_router_selections_total{")]
+        out[p["pid"]] = sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+    return out
+
+
+def complete(router: ServiceProcess, prompt: list[int]) -> dict[str, Any]:
+    # a fresh connection per request: the kernel picks the process per connection
+    with httpx.Client(base_url=f"http://127.0.0.1:{router.http_port}", timeout=30) as c:
+        r = c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def generate(
+    router: ServiceProcess, prompt: list[int], max_tokens: int = 2
+) -> router_pb2.RouterServiceGenerateResponse:
+    req = router_pb2.RouterServiceGenerateRequest(
+        token_ids=common_pb2.TokenIds(ids=prompt),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
+    with grpc.insecure_channel(router.address) as ch:
+        return list(router_pb2_grpc.RouterServiceStub(ch).Generate(req, timeout=60))[-1]
+
+
+def test_processes_share_both_ports_and_each_serves(services: Callable[..., ServiceProcess]) -> None:
+    ws = workers(services, 2, "--sim-speed", "0")
+    router = services(
+        "router", "--workers", ",".join(w.address for w in ws), "--block-size", str(BS), "--processes", "2"
+    )
+    listed = json.loads(router.ready_file.read_text())["processes"]
+    assert len({p["pid"] for p in listed}) == 2 and len({p["process_http_port"] for p in listed}) == 2
+    for i in range(30):
+        assert complete(router, [3 + i] * 40)["usage"]["completion_tokens"] == 2
+        assert generate(router, [5 + i] * 40).usage.completion_tokens == 2
+    routed = routed_by_process(router)
+    assert sum(routed.values()) == 60
+    assert all(n > 0 for n in routed.values()), routed  # 60 connections, 2 processes: all on one is 2^-59
+
+
+def test_a_killed_process_is_replaced_while_the_others_serve(services: Callable[..., ServiceProcess]) -> None:
+    ws = workers(services, 1, "--sim-speed", "0")
+    router = services("router", "--workers", ws[0].address, "--block-size", str(BS), "--processes", "2")
+    victim = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    for i in range(10):  # the survivor takes every new connection meanwhile
+        assert complete(router, [7 + i] * 40)["usage"]["completion_tokens"] == 2
+    deadline = time.monotonic() + 60
+    while True:  # bounded poll: the supervisor rewrites its ready file once the replacement serves
+        pids = {p["pid"] for p in json.loads(router.ready_file.read_text())["processes"]}
+        if victim not in pids and len(pids) == 2:
+            break
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+    assert all(n >= 0 for n in routed_by_process(router).values())  # every listed process answers its port
+    assert router.terminate(timeout=30) == 0
+    for pid in pids:  # SIGTERM to the supervisor stops every process it started
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_two_processes_of_two_replicas_do_not_herd_a_shared_system_prompt(
+    services: Callable[..., ServiceProcess],
+) -> None:
+    """Two routers of two processes each, over four workers: every request is one 2048-token system prompt
+    plus its own 64 tokens, 16 at a time. Workers report their load every 10 s, so in the burst each process
+    knows the load only from its own in-flight accounting (scaled for 2 replicas × 2 processes): the worker
+    that first holds the prompt must not take the requests of all four."""
+    cm = services("cache-manager", "--block-size", str(BS))
+    ws = workers(services, 4, "--sim-speed", "1", "--cache-manager", cm.address)
+    flags = ["--workers", ",".join(w.address for w in ws), "--block-size", str(BS), "--cache-manager", cm.address]
+    flags += ["--load-interval-ms", "10000", "--worker-stale-s", "60"]  # no load report in the burst
+    routers = [services("router", *flags, "--processes", "2", "--router-replicas", "2") for _ in range(2)]
+    system = [(i % 1000) + 3 for i in range(2048)]
+    prompts = [system + [(7 * i + k) % 1000 + 3 for k in range(64)] for i in range(48)]
+    with ThreadPoolExecutor(16) as pool:
+        served = list(pool.map(lambda ip: generate(routers[ip[0] % 2], ip[1], 16).worker_id, enumerate(prompts)))
+    per_worker = collections.Counter(served)
+    assert len(per_worker) == 4, per_worker
+    assert max(per_worker.values()) <= len(prompts) // 2, per_worker
