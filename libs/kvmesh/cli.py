@@ -112,6 +112,7 @@ def up(args: argparse.Namespace) -> int:
                 "zone": p.info.get("zone", ""),
                 "log": str(p.log_path),
             }
+            | ({"processes": p.info["processes"]} if "processes" in p.info else {})
             for p in started.services
         ],
         "redis_pid": started.redis.pid if started.redis else None,

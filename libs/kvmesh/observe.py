@@ -44,8 +44,10 @@ def scrape_config(state: dict[str, Any], rules: Path, interval_s: float) -> dict
     """prometheus.yml as a dict: a job per service kind, a target per instance (`kvmesh_id` labels it)."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for svc in state["services"]:
-        target = {"targets": [f"127.0.0.1:{svc['http_port']}"], "labels": {"kvmesh_id": svc["id"]}}
-        jobs.setdefault(svc["name"], []).append(target)
+        # a router of several processes: each process on its own port (the shared one reaches any of them)
+        own = [(p["process_http_port"], p["id"]) for p in svc.get("processes", [])]
+        for port, ident in own or [(svc["http_port"], svc["id"])]:
+            jobs.setdefault(svc["name"], []).append({"targets": [f"127.0.0.1:{port}"], "labels": {"kvmesh_id": ident}})
     interval = f"{max(1, round(interval_s))}s"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},

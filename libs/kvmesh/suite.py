@@ -282,7 +282,7 @@ def _start_router(
     r = z.router
     flags = [*_common(s, z, auth, f"router-{z.name}"), "--block-size", str(s.model.block_size)]
     flags += ["--cache-manager", cache, "--workers", ",".join(workers), "--salt-model", s.model.salt]
-    flags += ["--long-prompt-tokens", str(r.long_prompt_tokens)]
+    flags += ["--long-prompt-tokens", str(r.long_prompt_tokens), "--processes", str(r.processes)]
     flags += ["--model", s.model.path] if s.model.path else []
     flags += ["--model-name", s.model.name] if s.model.name else []
     flags += ["--api-keys-file", r.api_keys_file] if r.api_keys_file else []

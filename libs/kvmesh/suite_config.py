@@ -58,6 +58,7 @@ class RouterSettings:
     grpc_port: int = _port(50051)
     http_port: int = _port(8000)  # OpenAI HTTP API, /metrics (as `vllm serve`)
     long_prompt_tokens: int = _f(2048, min=1)
+    processes: int = _f(1, min=0)  # router processes sharing the router's ports (0 = one per core, at most 8)
     profile: str | dict[str, Any] | None = _f(None, profile=True)  # routing profile: a file path, or inline
     api_keys_file: str = ""  # client API keys (docs/security.md); "" = the suite's provisioned tokens only
 

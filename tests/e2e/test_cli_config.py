@@ -106,9 +106,13 @@ def _by_zone(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 
 def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
     """Two sim zones (zone b with its own worker count) under one CA and one set of identities, checkpoints in
-    one redis-server: every service serves, the demo answers, each failover service sees both zones."""
+    one redis-server, zone b's router two processes: every service serves, the demo answers, each failover
+    service sees both zones."""
     f = tmp_path / "k.yaml"
-    f.write_text("worker: {replicas: 1}\nzones:\n  - name: a\n  - name: b\n    worker: {replicas: 2}\n")
+    f.write_text(
+        "worker: {replicas: 1}\nzones:\n  - name: a\n"
+        "  - name: b\n    worker: {replicas: 2}\n    router: {processes: 2}\n"
+    )
     home = tmp_path / "home"
     up = kvmesh_cli(home, "up", "--config", str(f), "--ports", "auto", "--tls", "--redis", "--detach", timeout=240)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -116,6 +120,7 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
         by_zone = _by_zone(home)
         assert [w["id"] for w in by_zone["b"]["worker"]] == ["worker-b-0", "worker-b-1"]
         assert len(by_zone["a"]["worker"]) == 1
+        assert len(by_zone["b"]["router"][0]["processes"]) == 2 and "processes" not in by_zone["a"]["router"][0]
         status = kvmesh_cli(home, "status", timeout=60)
         assert status.returncode == 0 and status.stdout.count("SERVING") == 11, status.stdout
         demo = kvmesh_cli(home, "demo", "--max-tokens", "3", timeout=120)
@@ -136,7 +141,7 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # two vLLM engines start one after the other (about 2 min on 2 shared cores)
+@pytest.mark.timeout(900)  # two vLLM engines start together (about 2 min on 2 shared cores)
 def test_two_zone_vllm_example_serves_in_both_zones(tmp_path: Path) -> None:
     home = tmp_path / "home"
     example = EXAMPLES / "kvmesh-two-zones-vllm.yaml"

@@ -45,3 +45,14 @@ def test_missing_binary_names_the_bootstrap(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FailedPrecondition, match=r"bootstrap\.sh"):
         observe.start(tmp_path, STATE, port=0)
+
+
+def test_a_router_of_several_processes_is_scraped_on_each_process_s_own_port() -> None:
+    procs = [
+        {"id": "router-local-p0", "pid": 1, "process_http_port": 9201},
+        {"id": "router-local-p1", "pid": 2, "process_http_port": 9202},
+    ]
+    state = {"services": [{"name": "router", "id": "router-local", "http_port": 9104, "processes": procs}]}
+    (job,) = observe.scrape_config(state, Path("/rules.yaml"), interval_s=2)["scrape_configs"]
+    targets = [(t["targets"], t["labels"]["kvmesh_id"]) for t in job["static_configs"]]
+    assert targets == [(["127.0.0.1:9201"], "router-local-p0"), (["127.0.0.1:9202"], "router-local-p1")]
