@@ -32,8 +32,10 @@ BS = 32
 GPU_BLOCKS = 48  # small enough for a few filler prompts to evict a prompt's blocks from vLLM's pool
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
+    """One vLLM server for the module's tests (each follows it with its own cache-manager, which replays what
+    the server published before it; the tests' prompts share no block)."""
     model = (
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],

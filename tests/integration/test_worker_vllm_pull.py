@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -56,8 +57,14 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceP
     flags += ["--vllm-dtype", "bfloat16", "--cpu-tier-mb", "64", "--pull-timeout-ms", str(PULL_TIMEOUT_MS)]
     procs: list[ServiceProcess] = []
     try:
-        for name in ("a", "b"):
-            procs.append(start_service("worker", tmp_path_factory.mktemp(f"vp{name}"), *flags, timeout=300))
+        dirs = [tmp_path_factory.mktemp(f"vp{name}") for name in ("a", "b")]
+        with ThreadPoolExecutor(2) as pool:  # both engines load at once
+            futures = [pool.submit(start_service, "worker", d, *flags, timeout=300) for d in dirs]
+            for f in futures:
+                with contextlib.suppress(Exception):
+                    procs.append(f.result())
+        for f in futures:
+            f.result()  # a worker that did not start fails the fixture (the one that did is stopped below)
         yield procs[0], procs[1]
     finally:
         for sp in procs:
