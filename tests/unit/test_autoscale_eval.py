@@ -58,3 +58,15 @@ def test_capacity_is_measured_on_the_day_s_own_construction_and_counts_its_reuse
         assert rps == len(repeat_hour(hour, [keep], 0).window(0.0, 900.0)) / 900.0  # the window it judged
         rates[shared] = rps
     assert rates[True] > 2 * rates[False]  # a shared prefix is prefilled once per worker, not per request
+
+
+def test_a_fixed_fleet_that_misses_the_slo_at_its_peak_rate_size_is_grown_until_it_meets_it() -> None:
+    # per_worker_rps overstated (a worker sustains about 1.7 requests/s of this hour): the peak-rate size
+    # cannot serve the peak, so the fixed arm is searched
+    study = AutoscaleStudy(
+        peak_workers=2, min_workers=2, history_days=1, lstm_epochs=1, slo_windows=1, per_worker_rps=3.0
+    )
+    fixed = evaluate(_hour(), study)["fixed"]
+    assert fixed["peak_rate"]["slo_met"] is False and fixed["slo_met"] is True
+    assert fixed["workers"] > fixed["peak_rate"]["workers"]
+    assert fixed["gpu_hours"] == fixed["workers"] * 24  # billed for the fleet it needed
