@@ -184,7 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("router", s.log_level, s.log_format, s.log_repeat_limit, s.log_repeat_window_s)
     # the in-flight estimates of each process count for every process of every replica (no herding)
     replicas = ["--router-replicas", str(max(s.router_replicas, 1) * n)]
-    return Supervisor("router", "kvmesh.services.router", args, s, n, lambda _: replicas).run()
+    try:
+        supervisor = Supervisor("router", "kvmesh.services.router", args, s, n, lambda _: replicas)
+    except OSError as exc:  # e.g. the port is taken
+        print(f"kvmesh-router: cannot bind {s.host}:{s.port} or HTTP port {s.http_port}: {exc}", file=sys.stderr)
+        return 2
+    return supervisor.run()
 
 
 if __name__ == "__main__":

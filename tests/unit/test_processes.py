@@ -1,5 +1,7 @@
 """`--processes`: how many router processes a value means, and a bad value refused before anything starts."""
 
+import socket
+
 import pytest
 
 from kvmesh.processes import MAX_PROCESSES, process_count
@@ -19,3 +21,12 @@ def test_a_negative_count_is_refused_naming_the_flag(capsys: pytest.CaptureFixtu
         process_count(-1)
     assert main(["--processes", "-1", "--workers", "127.0.0.1:1"]) == 2
     assert "processes: must be >= 0" in capsys.readouterr().err
+
+
+def test_a_taken_port_is_a_clear_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["--processes", "2", "--port", str(port), "--workers", "127.0.0.1:1"]) == 2
+    assert f"cannot bind 127.0.0.1:{port}" in capsys.readouterr().err
