@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmesh.config import ServerSettings
+from kvmesh.rpc.server import write_ready_file
 
 log = logging.getLogger(__name__)
 
@@ -170,10 +171,7 @@ class Supervisor:
                 for c in self.copies
             ],
         }
-        path = Path(self.settings.ready_file)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
+        write_ready_file(Path(self.settings.ready_file), payload)
 
     def _stop_all(self) -> None:
         for sock in self._reserved:

@@ -50,6 +50,12 @@ class UniquePrompts:
         return head + self.tails[k % len(self.tails)]
 
 
+def _generate_calls(channels: list[grpc.aio.Channel], service: str, parse: Any) -> list[Any]:
+    """`kvmesh.v1.<service>/Generate` on each channel, sending pre-serialised request bytes."""
+    method = f"/kvmesh.v1.{service}/Generate"
+    return [c.unary_stream(method, request_serializer=None, response_deserializer=parse) for c in channels]
+
+
 async def _run(
     router: ServiceProcess,
     workers: list[ServiceProcess],
@@ -67,23 +73,9 @@ async def _run(
         grpc.aio.insecure_channel(router.address, options=[*OPTS, ("grpc.use_local_subchannel_pool", 1)])
         for _ in range(n_conns)
     ]
-    router_calls = [
-        c.unary_stream(
-            "/kvmesh.v1.RouterService/Generate",
-            request_serializer=None,
-            response_deserializer=router_pb2.RouterServiceGenerateResponse.FromString,
-        )
-        for c in rchs
-    ]
+    router_calls = _generate_calls(rchs, "RouterService", router_pb2.RouterServiceGenerateResponse.FromString)
     wchs = [grpc.aio.insecure_channel(w.address, options=OPTS) for w in workers]
-    worker_generate = [
-        c.unary_stream(
-            "/kvmesh.v1.WorkerService/Generate",
-            request_serializer=None,
-            response_deserializer=worker_pb2.GenerateResponse.FromString,
-        )
-        for c in wchs
-    ]
+    worker_generate = _generate_calls(wchs, "WorkerService", worker_pb2.GenerateResponse.FromString)
     sp = common_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
     router_tail = router_pb2.RouterServiceGenerateRequest(sampling=sp).SerializeToString()
     router_ids_field = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number

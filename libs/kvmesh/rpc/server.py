@@ -96,6 +96,13 @@ def _server_options(limits: ServerLimits, reuse_port: bool) -> list[tuple[str, i
     ]
 
 
+def write_ready_file(path: Path, payload: dict[str, Any]) -> None:
+    """The ready file's JSON, replaced whole (a reader never sees half of it)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
 class QuietClientErrors(logging.Filter):
     """On aiohttp's `aiohttp.server` logger: a malformed request (`BadHttpMessage`: garbage on the port) or
     a client that closed its connection is the client's doing, free for it to repeat; logged at INFO with
@@ -362,10 +369,7 @@ class ServiceRunner:
         }
         if self.process_http_port is not None:
             payload["process_http_port"] = self.process_http_port
-        path = Path(self.settings.ready_file)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
+        write_ready_file(Path(self.settings.ready_file), payload)
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         body, content_type = metrics.render_latest()
