@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kvmesh.errors import InvalidArgument
+
 T = TypeVar("T")
 
 
@@ -71,6 +73,20 @@ class ServerSettings:
     process_http_port: int = setting(
         -1, "a second HTTP port of this process alone, e.g. its own /metrics when processes share a port (-1 = none)"
     )
+
+
+def key_map(field: str, items: Sequence[str], what: str) -> dict[str, str]:
+    """``('a=X', 'b=Y')`` → {a: X, b: Y}, each key once; InvalidArgument naming ``field`` (``what`` names the
+    entry's shape in the message: ``zone=host:port``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise InvalidArgument(field, f"entry {item!r}: expected {what}")
+        if key in out:
+            raise InvalidArgument(field, f"{key!r} given twice")
+        out[key] = value
+    return out
 
 
 def _flag(name: str) -> str:

@@ -14,12 +14,14 @@ import yaml
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.publisher import PublishLimits
 from kvmesh.cachemgr.types import IngestResult
+from kvmesh.config import key_map
 from kvmesh.discovery.registration import registry_from
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.kvevents import KvEventBatch
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.cache_manager import metrics as m
+from kvmesh.services.cache_manager.replication import ReplicaSink, Replicator
 from kvmesh.services.cache_manager.servicer import CacheManagerServicer, count, refresh_gauges
 from kvmesh.services.cache_manager.settings import CacheManagerSettings
 from kvmesh.services.cache_manager.warming import Warmer, registry_address
@@ -117,7 +119,27 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         directory=(lambda w: registry_address(watcher.snapshot, w)) if watcher is not None else None,
     )
     limits = PublishLimits(settings.publish_max_workers, settings.publish_burst_blocks, settings.publish_blocks_per_s)
-    servicer = CacheManagerServicer(core, warmer, runner.stopping, location, limits, settings.zone, zones)
+    sink = ReplicaSink(
+        core,
+        warmer,
+        key_map("kvsync_address_map", settings.kvsync_address_map, "FROM=TO"),
+        settings.replication_pull_timeout_ms,
+    )
+    replicator = None
+    if zones is not None and settings.replication_bytes_per_s > 0:
+        replicator = Replicator(
+            core,
+            warmer,
+            zones,
+            security,
+            settings.zone,
+            settings.replication_bytes_per_s,
+            settings.replication_interval_s,
+            settings.replication_threshold,
+        )
+    servicer = CacheManagerServicer(
+        core, warmer, runner.stopping, location, limits, settings.zone, zones, sink, replicator
+    )
     runner.add_servicer(
         cache_manager_pb2_grpc.add_CacheManagerServiceServicer_to_server, servicer, "kvmesh.v1.CacheManagerService"
     )
@@ -163,6 +185,8 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         if store is not None:
             runner.every(settings.checkpoint_interval_s, checkpoint, name="checkpoint")
         runner.every(settings.warm_interval_s, warmer.dynamic_round, name="warming")
+        if replicator is not None:
+            runner.every(settings.replication_interval_s, replicator.round, name="replication")
 
     async def stopped() -> None:  # background tasks are stopped by now: persist what they left
         if zones is not None:
@@ -171,6 +195,8 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
             await core.persist()
             await checkpoint()
             await store.close()
+        if replicator is not None:
+            await replicator.close()
         await warmer.close()
         if watcher is not None and registry is not None:
             await watcher.stop()

@@ -52,3 +52,24 @@ ZONE_STREAMS = Counter(
 ZONE_CONNECTED = Gauge("kvmesh_cache_zone_follow_connected", "1 while a followed zone's index stream is live", ["zone"])
 ZONE_REVISION = Gauge("kvmesh_cache_zone_follow_revision", "Last revision of a followed zone's index applied", ["zone"])
 ZONE_BLOCKS = Gauge("kvmesh_cache_zone_index_blocks", "Distinct blocks of a followed zone's index copy", ["zone"])
+REPLICATION_BYTES = Counter(
+    "kvmesh_cache_replication_bytes_total", "KV bytes copied into another zone, verified copies only", ["zone"]
+)
+REPLICATED_PREFIXES = Gauge("kvmesh_cache_replicated_prefixes", "Hot prefixes held in another zone", ["zone"])
+REPLICATED_BLOCKS = Gauge("kvmesh_cache_replicated_blocks", "Blocks of the hot prefixes held in another zone", ["zone"])
+REPLICATION_FAILURES = Counter(
+    "kvmesh_cache_replication_failures_total",
+    "Prefix replications that failed or were not verified",
+    ["zone", "reason"],
+)
+REPLICATION_SECONDS = Histogram(
+    "kvmesh_cache_replication_seconds",
+    "One ReplicatePrefixes call into another zone (its workers' pulls included)",
+    ["zone"],
+    buckets=LATENCY_BUCKETS,
+)
+REPLICAS_RECEIVED = Counter(
+    "kvmesh_cache_replicas_received_total",
+    "Prefixes another zone replicated into this one, by outcome",
+    ["source_zone", "outcome"],
+)

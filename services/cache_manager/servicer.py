@@ -23,6 +23,7 @@ from kvmesh.security.admin import no_unknown_fields
 from kvmesh.security.audit import audited
 from kvmesh.security.identity import current_identity
 from kvmesh.services.cache_manager import metrics as m
+from kvmesh.services.cache_manager.replication import ReplicaSink, Replicator, validate_replicate
 from kvmesh.services.cache_manager.warming import Warmer
 from kvmesh.services.cache_manager.zones import ZoneFollowers, ZoneMatch
 from kvmesh.v1 import cache_manager_pb2 as pb
@@ -72,8 +73,12 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         limits: PublishLimits | None = None,
         zone: str = "",
         zones: ZoneFollowers | None = None,
+        sink: ReplicaSink | None = None,
+        replicator: Replicator | None = None,
     ) -> None:
         self.core = core
+        self.sink = sink or ReplicaSink(core, warmer, {}, 10_000)  # another zone replicating into this one
+        self.replicator = replicator  # this zone replicating into the followed ones (None: off)
         self.zone = zone  # this cache-manager's own zone
         self.zones = zones  # the zones it follows
         self.limits = limits or PublishLimits()
@@ -187,6 +192,25 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         m.ROUTED_PREFIXES.inc(len(request.prefixes))
         set_hit_ratio(self.core)
         return pb.ReportRoutedPrefixesResponse(accepted=len(request.prefixes))
+
+    async def ReplicatePrefixes(  # type: ignore[override]
+        self, request: pb.ReplicatePrefixesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReplicatePrefixesResponse:
+        """Another zone's hot prefixes, pulled into this zone's workers (`replication.ReplicaSink`)."""
+        with audited(
+            SERVICE,
+            "CacheManagerService/ReplicatePrefixes",
+            source_zone=request.source_zone,
+            prefixes=len(request.prefixes),
+        ) as a:
+            no_unknown_fields(request)
+            validate_replicate(request, self.zone)
+            resp = await self.sink.replicate(request)
+            for r in resp.results:
+                outcome = "error" if r.error else ("held" if r.already_held else "pulled")
+                m.REPLICAS_RECEIVED.labels(request.source_zone, outcome).inc()
+            a["verified"] = sum(not r.error for r in resp.results)
+            return resp
 
     def _start_watch(self, request: pb.WatchIndexRequest) -> tuple[Watcher, list[pb.WatchIndexResponse]]:
         """The watcher and the stream's first messages: the missed deltas when the request's resume point is
@@ -309,6 +333,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             top_prefixes=top_prefixes(core, request.top_prefixes),
             zone=self.zone,
             followed_zones=self.zones.stats() if self.zones is not None else [],
+            replication=self.replicator.stats() if self.replicator is not None else [],
         )
 
 

@@ -45,3 +45,12 @@ class CacheManagerSettings(ServerSettings):
     follow_zone: tuple[str, ...] = setting(
         (), "other zones' cache-managers whose indexes this one follows: ZONE=HOST:PORT,... (docs/zones.md)"
     )
+    replication_bytes_per_s: float = setting(
+        0.0, "byte budget of hot-prefix replication into each followed zone, bytes/s (0 = off; docs/zones.md)"
+    )
+    replication_interval_s: float = setting(2.0, "seconds between hot-prefix replication rounds")
+    replication_threshold: int = setting(3, "a prefix seen this many times in the window is replicated")
+    kvsync_address_map: tuple[str, ...] = setting(
+        (), "FROM=TO: another zone's kv-sync address as this zone's workers dial it (a NAT or link proxy)"
+    )
+    replication_pull_timeout_ms: int = setting(10_000, "deadline of a replica's pull from another zone, milliseconds")

@@ -183,7 +183,7 @@ class Warmer:
             return self.directory(worker_id)
         return self.addresses.get(worker_id) or None
 
-    def _channel(self, worker_id: str) -> grpc.aio.Channel:
+    def worker_channel(self, worker_id: str) -> grpc.aio.Channel:
         addr = self.dial_address(worker_id)
         if addr is None:
             raise Unavailable(f"worker {worker_id!r} is not in the registry: not dialled")
@@ -196,8 +196,9 @@ class Warmer:
         self.channels[worker_id] = (addr, ch)
         return ch
 
-    async def _prefill(self, a: WarmAction) -> None:
-        ch = self._channel(a.worker)
+    async def _prefill(self, a: WarmAction, pull: worker_pb2.KvPullHint | None = None) -> common_pb2.Usage:
+        """A prefill-only request (its blocks pulled from a peer first when `pull` is given); its usage."""
+        ch = self.worker_channel(a.worker)
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         req = worker_pb2.GenerateRequest(
             request_id=f"warm-{uuid.uuid4().hex[:12]}",
@@ -205,9 +206,20 @@ class Warmer:
             sampling=common_pb2.SamplingParams(max_tokens=1),
             prefill_only=True,
             tenant=a.tenant or "",
+            kv_pull=pull,
         )
-        async for _ in stub.Generate(req, timeout=self.request_timeout_s):
-            pass
+        usage = common_pb2.Usage()
+        async for msg in stub.Generate(req, timeout=self.request_timeout_s):
+            if msg.HasField("usage"):
+                usage = msg.usage
+        return usage
+
+    async def pull_prefill(self, a: WarmAction, pull: worker_pb2.KvPullHint) -> common_pb2.Usage:
+        """`a` with its leading blocks pulled as `pull` says (hot-prefix replication from another zone)."""
+        usage = await self._prefill(a, pull)
+        m.WARMING.labels(a.reason).inc()
+        self.actions_total += 1
+        return usage
 
     def set_policy(self, p: pb.WarmingPolicy) -> pb.WarmingPolicy:
         """Apply non-zero fields; returns the policy in force (lfu_weight 0 there = the default LRFU score)."""

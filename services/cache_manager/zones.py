@@ -18,6 +18,7 @@ import numpy as np
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.follower import IndexFollower
+from kvmesh.config import key_map
 from kvmesh.errors import InvalidArgument
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.services.cache_manager import metrics as m
@@ -26,16 +27,9 @@ from kvmesh.v1 import cache_manager_pb2 as pb
 
 def parse_follow_zones(specs: Sequence[str], own_zone: str) -> dict[str, str]:
     """`ZONE=ADDRESS` entries → {zone: address}; each zone once, never this cache-manager's own."""
-    out: dict[str, str] = {}
-    for spec in specs:
-        zone, _, address = spec.partition("=")
-        if not zone or not address:
-            raise InvalidArgument("follow_zone", f"entry {spec!r}: expected ZONE=HOST:PORT")
-        if zone == own_zone:
-            raise InvalidArgument("follow_zone", f"zone {zone!r} is this cache-manager's own (--zone)")
-        if zone in out:
-            raise InvalidArgument("follow_zone", f"zone {zone!r} given twice")
-        out[zone] = address
+    out = key_map("follow_zone", specs, "ZONE=HOST:PORT")
+    if own_zone in out:
+        raise InvalidArgument("follow_zone", f"zone {own_zone!r} is this cache-manager's own (--zone)")
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.config import ServerSettings, setting
+from kvmesh.config import ServerSettings, key_map, setting
 from kvmesh.errors import InvalidArgument
 
 
@@ -51,14 +51,7 @@ class PlannerSettings(ServerSettings):
 def zone_map(field: str, items: tuple[str, ...], what: str) -> dict[str, str]:
     """``('a=X', 'b=Y')`` → {zone: X}: at least one entry, each zone once; InvalidArgument naming ``field``
     (``what`` names the value in the message: ``host:port``, ``deployment``)."""
-    out: dict[str, str] = {}
-    for item in items:
-        zone, sep, value = item.partition("=")
-        if not sep or not zone or not value:
-            raise InvalidArgument(field, f"expected zone={what}, got {item!r}")
-        if zone in out:
-            raise InvalidArgument(field, f"zone {zone!r} given twice")
-        out[zone] = value
+    out = key_map(field, items, f"zone={what}")
     if not out:
         raise InvalidArgument(field, f"at least one zone={what} is needed")
     return out

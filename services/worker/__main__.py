@@ -52,6 +52,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         app.kvsync_address = await kvsync.start()
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
         app.tier_blocks_total = kvsync.region.num_slots
+        app.tier_block_bytes = kvsync.region.block_bytes
     runner.add_servicer(
         worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings), "kvmesh.v1.WorkerService"
     )

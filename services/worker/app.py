@@ -38,6 +38,7 @@ class WorkerApp:
         self.tier_region = ""
         self.tier_shm_name = ""
         self.tier_blocks_total = 0
+        self.tier_block_bytes = 0
         self.vllm_pulls: VllmPulls | None = None  # a vLLM worker's pull hints -> its KV connector
         self.gate: WindowGate | None = None  # the batching window requests wait in (None: off)
         self._pump_task: asyncio.Task[None] | None = None

@@ -214,6 +214,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tier_region=self.app.tier_region,
             tier_shm_name=self.app.tier_shm_name,
             tier_blocks_total=self.app.tier_blocks_total,
+            tier_block_bytes=self.app.tier_block_bytes,
             transfer=self._transfer(),
         )
 

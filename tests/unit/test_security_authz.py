@@ -79,6 +79,8 @@ def test_the_issue_s_grants() -> None:
     g = GRPC_RULES
     assert g["/kvmesh.v1.CacheManagerService/PublishKvEvents"].roles == {R.WORKER}
     assert g["/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes"].roles == {R.ROUTER}  # feeds the statistics
+    # another zone's cache-manager replicating: its names are dialled by this zone's workers
+    assert g["/kvmesh.v1.CacheManagerService/ReplicatePrefixes"].roles == {R.CACHE_MANAGER}
     for m in ("/kvmesh.v1.CacheManagerService/FindMatches", "/kvmesh.v1.WorkerService/StreamKvEvents"):
         assert g[m].roles == {R.ROUTER, R.CACHE_MANAGER} and not g[m].open
     for m in ("DrainWorker", "ListWorkers"):  # the planner reads the workers and drains before a scale-in

@@ -78,6 +78,7 @@ GRPC_RULES: Mapping[str, Rule] = {
     # the settings-agreement check of the router and of another zone's cache-manager following this index
     _CM + "GetStats": _only(R.ROUTER, R.CACHE_MANAGER, R.ADMIN),
     _CM + "ReportRoutedPrefixes": _only(R.ROUTER),  # what routers routed from their replicas: statistics
+    _CM + "ReplicatePrefixes": _only(R.CACHE_MANAGER),  # another zone's cache-manager replicating into this one
     # failover
     _FO + "WatchEndpoints": _open(),  # discovery of routers by kvmesh.client; routers follow it
     _FO + "Register": _only(R.ROUTER, R.ADMIN),

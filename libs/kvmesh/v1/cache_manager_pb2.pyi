@@ -772,6 +772,46 @@ class GetStatsResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class ReplicationTarget(_message.Message):
+        """Hot-prefix replication into one other zone (this cache-manager replicating)."""
+
+        DESCRIPTOR: _descriptor.Descriptor
+
+        ZONE_FIELD_NUMBER: _builtins.int
+        PREFIXES_FIELD_NUMBER: _builtins.int
+        BLOCKS_FIELD_NUMBER: _builtins.int
+        BYTES_TOTAL_FIELD_NUMBER: _builtins.int
+        FAILURES_TOTAL_FIELD_NUMBER: _builtins.int
+        BUDGET_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+        zone: _builtins.str
+        """The zone replicated into."""
+        prefixes: _builtins.int
+        """Prefixes replicated there and not known to be gone."""
+        blocks: _builtins.int
+        """Their blocks."""
+        bytes_total: _builtins.int
+        """Bytes copied there since start (verified copies only)."""
+        failures_total: _builtins.int
+        """Replications that failed or were not verified, since start."""
+        budget_bytes_per_s: _builtins.float
+        """The byte budget, bytes per second."""
+        def __init__(
+            self,
+            *,
+            zone: _builtins.str = ...,
+            prefixes: _builtins.int = ...,
+            blocks: _builtins.int = ...,
+            bytes_total: _builtins.int = ...,
+            failures_total: _builtins.int = ...,
+            budget_bytes_per_s: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "budget_bytes_per_s", b"budget_bytes_per_s", "bytes_total", b"bytes_total", "failures_total", b"failures_total", "prefixes", b"prefixes", "zone", b"zone"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKERS_FIELD_NUMBER: _builtins.int
     BLOCKS_FIELD_NUMBER: _builtins.int
     PAIRS_FIELD_NUMBER: _builtins.int
@@ -785,6 +825,7 @@ class GetStatsResponse(_message.Message):
     TOP_PREFIXES_FIELD_NUMBER: _builtins.int
     ZONE_FIELD_NUMBER: _builtins.int
     FOLLOWED_ZONES_FIELD_NUMBER: _builtins.int
+    REPLICATION_FIELD_NUMBER: _builtins.int
     workers: _builtins.int
     """Workers known."""
     blocks: _builtins.int
@@ -815,6 +856,10 @@ class GetStatsResponse(_message.Message):
     def followed_zones(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.FollowedZone]:
         """The zones it follows, by name."""
 
+    @_builtins.property
+    def replication(self) -> _containers.RepeatedCompositeFieldContainer[Global___GetStatsResponse.ReplicationTarget]:
+        """Per zone replicated into (empty: replication is off)."""
+
     def __init__(
         self,
         *,
@@ -831,10 +876,11 @@ class GetStatsResponse(_message.Message):
         top_prefixes: _abc.Iterable[Global___PrefixStat] | None = ...,
         zone: _builtins.str = ...,
         followed_zones: _abc.Iterable[Global___GetStatsResponse.FollowedZone] | None = ...,
+        replication: _abc.Iterable[Global___GetStatsResponse.ReplicationTarget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "followed_zones", b"followed_zones", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "resyncs_total", b"resyncs_total", "top_prefixes", b"top_prefixes", "warming_actions_total", b"warming_actions_total", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches_total", b"batches_total", "block_size", b"block_size", "blocks", b"blocks", "followed_zones", b"followed_zones", "gaps_total", b"gaps_total", "hit_ratio", b"hit_ratio", "model", b"model", "pairs", b"pairs", "replication", b"replication", "resyncs_total", b"resyncs_total", "top_prefixes", b"top_prefixes", "warming_actions_total", b"warming_actions_total", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -923,3 +969,133 @@ class ReportRoutedPrefixesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportRoutedPrefixesResponse: _TypeAlias = ReportRoutedPrefixesResponse  # noqa: Y015
+
+@_typing.final
+class ReplicatePrefixesRequest(_message.Message):
+    """Prefixes another zone asks this zone to hold."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCE_ZONE_FIELD_NUMBER: _builtins.int
+    PREFIXES_FIELD_NUMBER: _builtins.int
+    source_zone: _builtins.str
+    """The asking cache-manager's zone (not this one's)."""
+    @_builtins.property
+    def prefixes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaPrefix]:
+        """At most 64 prefixes."""
+
+    def __init__(
+        self,
+        *,
+        source_zone: _builtins.str = ...,
+        prefixes: _abc.Iterable[Global___ReplicaPrefix] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefixes", b"prefixes", "source_zone", b"source_zone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicatePrefixesRequest: _TypeAlias = ReplicatePrefixesRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaPrefix(_message.Message):
+    """One prefix to replicate, and where its blocks can be pulled from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    SOURCE_WORKER_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_ADDRESS_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Tenant it was cached under (part of the block identities)."""
+    source_worker_id: _builtins.str
+    """Worker id of the source worker in the asking zone."""
+    source_address: _builtins.str
+    """Its KvSyncService address, as the asking zone sees it (this zone may map it: --kvsync-address-map)."""
+    region: _builtins.str
+    """Its tier region on that service."""
+    @_builtins.property
+    def prompt(self) -> _common_pb2.TokenIds:
+        """The prefix, as token ids (at most 131,072)."""
+
+    def __init__(
+        self,
+        *,
+        prompt: _common_pb2.TokenIds | None = ...,
+        tenant: _builtins.str = ...,
+        source_worker_id: _builtins.str = ...,
+        source_address: _builtins.str = ...,
+        region: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "region", b"region", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaPrefix: _TypeAlias = ReplicaPrefix  # noqa: Y015
+
+@_typing.final
+class ReplicatePrefixesResponse(_message.Message):
+    """One result per requested prefix, in order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaResult]:
+        """The results."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReplicaResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicatePrefixesResponse: _TypeAlias = ReplicatePrefixesResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaResult(_message.Message):
+    """What became of one prefix."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    BLOCKS_EXPECTED_FIELD_NUMBER: _builtins.int
+    ALREADY_HELD_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The worker of this zone that holds it now (empty: none)."""
+    blocks: _builtins.int
+    """Leading blocks of the prefix that worker holds, verified (pulled blocks are checked by CRC32C)."""
+    blocks_expected: _builtins.int
+    """Blocks the prefix has (full blocks before its last token)."""
+    already_held: _builtins.bool
+    """True when the worker already held all of them: nothing was copied."""
+    error: _builtins.str
+    """Why it failed (empty on success)."""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        blocks: _builtins.int = ...,
+        blocks_expected: _builtins.int = ...,
+        already_held: _builtins.bool = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["already_held", b"already_held", "blocks", b"blocks", "blocks_expected", b"blocks_expected", "error", b"error", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaResult: _TypeAlias = ReplicaResult  # noqa: Y015

@@ -80,6 +80,11 @@ class CacheManagerServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.FromString,
                 _registered_method=True)
+        self.ReplicatePrefixes = channel.unary_unary(
+                '/kvmesh.v1.CacheManagerService/ReplicatePrefixes',
+                request_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesResponse.FromString,
+                _registered_method=True)
 
 
 class CacheManagerServiceServicer:
@@ -150,6 +155,15 @@ class CacheManagerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicatePrefixes(self, request, context):
+        """Another zone's cache-manager copies its hot prefixes into this zone: each is pulled over kv-sync from the
+        named source worker into one of this zone's workers (its CPU tier), and counts once that worker holds
+        every block, verified.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheManagerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +211,11 @@ def add_CacheManagerServiceServicer_to_server(servicer, server):
                     servicer.ReportRoutedPrefixes,
                     request_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.SerializeToString,
+            ),
+            'ReplicatePrefixes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicatePrefixes,
+                    request_deserializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +462,33 @@ class CacheManagerService:
             '/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes',
             kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesRequest.SerializeToString,
             kvmesh_dot_v1_dot_cache__manager__pb2.ReportRoutedPrefixesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicatePrefixes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.CacheManagerService/ReplicatePrefixes',
+            kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesRequest.SerializeToString,
+            kvmesh_dot_v1_dot_cache__manager__pb2.ReplicatePrefixesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,11 @@ class CacheManagerServiceStub:
     """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
     that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
     """
+    ReplicatePrefixes: _grpc.UnaryUnaryMultiCallable[_cache_manager_pb2.ReplicatePrefixesRequest, _cache_manager_pb2.ReplicatePrefixesResponse]
+    """Another zone's cache-manager copies its hot prefixes into this zone: each is pulled over kv-sync from the
+    named source worker into one of this zone's workers (its CPU tier), and counts once that worker holds
+    every block, verified.
+    """
 
 @_typing.type_check_only
 class CacheManagerServiceAsyncStub(CacheManagerServiceStub):
@@ -78,6 +83,11 @@ class CacheManagerServiceAsyncStub(CacheManagerServiceStub):
     ReportRoutedPrefixes: _aio.UnaryUnaryMultiCallable[_cache_manager_pb2.ReportRoutedPrefixesRequest, _cache_manager_pb2.ReportRoutedPrefixesResponse]  # type: ignore[assignment]
     """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
     that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+    """
+    ReplicatePrefixes: _aio.UnaryUnaryMultiCallable[_cache_manager_pb2.ReplicatePrefixesRequest, _cache_manager_pb2.ReplicatePrefixesResponse]  # type: ignore[assignment]
+    """Another zone's cache-manager copies its hot prefixes into this zone: each is pulled over kv-sync from the
+    named source worker into one of this zone's workers (its CPU tier), and counts once that worker holds
+    every block, verified.
     """
 
 class CacheManagerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -155,6 +165,17 @@ class CacheManagerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cache_manager_pb2.ReportRoutedPrefixesResponse, _abc.Awaitable[_cache_manager_pb2.ReportRoutedPrefixesResponse]]:
         """Routers report the prompts they routed from their local index replica (FindMatches is not asked then), so
         that they count in the prefix statistics, the hit ratio and warming as FindMatches queries do.
+        """
+
+    @_abc_1.abstractmethod
+    def ReplicatePrefixes(
+        self,
+        request: _cache_manager_pb2.ReplicatePrefixesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cache_manager_pb2.ReplicatePrefixesResponse, _abc.Awaitable[_cache_manager_pb2.ReplicatePrefixesResponse]]:
+        """Another zone's cache-manager copies its hot prefixes into this zone: each is pulled over kv-sync from the
+        named source worker into one of this zone's workers (its CPU tier), and counts once that worker holds
+        every block, verified.
         """
 
 def add_CacheManagerServiceServicer_to_server(servicer: CacheManagerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

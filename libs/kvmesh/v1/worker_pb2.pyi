@@ -435,6 +435,7 @@ class GetInfoResponse(_message.Message):
     TIER_SHM_NAME_FIELD_NUMBER: _builtins.int
     TIER_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
     TRANSFER_FIELD_NUMBER: _builtins.int
+    TIER_BLOCK_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -463,6 +464,8 @@ class GetInfoResponse(_message.Message):
     """POSIX shared-memory name of that region."""
     tier_blocks_total: _builtins.int
     """Blocks the CPU tier holds at most."""
+    tier_block_bytes: _builtins.int
+    """Bytes of one block in the CPU tier (0: no tier): what a copy of one block costs on the wire."""
     @_builtins.property
     def transfer(self) -> Global___KvTransferCosts:
         """What it costs the worker to obtain a KV block other than by prefill; unset: no KV data plane."""
@@ -485,10 +488,11 @@ class GetInfoResponse(_message.Message):
         tier_shm_name: _builtins.str = ...,
         tier_blocks_total: _builtins.int = ...,
         transfer: Global___KvTransferCosts | None = ...,
+        tier_block_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_block_bytes", b"tier_block_bytes", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
