@@ -188,7 +188,8 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         validate_report(request)
         now = time.time()
         for p in request.prefixes:
-            self.core.count_query(p.blocks, p.checkpoint_hashes, p.hit_blocks, now, tenant=p.tenant or None)
+            tokens = p.token_ids or None
+            self.core.count_query(p.blocks, p.checkpoint_hashes, p.hit_blocks, now, tokens, p.tenant or None)
         m.ROUTED_PREFIXES.inc(len(request.prefixes))
         set_hit_ratio(self.core)
         return pb.ReportRoutedPrefixesResponse(accepted=len(request.prefixes))

@@ -49,7 +49,9 @@ class CacheManagerSettings(ServerSettings):
         0.0, "byte budget of hot-prefix replication into each followed zone, bytes/s (0 = off; docs/zones.md)"
     )
     replication_interval_s: float = setting(2.0, "seconds between hot-prefix replication rounds")
-    replication_threshold: int = setting(3, "a prefix seen this many times in the window is replicated")
+    replication_threshold: int = setting(
+        2, "a prefix seen this many times in the window is replicated (2: a conversation that continued)"
+    )
     kvsync_address_map: tuple[str, ...] = setting(
         (), "FROM=TO: another zone's kv-sync address as this zone's workers dial it (a NAT or link proxy)"
     )

@@ -61,6 +61,7 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         report_queue=s.prefix_report_queue,
         report_batch=s.prefix_report_batch,
         report_flush_s=s.prefix_report_flush_ms / 1000,
+        report_tokens=s.prefix_report_tokens,
     )
     admission = Admission(
         short=QueueLimits(s.short_concurrency, s.short_queue),

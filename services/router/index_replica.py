@@ -51,11 +51,12 @@ class IndexReplica:
         report_queue: int = 4096,
         report_batch: int = 256,
         report_flush_s: float = 0.1,
+        report_tokens: int = 16384,
     ) -> None:
         self.follower = IndexFollower(address, ChannelSecurity.of(settings), expect)
         self.fallback_timeout_s = fallback_timeout_s
         self.fallbacks = 0
-        self.reports = PrefixReports(self._report, report_queue, report_batch, report_flush_s)
+        self.reports = PrefixReports(self._report, report_queue, report_batch, report_flush_s, report_tokens)
         self._report_task: asyncio.Task[None] | None = None
 
     @property
@@ -119,7 +120,13 @@ class IndexReplica:
         """{worker: matched leading blocks, GPU or host tier} (see `lookup`)."""
         return (await self.lookup(hashes, tenant, lora)).total
 
-    async def lookup(self, hashes: Sequence[int] | np.ndarray, tenant: str = "", lora: str = "") -> PrefixMatches:
+    async def lookup(
+        self,
+        hashes: Sequence[int] | np.ndarray,
+        tenant: str = "",
+        lora: str = "",
+        token_ids: Sequence[int] | np.ndarray | None = None,
+    ) -> PrefixMatches:
         """Each worker's match and its leading GPU run (`kvmesh.cachemgr.media`); local when fresh, else
         FindMatches (its `tier_blocks`), else empty. `hashes` are already salted with (model, lora, tenant);
         `tenant`/`lora` go to FindMatches for its per-tenant accounting; a local answer is reported."""
@@ -127,7 +134,7 @@ class IndexReplica:
             return PrefixMatches()
         if self.fresh:
             found = self.follower.replica.lookup(hashes)
-            self.reports.offer(hashes, max(found.total.values(), default=0), tenant)
+            self.reports.offer(hashes, max(found.total.values(), default=0), tenant, token_ids)
             return found
         stub = self.follower.stub
         if stub is None or self.disagreement:

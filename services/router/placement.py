@@ -105,7 +105,7 @@ class Placement:
         next await). Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches
         another's blocks."""
         hashes = hashing.compute_block_hashes(prompt, self.block_size, self.salt_of(lora, tenant))
-        found = await self.index.lookup(hashes, tenant=tenant, lora=lora)
+        found = await self.index.lookup(hashes, tenant=tenant, lora=lora, token_ids=prompt)
         t0 = time.perf_counter()
         now = time.monotonic()
         views = self.pool.views(now)

@@ -15,26 +15,33 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 
 from kvmesh.cachemgr.media import Hashes
-from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES
+from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES, MAX_ROUTED_TOKENS
 from kvmesh.services.router import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.warming.stats import checkpoint_keys
 
 log = logging.getLogger(__name__)
 Send = Callable[[pb.ReportRoutedPrefixesRequest], Awaitable[object]]
-Entry = tuple[int, list[int], int, str]  # blocks, checkpoint hashes, hit blocks, tenant (a RoutedPrefix's fields)
+# blocks, checkpoint hashes, hit blocks, tenant, leading token ids (a RoutedPrefix's fields)
+Entry = tuple[int, list[int], int, str, "Tokens | None"]
+Tokens = Sequence[int] | npt.NDArray[np.uint32]
 
 
 class PrefixReports:
     """A bounded queue of report entries and the loop that sends them in batches (see module docstring)."""
 
-    def __init__(self, send: Send, max_queue: int = 4096, max_batch: int = 256, flush_s: float = 0.1) -> None:
+    def __init__(
+        self, send: Send, max_queue: int = 4096, max_batch: int = 256, flush_s: float = 0.1, max_tokens: int = 16384
+    ) -> None:
         self.send = send
+        self.max_tokens = min(max_tokens, MAX_ROUTED_TOKENS)  # token ids sent per entry (0: none)
         self.max_queue = max_queue  # 0: reporting off
         self.max_batch = max(1, min(max_batch, MAX_ROUTED_PREFIXES))
         self.flush_s = flush_s
@@ -42,21 +49,23 @@ class PrefixReports:
         self._waiting = asyncio.Event()  # an entry waits
         self._full = asyncio.Event()  # a whole batch waits
 
-    def offer(self, hashes: Hashes, hit_blocks: int, tenant: str = "") -> None:
-        """Queues the entry of one routed prompt (dropped, and counted, when the queue is full)."""
+    def offer(self, hashes: Hashes, hit_blocks: int, tenant: str = "", token_ids: Tokens | None = None) -> None:
+        """Queues the entry of one routed prompt (dropped, and counted, when the queue is full); its leading
+        `max_tokens` token ids go with it (copied when the batch is built, off the request path)."""
         if self.max_queue <= 0:
             return
         if len(self.queue) >= self.max_queue:
             m.PREFIX_REPORTS.labels("dropped").inc()
             return
-        self.queue.append((len(hashes), checkpoint_keys(hashes), hit_blocks, tenant))
+        tokens = token_ids if self.max_tokens > 0 else None
+        self.queue.append((len(hashes), checkpoint_keys(hashes), hit_blocks, tenant, tokens))
         self._waiting.set()
         if len(self.queue) >= self.max_batch:
             self._full.set()
 
     def take(self) -> list[pb.RoutedPrefix]:
         """The oldest entries, at most one batch, removed from the queue."""
-        batch = [entry(*self.queue.popleft()) for _ in range(min(self.max_batch, len(self.queue)))]
+        batch = [entry(*self.queue.popleft(), self.max_tokens) for _ in range(min(self.max_batch, len(self.queue)))]
         if not self.queue:
             self._waiting.clear()
         if len(self.queue) < self.max_batch:
@@ -89,6 +98,12 @@ class PrefixReports:
             await self.flush()
 
 
-def entry(blocks: int, keys: list[int], hit_blocks: int, tenant: str) -> pb.RoutedPrefix:
-    """The report entry of a queued prompt."""
-    return pb.RoutedPrefix(blocks=blocks, checkpoint_hashes=keys, hit_blocks=hit_blocks, tenant=tenant)
+def entry(
+    blocks: int, keys: list[int], hit_blocks: int, tenant: str, tokens: Tokens | None, max_tokens: int
+) -> pb.RoutedPrefix:
+    """The report entry of a queued prompt (its first `max_tokens` token ids, if it has them)."""
+    if tokens is None:
+        ids: list[int] = []
+    else:
+        ids = tokens[:max_tokens].tolist() if isinstance(tokens, np.ndarray) else list(tokens[:max_tokens])
+    return pb.RoutedPrefix(blocks=blocks, checkpoint_hashes=keys, hit_blocks=hit_blocks, tenant=tenant, token_ids=ids)

@@ -8,12 +8,19 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES
+from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES, MAX_ROUTED_TOKENS
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
 from kvmesh.warming.stats import checkpoint_keys
-from tests.integration.test_cache_manager_publisher_roles import PROMPT, CacheManagerInProcess, hello, live, publish
+from tests.integration.test_cache_manager_publisher_roles import (
+    BS,
+    PROMPT,
+    CacheManagerInProcess,
+    hello,
+    live,
+    publish,
+)
 from tests.unit.test_ingest_state import ToyEngine
 
 pytestmark = pytest.mark.integration
@@ -41,6 +48,10 @@ async def report(stub: cache_manager_pb2_grpc.CacheManagerServiceStub, *entries:
         ([pb.RoutedPrefix(blocks=0)], "prefixes[0].blocks"),
         ([pb.RoutedPrefix(blocks=(1 << 20) + 1, checkpoint_hashes=[0] * 22)], "prefixes[0].blocks"),
         ([routed_prefix([1, 2], 3)], "prefixes[0].hit_blocks"),
+        (
+            [pb.RoutedPrefix(blocks=1, checkpoint_hashes=[1], token_ids=[0] * (MAX_ROUTED_TOKENS + 1))],
+            "prefixes[0].token_ids",
+        ),
     ],
 )
 async def test_a_batch_out_of_bounds_is_refused_naming_the_field(entries: list[pb.RoutedPrefix], field: str) -> None:
@@ -77,3 +88,16 @@ async def test_a_report_counts_as_the_find_matches_query_of_the_same_prompt() ->
         got = stats_of(await r_stub.GetStats(pb.GetStatsRequest(top_prefixes=10), timeout=10))
         assert got == want and got[0] == 4 / 16
         assert got[1][0][:3] == (hashes[-1], 16, 2)  # the whole prompt, twice (longest first among equals)
+
+
+async def test_a_report_s_token_ids_are_kept_for_the_prefixes_they_cover() -> None:
+    """Warming and replication need a prefix's tokens: kept for each checkpoint the reported ids cover whole."""
+    cm = CacheManagerInProcess()
+    async with cm as stub:
+        prompt = list(range(1, 4 * BS + 3))  # 4 full blocks and 2 more tokens
+        hashes = cm.core.hashes_of(prompt)
+        entry = routed_prefix(hashes, 0)
+        entry.token_ids.extend(prompt[: 2 * BS + 1])  # shortened by the router's cap: covers blocks 1 and 2
+        assert await report(stub, entry) == 1
+        kept = {inf.n_blocks: inf.token_ids for inf in cm.core.stats.info.values()}
+        assert kept == {1: tuple(prompt[:BS]), 2: tuple(prompt[: 2 * BS]), 4: None}

@@ -58,3 +58,14 @@ def test_static_bootstrap_set() -> None:
     eps = EndpointSet.static(["127.0.0.1:1", "127.0.0.1:2"])
     assert eps.router_weights == {"127.0.0.1:1": 0.5, "127.0.0.1:2": 0.5}
     assert eps.pick(0.99).target == "127.0.0.1:2"  # type: ignore[union-attr]
+
+
+def test_a_preferred_zone_takes_its_clients_while_it_has_its_full_share() -> None:
+    routers = [("a1", "a", "v1"), ("b1", "b", "v1")]
+    even = resp({"a": 0.5, "b": 0.5}, {"v1": 1}, routers)
+    assert {even.pick(u, prefer_zone="a", u_zone=0.99).id for u in (0.1, 0.9)} == {"a1"}  # type: ignore[union-attr]
+    ramp = resp({"a": 0.2, "b": 0.8}, {"v1": 1}, routers)  # a ramping back: 0.2 / 0.8 of its clients stay home
+    picks = [ramp.pick(0.9, prefer_zone="a", u_zone=(k + 0.5) / 100).id for k in range(100)]  # type: ignore[union-attr]
+    assert picks.count("a1") == 25  # the rest are drawn by weight (u = 0.9 falls on b1)
+    down = resp({"a": 0.0, "b": 1.0}, {"v1": 1}, routers)
+    assert down.pick(0.1, prefer_zone="a", u_zone=0.0).id == "b1"  # type: ignore[union-attr]

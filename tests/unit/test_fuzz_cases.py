@@ -32,7 +32,7 @@ def parse(desc, raw: bytes):  # type: ignore[no-untyped-def]
 
 def test_methods_of_lists_every_rpc_with_its_streaming_kind() -> None:
     methods = {m.path: m for m in methods_of(cache_manager_pb2.DESCRIPTOR.services_by_name["CacheManagerService"])}
-    assert len(methods) == 9
+    assert len(methods) == 10
     publish = methods["/kvmesh.v1.CacheManagerService/PublishKvEvents"]
     assert publish.client_streaming and publish.server_streaming and publish.service == "kvmesh.v1.CacheManagerService"
     assert not methods["/kvmesh.v1.CacheManagerService/FindMatches"].server_streaming

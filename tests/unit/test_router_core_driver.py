@@ -115,7 +115,7 @@ class FakePool:
 
 
 class NoIndex:
-    async def lookup(self, hashes: Any, tenant: str = "", lora: str = "") -> PrefixMatches:
+    async def lookup(self, hashes: Any, tenant: str = "", lora: str = "", token_ids: Any = None) -> PrefixMatches:
         return PrefixMatches()
 
 

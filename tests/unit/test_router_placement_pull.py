@@ -38,7 +38,7 @@ class Index:
     def __init__(self, gpu: dict[str, int], total: dict[str, int]) -> None:
         self.found = PrefixMatches(gpu, total)
 
-    async def lookup(self, hashes: Any, tenant: str = "", lora: str = "") -> PrefixMatches:
+    async def lookup(self, hashes: Any, tenant: str = "", lora: str = "", token_ids: Any = None) -> PrefixMatches:
         return self.found
 
 

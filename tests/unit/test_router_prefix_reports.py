@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable
 
 import grpc
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
@@ -50,7 +51,7 @@ def test_a_full_queue_drops_and_counts_without_waiting() -> None:
     before = reported("dropped")
     for i in range(5):
         r.offer([i], 0)  # synchronous: nothing here can wait on the sender
-    assert [keys[0] for _blocks, keys, _hit, _tenant in r.queue] == [0, 1, 2]  # the oldest are kept
+    assert [keys[0] for _blocks, keys, _hit, _tenant, _tokens in r.queue] == [0, 1, 2]  # the oldest are kept
     assert reported("dropped") - before == 2
     off = PrefixReports(Sink(), max_queue=0)
     off.offer([1], 0)
@@ -109,3 +110,21 @@ async def _until(cond: Callable[[], bool]) -> None:
     """Yields to the loop until `cond()` holds (the caller bounds it with wait_for)."""
     while not cond():
         await asyncio.sleep(0)
+
+
+async def test_the_leading_token_ids_go_with_an_entry_up_to_the_cap() -> None:
+    sink = Sink()
+    r = PrefixReports(sink, max_queue=10, max_batch=3, flush_s=HOUR, max_tokens=5)
+    task = asyncio.create_task(r.run())
+    try:
+        r.offer([1, 2], 0, token_ids=np.arange(100, 108, dtype=np.uint32))
+        r.offer([3], 0, token_ids=[7, 8])
+        r.offer([4], 0)
+        sent = await sink.next()
+        assert [list(p.token_ids) for p in sent.prefixes] == [[100, 101, 102, 103, 104], [7, 8], []]
+        off = PrefixReports(sink, max_tokens=0)
+        off.offer([5], 0, token_ids=[1, 2, 3])
+        assert [list(p.token_ids) for p in off.take()] == [[]]  # 0: never sent
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

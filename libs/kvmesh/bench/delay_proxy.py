@@ -6,13 +6,14 @@
 Prints the port it listens on (one line; `--port`, default 0 = a free one: a proxy restarted on the port of
 a killed one is the same link healed), then forwards every connection to the target, holding each
 received chunk D ms before it is sent on, in both directions (the round trip grows by 2 D). `--rate` caps
-each direction of each connection at B bytes/s; the proxy then holds at most `MAX_QUEUED` bytes per direction
-and shrinks its sockets' receive buffers, so a fast sender meets backpressure: what the link has not carried
-yet stays with the sender (and dies with it). `--report-every N` prints `forwarded <bytes>` each time the
-bytes sent on from the target to the clients (all connections) pass another multiple of N: a test can act
-on the real progress of a response stream instead of sleeping. `--drop-on-close`: when one side closes, the
-bytes still queued for the other are dropped, not delivered, and the other side is closed (a link whose end
-went down: a killed process's kernel would still flush what it had written, a dead host does not).
+each direction of each connection at B bytes/s; the proxy then holds at most `Link.hold_bytes` per direction
+(64 KiB, or twice the bandwidth-delay product) and shrinks its sockets' receive buffers, so a fast sender
+meets backpressure: what the link has not carried yet stays with the sender (and dies with it).
+`--report-every N` prints `forwarded <bytes>` each time the bytes sent on from the target to the clients (all
+connections) pass another multiple of N: a test can act on the real progress of a response stream instead
+of sleeping. `--drop-on-close`: when one side closes, the bytes still queued for the other are dropped, not
+delivered, and the other side is closed (a link whose end went down: a killed process's kernel would still
+flush what it had written, a dead host does not).
 `ProxyProcess` runs one as a child process that can be cut (killed) and healed (restarted on its port).
 Threads with blocking sockets and `time.sleep`, not asyncio: the event loop's epoll timeout rounds sleeps
 up to whole milliseconds, which would double a 0.5 ms delay.
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 CHUNK = 1 << 20
 MAX_QUEUED = 64 << 10  # bytes held per direction when rate-capped
 PIECE = 16 << 10  # bytes sent per paced write when rate-capped
+PACE_SLACK_S = 0.0002  # how far the sender may run ahead of the cap before it sleeps
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,12 @@ class Link:
     delay_s: float
     rate: float = 0.0
     drop_on_close: bool = False
+
+    @property
+    def hold_bytes(self) -> int:
+        """Bytes held per direction when capped: `MAX_QUEUED`, or twice the bandwidth-delay product when that
+        is more (a link carries rate x delay bytes in flight: holding less would cap it below `rate`)."""
+        return max(MAX_QUEUED, int(2 * self.rate * self.delay_s))
 
 
 class Progress:
@@ -75,11 +83,12 @@ class _Pipe:
         self.closed = False  # the sender gave up (the destination failed)
 
     def receive(self) -> None:
-        size = MAX_QUEUED if self.link.rate else CHUNK
+        hold = self.link.hold_bytes
+        size = min(hold, CHUNK) if self.link.rate else CHUNK
         try:
             while True:
                 with self.ready:  # rate-capped: hold at most MAX_QUEUED (backpressure on the sender)
-                    while self.link.rate and self.queued >= MAX_QUEUED and not self.closed:
+                    while self.link.rate and self.queued >= hold and not self.closed:
                         self.ready.wait()
                     if self.closed:
                         break
@@ -139,7 +148,7 @@ class _Pipe:
             self.dst.sendall(piece)
             self.sent(len(piece))
             wait = free_at - time.monotonic()
-            if wait > 0:
+            if wait > PACE_SLACK_S:  # a sleep costs ~60 us here: pace in bursts of up to the slack, not per piece
                 time.sleep(wait)
         return free_at
 
@@ -151,7 +160,7 @@ def _connect(target: tuple[str, int], link: Link) -> socket.socket:
     s = socket.socket(family, kind, proto)
     try:
         if link.rate:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, MAX_QUEUED)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, link.hold_bytes)
         s.settimeout(10)
         s.connect(addr)
     except OSError:
@@ -179,14 +188,15 @@ class ProxyProcess:
     """This proxy as a child process to `target`: `cut()` kills it (every connection through it dies),
     `heal()` restarts it on the same port (a link that went down and came back)."""
 
-    def __init__(self, target: str, delay_ms: float = 0.0) -> None:
-        self.target, self.delay_ms = target, delay_ms
+    def __init__(self, target: str, delay_ms: float = 0.0, listen: str = "127.0.0.1", rate: float = 0.0) -> None:
+        self.target, self.delay_ms, self.listen, self.rate = target, delay_ms, listen, rate
         self.port = 0
         self.proc = self._start()
 
     def _start(self) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", self.target]
-        cmd += ["--delay-ms", str(self.delay_ms), "--port", str(self.port)]
+        cmd += ["--delay-ms", str(self.delay_ms), "--port", str(self.port), "--listen", self.listen]
+        cmd += ["--rate", str(self.rate)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -197,7 +207,7 @@ class ProxyProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.listen}:{self.port}"
 
     def cut(self) -> None:
         self.proc.kill()

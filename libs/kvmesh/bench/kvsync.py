@@ -87,7 +87,7 @@ def tiny_block_bytes(spec: dict[str, Any] | None = None) -> int:
     return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * head_dim * VLLM_BLOCK_SIZE * KV_DTYPE_BYTES
 
 
-def _pct(samples: Sequence[float], q: float) -> float:
+def percentile(samples: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(samples), q))
 
 
@@ -112,7 +112,7 @@ class _Proc:
         self.proc.wait(timeout=30)
 
 
-def _peer(block_bytes: int, host: str = "127.0.0.1", ns: str | None = None) -> _Proc:
+def start_peer(block_bytes: int, host: str = "127.0.0.1", ns: str | None = None) -> _Proc:
     cmd = [sys.executable, "-m", "kvmesh.kvsync.peer", "--block-bytes", str(block_bytes), "--blocks", "128"]
     cmd += ["--host", host]
     return _Proc(["ip", "netns", "exec", ns, *cmd] if ns else cmd)
@@ -136,7 +136,7 @@ def _link_zone() -> Iterator[tuple[netns.Zone | None, str]]:
         zone.destroy()
 
 
-async def _time_pulls(
+async def time_pulls(
     client: KvSyncClient,
     block_bytes: int,
     n: int,
@@ -170,13 +170,13 @@ async def _time_pulls(
 
 
 def _row(transport: str, n: int, block_bytes: int, samples: list[float]) -> dict[str, Any]:
-    p50 = _pct(samples, 50)
+    p50 = percentile(samples, 50)
     return {
         "transport": transport,
         "blocks": n,
         "block_bytes": block_bytes,
         "p50_ms": round(p50 * 1e3, 4),
-        "p99_ms": round(_pct(samples, 99) * 1e3, 4),
+        "p99_ms": round(percentile(samples, 99) * 1e3, 4),
         "gbps": round(n * block_bytes / p50 / 1e9, 3),
         "samples": len(samples),
     }
@@ -358,7 +358,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         acc = copied.setdefault((transport, size), [0.0, 0.0])
         for n in BLOCKS:
             iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
-            samples, nbytes, total = await _time_pulls(client, size, n, prefer_shm, iters, args.budget_s)
+            samples, nbytes, total = await time_pulls(client, size, n, prefer_shm, iters, args.budget_s)
             results.append(_row(transport, n, size, samples))
             acc[0] += nbytes
             acc[1] += total
@@ -370,10 +370,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     with _link_zone() as (zone, link_mode):
         try:
             for size in sizes:
-                local = _peer(size)
+                local = start_peer(size)
                 procs.append(local)
                 if zone is not None:
-                    remote = _peer(size, host=zone.ns_ip, ns=zone.ns)
+                    remote = start_peer(size, host=zone.ns_ip, ns=zone.ns)
                     target = f"{zone.ns_ip}:{json.loads(remote.first)['port']}"
                 else:
                     remote = local
@@ -394,7 +394,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     sockets.append({"block_bytes": size, "gbps": round(socket_gbps(size, 128, ref_iters), 3)})
                     for n in BLOCKS:
                         iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
-                        samples, _, _ = await _time_pulls(near, size, n, True, iters, args.budget_s, preleased=True)
+                        samples, _, _ = await time_pulls(near, size, n, True, iters, args.budget_s, preleased=True)
                         preleased.append({k: v for k, v in _row("shm", n, size, samples).items() if k != "transport"})
                     await measure("grpc", near, size, prefer_shm=False)
                     checked("grpc", size, await grpc_check_seconds(direct, size, check_iters))

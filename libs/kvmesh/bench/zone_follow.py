@@ -42,9 +42,9 @@ MODEL = "bench-zone"
 CM_FLAGS = ("--block-size", str(BS), "--model", MODEL, "--checkpoint-interval-s", "0", "--warm-interval-s", "0")
 
 
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, list[tuple[dict[str, str], float]]]:
     """Samples of a /metrics page by sample name."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(body):
         for s in fam.samples:

@@ -3,8 +3,9 @@ cache-manager makes before counting a batch.
 
 A router that routes from a fresh index replica never asks FindMatches, so it reports each routed prompt
 instead, in the compact form the prefix statistics need: its block count, the index hashes at its checkpoints
-(`kvmesh.warming.stats.checkpoint_keys`: ⌈log₂ n⌉ + 1 hashes for n blocks), the best worker's match and the
-tenant. The whole batch is checked before any of it is counted.
+(`kvmesh.warming.stats.checkpoint_keys`: ⌈log₂ n⌉ + 1 hashes for n blocks), the best worker's match, the
+tenant and, optionally, its leading token ids (kept for warming and replication). The whole batch is checked
+before any of it is counted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from kvmesh.warming.stats import checkpoints
 
 MAX_ROUTED_PREFIXES = 1024  # entries per ReportRoutedPrefixes request
 MAX_ROUTED_BLOCKS = 1 << 20  # blocks per entry (so at most 21 checkpoint hashes)
+MAX_ROUTED_TOKENS = 131_072  # token ids per entry
 
 
 def validate_report(request: pb.ReportRoutedPrefixesRequest) -> None:
@@ -29,3 +31,4 @@ def validate_report(request: pb.ReportRoutedPrefixesRequest) -> None:
             f"{p.blocks} blocks have {want} checkpoint hashes, got {len(p.checkpoint_hashes)}",
         )
         require(p.hit_blocks <= p.blocks, f"prefixes[{i}].hit_blocks", f"must be at most blocks ({p.blocks})")
+        max_len(p.token_ids, f"prefixes[{i}].token_ids", MAX_ROUTED_TOKENS)

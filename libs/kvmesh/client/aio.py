@@ -35,7 +35,7 @@ from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
 from kvmesh.discovery.model import ServiceInstance
 from kvmesh.errors import DeadlineExceeded, Unavailable
-from kvmesh.rpc.channel import ChannelSecurity, open_channel
+from kvmesh.rpc.channel import LIVENESS_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.security.signing import GRPC_METHOD, signing_headers
 from kvmesh.v1 import common_pb2, router_pb2
 
@@ -75,8 +75,10 @@ class AsyncClient:
         security: ChannelSecurity | None = None,
         api_key: str = "",
         signing_secret: str = "",
+        prefer_zone: str = "",
     ) -> None:
         self.security = security or ChannelSecurity()
+        self.prefer_zone = prefer_zone  # the client's own zone: its routers first while it takes its full share
         self.api_key = api_key
         self.signing_secret = signing_secret
         self.watcher = EndpointWatcher(
@@ -120,7 +122,7 @@ class AsyncClient:
     def _channel(self, target: str) -> grpc.aio.Channel:
         ch = self._channels.get(target)
         if ch is None:
-            ch = open_channel(target, self.security, options=(), propagate=False)
+            ch = open_channel(target, self.security, options=LIVENESS_OPTIONS, propagate=False)
             self._channels[target] = ch
         return ch
 
@@ -136,9 +138,8 @@ class AsyncClient:
 
     def _choose(self, failed: set[str]) -> ServiceInstance | None:
         eps = self.watcher.current
-        return eps.pick(self.rng.random(), frozenset(failed | set(self._ejected))) or eps.pick(
-            self.rng.random(), frozenset(failed)
-        )
+        u, uz, zone = self.rng.random(), self.rng.random(), self.prefer_zone
+        return eps.pick(u, frozenset(failed | set(self._ejected)), zone, uz) or eps.pick(u, frozenset(failed), zone, uz)
 
     def _eject(self, rid: str, target: str) -> None:
         if rid not in self._ejected:

@@ -74,12 +74,25 @@ class EndpointSet:
     def of_role(self, role: Role) -> list[ServiceInstance]:
         return [i for i in self.instances if i.role is role]
 
-    def pick(self, u: float, exclude: frozenset[str] = frozenset()) -> ServiceInstance | None:
+    def pick(
+        self, u: float, exclude: frozenset[str] = frozenset(), prefer_zone: str = "", u_zone: float = 0.0
+    ) -> ServiceInstance | None:
+        """A router drawn by weight (`u` uniform in [0, 1)). With `prefer_zone` (a client's own zone), that
+        zone's routers are drawn alone with probability w(zone) / max over zones of w (router weights summed
+        per zone; `u_zone` is the draw): 1 while every zone takes its full share, rising with the failover
+        service's ramp after a failback, 0 while the zone is down."""
         by = self.by_id()
         cands = [(rid, w) for rid, w in sorted(self.router_weights.items()) if w > 0 and rid not in exclude]
         if not cands:
             rest = sorted(i.id for i in self.of_role(Role.ROUTER) if i.id not in exclude)
             cands = [(rid, 1.0) for rid in rest]
+        if prefer_zone and cands:
+            per_zone: dict[str, float] = {}
+            for rid, w in cands:
+                per_zone[by[rid].zone] = per_zone.get(by[rid].zone, 0.0) + w
+            local = [(rid, w) for rid, w in cands if by[rid].zone == prefer_zone]
+            if local and u_zone < per_zone[prefer_zone] / max(per_zone.values()):
+                cands = local
         total = sum(w for _, w in cands)
         if not cands or total <= 0:
             return None

@@ -17,7 +17,7 @@ import grpc.aio
 
 from kvmesh.changes import ChangeCounter
 from kvmesh.client.endpoints import EndpointSet
-from kvmesh.rpc.channel import ChannelSecurity, open_channel
+from kvmesh.rpc.channel import LIVENESS_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.tasks import stop_task
 from kvmesh.v1 import failover_pb2, failover_pb2_grpc
 
@@ -73,7 +73,7 @@ class EndpointWatcher:
             target = self.targets[k % len(self.targets)]
             k += 1
             try:
-                async with open_channel(target, self.security, options=(), propagate=False) as ch:
+                async with open_channel(target, self.security, options=LIVENESS_OPTIONS, propagate=False) as ch:
                     stub = failover_pb2_grpc.FailoverServiceStub(ch)
                     req = failover_pb2.WatchEndpointsRequest(roles=self.roles, zone=self.zone)  # type: ignore[arg-type]
                     async for resp in stub.WatchEndpoints(req, wait_for_ready=False):

@@ -91,7 +91,7 @@ def _server_options(limits: ServerLimits, reuse_port: bool) -> list[tuple[str, i
         ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", limits.grpc_transport_bytes),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1_000),  # clients ping every 2 s (LIVENESS_OPTIONS)
         ("grpc.so_reuseport", int(reuse_port)),  # off unless asked: a second server on a taken port must fail
     ]
 

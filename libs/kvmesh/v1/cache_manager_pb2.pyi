@@ -920,6 +920,7 @@ class RoutedPrefix(_message.Message):
     CHECKPOINT_HASHES_FIELD_NUMBER: _builtins.int
     HIT_BLOCKS_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
     blocks: _builtins.int
     """Full blocks in the prompt (1 to 1048576)."""
     hit_blocks: _builtins.int
@@ -932,6 +933,12 @@ class RoutedPrefix(_message.Message):
         (counted from 1), in that order: each names the prefix ending there.
         """
 
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The prompt's leading token ids (at most 131072; the router's --prefix-report-tokens, empty: none): the
+        statistics keep a prefix's tokens so that warming and replication can send it to a worker.
+        """
+
     def __init__(
         self,
         *,
@@ -939,10 +946,11 @@ class RoutedPrefix(_message.Message):
         checkpoint_hashes: _abc.Iterable[_builtins.int] | None = ...,
         hit_blocks: _builtins.int = ...,
         tenant: _builtins.str = ...,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "checkpoint_hashes", b"checkpoint_hashes", "hit_blocks", b"hit_blocks", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "checkpoint_hashes", b"checkpoint_hashes", "hit_blocks", b"hit_blocks", "tenant", b"tenant", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

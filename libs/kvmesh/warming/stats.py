@@ -107,6 +107,7 @@ class PrefixStats:
                 and token_ids is not None
                 and block_size > 0
                 and n * block_size <= self.keep_tokens_up_to
+                and len(token_ids) >= n * block_size  # a shortened prompt does not name this prefix
             ):
                 inf.token_ids = tuple(token_ids[: n * block_size])
             inf.count += 1
