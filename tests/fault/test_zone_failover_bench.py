@@ -52,6 +52,8 @@ def test_zone_kill_loses_no_request(scenario: str) -> None:
     print("switchover_s", r["switchover_s"], "outage_s", r["outage_s"], "hit ratios", r["post_switch_first_hit_ratio"])
     assert r["switchover_s"]["max"] < r["outage_s"]  # type: ignore[index]
     assert r["failback_s"] is not None
+    # a request in flight on the killed zone fails over by the clients' liveness pings, not after the outage
+    assert r["request_s"]["max"] < r["outage_s"]  # type: ignore[index]
     assert isinstance(r["post_switch_first_hit_ratio"], float) and r["post_switch_first_hit_ratio"] > 0.5
 
 

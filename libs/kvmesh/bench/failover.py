@@ -24,7 +24,9 @@ Prints one JSON line. ``switchover_s``: per client, ``max(0, last send to zone 0
 restore) - kill)`` (the time until that client sends only to other zones), p50 and max over
 clients; ``outage_s``: from the kill to the start of the restore; ``requests_lost``: requests that
 failed or ended short; ``requests_duplicated``: requests that delivered more tokens than asked;
-``failback_s``: from zone 0 restored (serving and registered) to the first request a client sends to it.
+``failback_s``: from zone 0 restored (serving and registered) to the first request a client sends to it;
+``request_s``: p50 and max of a served request's time, first attempt to last token (a request caught on the
+dead zone waits for the clients' liveness pings to fail its stream, then resumes elsewhere).
 Zone figures (`kvmesh.bench.failover_figures`): ``pre_switch_hit_ratio``, ``post_switch_hit_ratio``
 (zone 0's sessions, before the kill on zone 0 and in the first 60 s after it elsewhere),
 ``post_switch_first_hit_ratio``, ``failback_hit_ratio``, ``cross_zone_sync_ms`` (a 32-block batch through
@@ -98,6 +100,7 @@ class Served:
     zone: str
     prompt_tokens: int
     cached_tokens: int
+    seconds: float  # from the first attempt to the last token
 
 
 def start_failover(z: netns.Zone, tmp: Path, consul: str, zones: list[str]) -> ServiceProcess:
@@ -222,6 +225,7 @@ async def client_loop(idx: int, client: AsyncClient, stats: Stats, end: float, a
             session_id=f"s{idx}",
         )
         stats.total += 1
+        started = time.monotonic()
         got, usage = 0, common_pb2.Usage()
         try:
             async for m in client.generate(req):
@@ -239,7 +243,9 @@ async def client_loop(idx: int, client: AsyncClient, stats: Stats, end: float, a
             stats.errors.append(f"short stream: {got}/{a.max_tokens}")
         else:
             zone = next(z for c, _t, z in reversed(stats.attempts) if c == idx)  # the attempt that served it
-            stats.served.append(Served(idx, n, time.monotonic(), zone, usage.prompt_tokens, usage.cached_tokens))
+            done = time.monotonic()
+            served = Served(idx, n, done, zone, usage.prompt_tokens, usage.cached_tokens, done - started)
+            stats.served.append(served)
         if a.think_s > 0:
             await asyncio.sleep(min(a.think_s, max(0.0, end - time.monotonic())))  # pacing, bounded by the run
 
@@ -439,6 +445,12 @@ async def converged(zps: list[ZoneProcs], timeout_s: float = 30.0) -> dict[str, 
     return out
 
 
+def request_seconds(served: list[Served]) -> dict[str, float] | None:
+    """p50 and max of the served requests' durations (a request stuck on a dead zone shows in the max)."""
+    s = sorted(r.seconds for r in served)
+    return {"p50": round(s[len(s) // 2], 3), "max": round(s[-1], 3)} if s else None
+
+
 def result_line(
     a: argparse.Namespace,
     stats: Stats,
@@ -474,6 +486,7 @@ def result_line(
         "requests_lost": stats.lost,
         "requests_duplicated": stats.duplicated,
         "failback_s": round(min(back) - t_restored, 3) if back and a.scenario != "partition" else None,
+        "request_s": request_seconds(stats.served),
         "attempts": len(stats.attempts),
         "resumes": sum(c.resumes_total for c in clients),
         "consul": a.consul_url or "stand-in",
