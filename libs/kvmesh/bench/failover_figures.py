@@ -8,7 +8,8 @@ that served each request counted it). Zone A's sessions are the clients whose ow
   of the bench, not a property of the zone);
 * `post_switch_hit_ratio`: those served by another zone in the first `POST_SWITCH_WINDOW_S` after the kill
   (and before A's restore); `post_switch_first_hit_ratio`: only each session's first request there;
-* `failback_hit_ratio`: those served by the restored zone A.
+* `failback_hit_ratio`: those served by the restored zone A; `failback_first_hit_ratio`: only each session's
+  first request there (the restored zone starts empty: what it holds then came from the other zone).
 `cross_zone_sync_ms`: a kv-sync peer (`kvmesh.kvsync.peer`, tiny-model blocks) in zone A's namespace, pulled
 from the root namespace through a proxy with the inter-zone link's delay and cap, 32 blocks per pull, every
 block CRC32C-checked (`kvmesh.bench.kvsync.time_pulls`), before the traffic starts.
@@ -47,19 +48,25 @@ def hit_figures(
     mine = [r for r in served if home[r.client] == zone]
     pre = [r for r in mine if r.t < t_kill and r.zone == zone and r.turn > 1]
     post = [r for r in mine if t_kill <= r.t < t_post_end and r.zone != zone]
-    first: dict[int, Any] = {}
-    for r in post:
-        first.setdefault(r.client, r)
     back = [r for r in mine if t_back is not None and r.t >= t_back and r.zone == zone]
     pre_ratio, post_ratio = hit_ratio(pre), hit_ratio(post)
     return {
         "pre_switch_hit_ratio": pre_ratio,
         "post_switch_hit_ratio": post_ratio,
-        "post_switch_first_hit_ratio": hit_ratio(list(first.values())),
+        "post_switch_first_hit_ratio": hit_ratio(firsts(post)),
         "post_over_pre": round(post_ratio / pre_ratio, 4) if pre_ratio and post_ratio is not None else None,
         "post_switch_requests": len(post),
         "failback_hit_ratio": hit_ratio(back),
+        "failback_first_hit_ratio": hit_ratio(firsts(back)),
     }
+
+
+def firsts(rows: Sequence[Any]) -> list[Any]:
+    """Each session's first request among `rows` (in completion order)."""
+    first: dict[int, Any] = {}
+    for r in rows:
+        first.setdefault(r.client, r)
+    return list(first.values())
 
 
 async def sync_probe(zone: netns.Zone, delay_ms: float, rate: float, iters: int = 200) -> dict[str, float]:
