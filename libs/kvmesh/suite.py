@@ -5,7 +5,9 @@ registry (every failover service sees every zone) and one set of provisioned ide
 `start(settings, run_dir)` checks every fixed port first (a port in use is a `PortsInUse` naming the port, the
 service, its key and the flag that moves it; nothing is started then), starts the zones, and on any failure
 kills whatever it had started, so no half-started suite is left behind. The zones start at the same time,
-and so do a zone's workers: a suite of N vLLM workers waits for one engine load, not N in a row.
+and so do a zone's workers: a suite of N vLLM workers waits for one engine load, not N in a row. With several
+zones, each zone's cache-manager follows the others' and replicates its hot prefixes into them
+(`cacheManager.replicationBytesPerS`, default 50 MB/s; 0 = follow only): the zones are active-active.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def check_ports(s: SuiteSettings) -> None:
 def start(s: SuiteSettings, rd: Path) -> Suite:
     """Checks the ports and the model, then starts every zone; kills what it started if anything fails."""
     check_ports(s)
-    s = _with_model(s)
+    s = _with_model(_zone_peers_addressable(s))
     auth = SuiteAuth(rd, [(z.name, z.worker.replicas) for z in s.zones], s.tls.enabled)
     suite = Suite([], None, auth)
     try:
@@ -183,6 +185,31 @@ def start(s: SuiteSettings, rd: Path) -> Suite:
     return suite
 
 
+def _zone_peers_addressable(s: SuiteSettings) -> SuiteSettings:
+    """With several zones, every cache-manager's gRPC port made concrete before anything starts (`ports.auto`
+    leaves them 0): each zone's cache-manager is given the others' addresses to follow (docs/zones.md)."""
+    if len(s.zones) < 2:
+        return s
+    zones = tuple(
+        z
+        if z.cache_manager.grpc_port
+        else dataclasses.replace(z, cache_manager=dataclasses.replace(z.cache_manager, grpc_port=free_port(HOST)))
+        for z in s.zones
+    )
+    return dataclasses.replace(s, zones=zones)
+
+
+def _zone_flags(s: SuiteSettings, z: ZoneSettings) -> list[str]:
+    """A cache-manager's following of the other zones and its hot-prefix replication into them."""
+    out: list[str] = []
+    for other in s.zones:
+        if other.name != z.name:
+            out += ["--follow-zone", f"{other.name}={HOST}:{other.cache_manager.grpc_port}"]
+    if out and z.cache_manager.replication_bytes_per_s > 0:
+        out += ["--replication-bytes-per-s", str(z.cache_manager.replication_bytes_per_s)]
+    return out
+
+
 def _with_model(s: SuiteSettings) -> SuiteSettings:
     """The default model's folder (`kvmesh.modelfiles`: $KVMESH_HOME's, else the user's cache) made explicit,
     so that every vLLM worker and router of the suite loads the same one."""
@@ -208,7 +235,7 @@ def _start_zone(
     try:
         cm_flags = [*_common(s, z, auth, f"cache-manager-{z.name}"), "--block-size", bs, "--model", s.model.salt]
         cm_flags += ["--checkpoint-dir", str(rd / "checkpoints" / z.name)]
-        cm_flags += ["--checkpoint-interval-s", str(cm_s.checkpoint_interval_s)]
+        cm_flags += ["--checkpoint-interval-s", str(cm_s.checkpoint_interval_s), *_zone_flags(s, z)]
         if redis_url:
             cm_flags += ["--redis-url", redis_url, "--redis-prefix", f"kvmesh:cm:{z.name}"]
         cache = start_service(

@@ -68,6 +68,8 @@ class CacheManagerSettings:
     grpc_port: int = _port(50052)
     http_port: int = _port(51052)
     checkpoint_interval_s: float = _f(30.0, min=0)
+    # with several zones: each cache-manager follows the others and replicates its hot prefixes into them
+    replication_bytes_per_s: float = _f(50e6, min=0)  # 0 = follow only, no replication
 
 
 @dataclass(frozen=True)

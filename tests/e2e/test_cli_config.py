@@ -13,8 +13,9 @@ import grpc
 import pytest
 
 from kvmesh.launcher import free_port
-from kvmesh.v1 import failover_pb2, failover_pb2_grpc
+from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc, failover_pb2, failover_pb2_grpc
 from tests.support.cli import kvmesh_cli
+from tests.support.poll import wait_until
 
 pytestmark = [pytest.mark.integration]
 
@@ -96,6 +97,14 @@ def _zones_healthy(failover: str, creds: grpc.ChannelCredentials | None = None) 
     return seen
 
 
+def _follows(cache_manager: str, creds: grpc.ChannelCredentials, zone: str) -> bool:
+    """The cache-manager follows `zone`, connected, and replicates into it."""
+    with grpc.secure_channel(cache_manager, creds) as ch:
+        r = cache_manager_pb2_grpc.CacheManagerServiceStub(ch).GetStats(cache_manager_pb2.GetStatsRequest(), timeout=10)
+    followed = [(z.zone, z.connected) for z in r.followed_zones]
+    return followed == [(zone, True)] and [t.zone for t in r.replication] == [zone]
+
+
 def _by_zone(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
     state = json.loads((home / "run" / "suite.json").read_text())
     by_zone: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -107,7 +116,7 @@ def _by_zone(home: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
     """Two sim zones (zone b with its own worker count) under one CA and one set of identities, checkpoints in
     one redis-server, zone b's router two processes: every service serves, the demo answers, each failover
-    service sees both zones."""
+    service sees both zones, each cache-manager follows the other zone and replicates into it."""
     f = tmp_path / "k.yaml"
     f.write_text(
         "worker: {replicas: 1}\nzones:\n  - name: a\n"
@@ -134,6 +143,10 @@ def test_two_zones_from_a_file_with_flags_tls_and_redis(tmp_path: Path) -> None:
         for zone in ("a", "b"):
             seen = _zones_healthy(by_zone[zone]["failover"][0]["grpc"], creds)
             assert [(z, h) for z, h, _ in seen] == [("a", True), ("b", True)], (zone, seen)
+        # active-active: each cache-manager follows the other zone (TLS, its own identity) and replicates into it
+        for zone, other in (("a", "b"), ("b", "a")):
+            cm = by_zone[zone]["cache-manager"][0]["grpc"]
+            wait_until(lambda cm=cm, other=other: _follows(cm, creds, other), timeout_s=60)
     finally:
         down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
