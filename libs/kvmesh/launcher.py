@@ -195,24 +195,33 @@ def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tup
         return 32768, 60999
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", consecutive: int = 1) -> int:
     """A port free on `host` now, for a process that cannot pick its own (redis-server, a ZMQ endpoint, a
-    third-party router). It comes from below the kernel's ephemeral range: a port picked from inside it could
-    be taken by any socket bound to port 0 (every kvmesh service started with port 0) before its process
-    binds it, which made runs fail with "Address already in use"."""
+    third-party router), or the first of `consecutive` free ports in a row (a service given a first port
+    and taking the next ones: `--processes N --process-http-port P`). It comes from below the kernel's
+    ephemeral range: a port picked from inside it could be taken by any socket bound to port 0 (every kvmesh
+    service started with port 0) before its process binds it, which made runs fail with "Address already in
+    use"."""
     low, _ = ephemeral_range()
     first = max(1024, low - _FREE_PORT_SPAN)
-    start = random.randrange(first, low) if low > first else first
-    for port in [*range(start, low), *range(first, start)]:
-        if port in _HANDED_OUT:
+    start = random.randrange(first, low - consecutive + 1) if low - consecutive + 1 > first else first
+    for port in [*range(start, low - consecutive + 1), *range(first, start)]:
+        run = range(port, port + consecutive)
+        if any(p in _HANDED_OUT for p in run) or not all(_bindable(host, p) for p in run):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
+        _HANDED_OUT.update(run)
         return port
+    if consecutive > 1:
+        raise OSError(f"no {consecutive} consecutive free ports below {low} on {host}")
     with socket.socket() as s:  # nothing free below the range: the kernel's pick, as before
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -2,9 +2,10 @@
 
 The supervisor reserves the gRPC and HTTP ports (a bound, non-listening SO_REUSEPORT socket each, so a
 port 0 is fixed once and no one else takes it), starts N copies of the service with `--reuse-port` on those
-ports and `--process-http-port 0` (each process's own /metrics, since a scrape of the shared port lands on
-any one of them), waits until every copy is ready, then writes one ready file naming the shared ports and
-every process. The kernel spreads new connections over the copies.
+ports and each with its own /metrics port (a scrape of the shared port lands on any one of them): copy i on
+`--process-http-port` + i where the supervisor was given one (fixed ports, e.g. a pod's declared container
+ports), else an ephemeral one (listed in the ready file). It waits until every copy is ready, then writes
+one ready file naming the shared ports and every process. The kernel spreads new connections over the copies.
 
 It restarts a copy that dies (at most `MAX_RESTARTS` in `RESTART_WINDOW_S`, then it stops them all and
 fails), forwards SIGTERM/SIGINT to every copy and waits for them to drain. Each copy gets SIGTERM if the
@@ -123,7 +124,9 @@ class Supervisor:
         ready = self._dir / f"{i}-{time.monotonic_ns()}.json"
         flags = ["--processes", "1", "--reuse-port", "true", "--port", str(self.grpc_port)]
         flags += ["--http-port", str(self.http_port if self.http_port is not None else -1)]
-        flags += ["--process-http-port", "0", "--ready-file", str(ready), "--service-id", f"{self.base_id}-p{i}"]
+        own_port = self.settings.process_http_port + i if self.settings.process_http_port > 0 else 0
+        flags += ["--process-http-port", str(own_port), "--ready-file", str(ready)]
+        flags += ["--service-id", f"{self.base_id}-p{i}"]
         cmd = [sys.executable, "-m", self.module, *self.argv, *flags, *self.extra(i)]
         return _Copy(i, subprocess.Popen(cmd, preexec_fn=_die_with_parent), ready)
 

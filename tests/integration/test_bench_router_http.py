@@ -32,6 +32,31 @@ def test_http_bench_reports_figures_for_kvmesh_and_direct() -> None:
     assert 100 < res["prompt_tokens"]["128"] < 160
 
 
+def test_two_client_processes_send_the_concurrency_runs_and_every_request_is_counted() -> None:
+    # the bench refuses a run whose client processes sent other than the requests asked for (check=True)
+    args = ["--prompt-tokens", "64", "--requests", "30", "--c1-requests", "4", "--concurrency", "3"]
+    out = subprocess.run(
+        [*BENCH, *args, "--distinct-prompts", "2", "--client-processes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["client_processes"] == 2
+    for path in ("direct", "kvmesh"):
+        assert res[path]["64"]["c3_rps"] > 0
+    assert res["kvmesh"]["64"]["cpu_us_per_request"] > 0
+
+
+def test_client_processes_are_refused_over_grpc_and_below_one() -> None:
+    grpc_bench = [sys.executable, "-m", "kvmesh.bench", "router", "--workers", "2", "--client-processes", "2"]
+    out = subprocess.run(grpc_bench, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--client-processes applies to --api http only" in out.stderr
+    out = subprocess.run([*BENCH, "--client-processes", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--client-processes must be >= 1, got 0" in out.stderr
+
+
 def test_distinct_prompts_below_one_is_refused() -> None:
     out = subprocess.run([*BENCH, "--distinct-prompts", "0"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--distinct-prompts must be >= 1, got 0" in out.stderr

@@ -115,6 +115,70 @@ def test_names_longer_than_a_pod_hostname_allows_are_refused() -> None:
         render(CHART, {**NO_DEPS, "zones": [{"name": "a-zone-name-long-enough-to-overflow-63"}]})
 
 
+def test_router_processes_are_each_scraped_on_a_declared_port(
+    rendered: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """router.processes > 1: the pod runs `--processes N` with process i's /metrics on processMetricsPort + i,
+    declares those ports and admits the metrics scrapers to them, and is not annotated for a scrape of the
+    shared port (which would read whichever process the kernel picks); with one process, none of that."""
+    values, manifests = rendered
+    want = _process_ports(values)
+    n = values["router"]["processes"]
+    policies = {_component(p): p for p in _of(manifests, "NetworkPolicy")}
+    for d in _of(manifests, "Deployment"):
+        zone, name = _component(d)
+        if name != "router":
+            continue
+        pod = d["spec"]["template"]
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        declared = {p["containerPort"]: p["name"] for p in container["ports"] if p["name"].startswith("metrics-")}
+        assert declared == want
+        assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == ("false" if want else "true")
+        if want:
+            assert (env["KVMESH_PROCESSES"], env["KVMESH_PROCESS_HTTP_PORT"]) == (str(n), str(min(want)))
+        else:
+            assert "KVMESH_PROCESSES" not in env and "KVMESH_PROCESS_HTTP_PORT" not in env
+        metrics_rules = [
+            r
+            for r in policies[(zone, name)]["spec"]["ingress"]
+            if r.get("from") == values["networkPolicy"]["metricsFrom"]
+        ]
+        assert len(metrics_rules) == 1
+        assert {p["port"] for p in metrics_rules[0]["ports"]} == {values["router"]["httpPort"], *want}
+
+
+def test_each_zones_cache_manager_follows_and_replicates_into_every_other_zone(
+    rendered: tuple[dict[str, Any], list[dict[str, Any]]],
+) -> None:
+    """Several zones (active-active, docs/zones.md): each cache-manager follows every other zone's
+    cache-manager at its Service (a name that exists, on its gRPC port) and replicates into it at
+    cacheManager.replicationBytesPerS; a single zone follows nothing."""
+    values, manifests = rendered
+    services = {m["metadata"]["name"]: m for m in _of(manifests, "Service")}
+    zones = [z["name"] for z in values["zones"]]
+    for d in _of(manifests, "Deployment"):
+        zone, name = _component(d)
+        if name != "cache-manager":
+            continue
+        env = {e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
+        if len(zones) == 1:
+            assert "KVMESH_FOLLOW_ZONE" not in env and "KVMESH_REPLICATION_BYTES_PER_S" not in env
+            continue
+        followed = dict(item.split("=", 1) for item in env["KVMESH_FOLLOW_ZONE"].split(","))
+        assert sorted(followed) == sorted(z for z in zones if z != zone)
+        for other, address in followed.items():
+            host, port = address.rsplit(":", 1)
+            assert _component(services[host]) == (other, "cache-manager")
+            assert int(port) == values["cacheManager"]["grpcPort"]
+        assert float(env["KVMESH_REPLICATION_BYTES_PER_S"]) == values["cacheManager"]["replicationBytesPerS"]
+
+
+def test_router_processes_below_one_are_refused() -> None:
+    with pytest.raises(RuntimeError, match=r"router\.processes: must be >= 1"):
+        render(CHART, {**NO_DEPS, "router": {"processes": 0}})
+
+
 def test_every_manifest_is_schema_valid(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     values, manifests = rendered
     for m in manifests:
@@ -220,7 +284,15 @@ def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
 
 def _port_names(values: dict[str, Any], name: str) -> dict[int, str]:
     v = values[COMPONENTS[name]]
-    return {v["grpcPort"]: "grpc", v["httpPort"]: "http", **({v["kvsyncPort"]: "kvsync"} if "kvsyncPort" in v else {})}
+    own = {v["grpcPort"]: "grpc", v["httpPort"]: "http", **({v["kvsyncPort"]: "kvsync"} if "kvsyncPort" in v else {})}
+    return own | (_process_ports(values) if name == "router" else {})
+
+
+def _process_ports(values: dict[str, Any]) -> dict[int, str]:
+    """The router's per-process /metrics ports (router.processes > 1): processMetricsPort + i → metrics-i."""
+    r = values["router"]
+    n = r["processes"]
+    return {r["processMetricsPort"] + i: f"metrics-{i}" for i in range(n)} if n > 1 else {}
 
 
 def _peer(p: dict[str, Any]) -> tuple[str, str | None] | None:

@@ -7,6 +7,8 @@ import collections
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +18,7 @@ import grpc
 import httpx
 import pytest
 
-from kvmesh.launcher import ServiceProcess
+from kvmesh.launcher import SERVICES, ServiceProcess, free_port
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -71,6 +73,27 @@ def test_processes_share_both_ports_and_each_serves(services: Callable[..., Serv
     routed = routed_by_process(router)
     assert sum(routed.values()) == 60
     assert all(n > 0 for n in routed.values()), routed  # 60 connections, 2 processes: all on one is 2^-59
+
+
+def test_a_first_metrics_port_gives_process_i_that_port_plus_i(services: Callable[..., ServiceProcess]) -> None:
+    # fixed per-process ports are what a pod declares (the Helm chart's router.processMetricsPort)
+    ws = workers(services, 1, "--sim-speed", "0")
+    first = free_port(consecutive=2)
+    router = services(
+        "router", "--workers", ws[0].address, "--block-size", str(BS), "--processes", "2",
+        "--process-http-port", str(first),
+    )  # fmt: skip
+    listed = json.loads(router.ready_file.read_text())["processes"]
+    assert sorted(p["process_http_port"] for p in listed) == [first, first + 1]
+    for i in range(8):
+        assert complete(router, [3 + i] * 40)["usage"]["completion_tokens"] == 2
+    assert sum(routed_by_process(router).values()) == 8  # each port is one process's own metrics
+
+
+def test_an_unknown_event_loop_stops_the_router_naming_it() -> None:
+    cmd = [sys.executable, "-m", SERVICES["router"], "--port", "0", "--event-loop", "trio"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "event_loop must be one of asyncio, uvloop, got 'trio'" in out.stderr, out.stderr
 
 
 def test_a_killed_process_is_replaced_while_the_others_serve(services: Callable[..., ServiceProcess]) -> None:

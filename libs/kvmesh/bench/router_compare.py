@@ -14,6 +14,10 @@ sglang-router vllm-router orjson`); they are started as subprocesses on free loo
 The kvmesh router runs as it is deployed, with a cache-manager (the workers publish their KV events to it,
 the router follows its index), so it sends a repeated prompt to the worker that holds it, as the others do.
 
+``--client-processes N``: where the one aiohttp client is the bottleneck (it parses every answer in Python on
+the same cores), each concurrency run is sent by N client processes (`kvmesh.bench.load_client`), the
+concurrency and the requests shared among them; the c1 runs stay in this process.
+
 ``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's
 processes (for kvmesh: the router and its cache-manager) and their descendants spent during the concurrency
 run, divided by its requests, in µs (`tree_cpu_s`, from the kernel's counters in /proc). Unlike requests/s
@@ -25,10 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,6 +42,7 @@ from typing import Any
 
 import aiohttp
 
+from kvmesh.bench.load_client import ProcessClients
 from kvmesh.engine.tokenizer import Tokenizer
 from kvmesh.launcher import free_port
 
@@ -68,6 +75,11 @@ def tree_cpu_s(pid: int) -> float:
     return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
+# (path, first request index, requests, concurrency) -> once its load is ready to go, the call that sends it
+# and returns the wall seconds it took (`in_process`, or `ProcessClients` for --client-processes N)
+Concurrent = Callable[[str, int, int, int], Awaitable[Callable[[], Awaitable[float]]]]
+
+
 async def measure(
     sends: dict[str, Callable[[int], Awaitable[None]]],
     n_c1: int,
@@ -75,18 +87,33 @@ async def measure(
     concurrency: int,
     rounds: int = 4,
     pids: dict[str, list[int]] | None = None,
+    concurrent: Concurrent | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`, and
     for a path in `pids` (its router's processes) the CPU µs per request of the concurrency run.
     The c1 samples of all paths are taken in `rounds` interleaved rounds (after a warm-up of every path), so a
     slow spell of this shared machine lands on every path instead of biasing one side of a difference.
-    `send(i)` gets i = 0, 1, ... per path."""
+    `send(i)` gets i = 0, 1, ... per path; the concurrency run is `concurrent`'s (default: this process's)."""
     nxt = dict.fromkeys(sends, 0)
 
     async def one(name: str) -> None:
         i = nxt[name]
         nxt[name] = i + 1
         await sends[name](i)
+
+    async def in_process(name: str, first: int, n: int, conc: int) -> Callable[[], Awaitable[float]]:
+        indices = iter(range(first, first + n))  # shared by the loops: each index sent once
+
+        async def loop() -> None:
+            for i in indices:
+                await sends[name](i)
+
+        async def go() -> float:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(loop() for _ in range(conc)))
+            return time.perf_counter() - t0
+
+        return go
 
     for name in sends:
         for _ in range(min(32, n_c1)):
@@ -101,19 +128,11 @@ async def measure(
                 lat[name].append((time.perf_counter() - t0) * 1000)
     out: dict[str, dict[str, float]] = {}
     for name in sends:
-        left = n_cc
-
-        async def loop(name: str = name) -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await one(name)
-
+        go = await (concurrent or in_process)(name, nxt[name], n_cc, concurrency)
+        nxt[name] += n_cc
         own = (pids or {}).get(name, [])
         cpu0 = sum(map(tree_cpu_s, own))
-        t0 = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        wall = await go()
         out[name] = {
             "c1_p50_ms": round(_pct(lat[name], 0.5), 3),
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
@@ -218,10 +237,43 @@ async def run_http(
     model: str,
     pids: dict[str, list[int]],
     distinct: int = DISTINCT,
+    client_processes: int = 1,
 ) -> dict[str, Any]:
     """`model`: the served model name (the routers' /v1/models), sent as the body's "model"; `pids`: each
     router's processes (their CPU time per request); `distinct`: different prompts per size, sent in turn (the
-    kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new)."""
+    kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new);
+    `client_processes` > 1: the concurrency runs are sent by that many client processes (`ProcessClients`)."""
+    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-clients-") as tmp:
+        return await _run_http(
+            tok,
+            targets,
+            procs,
+            sizes,
+            requests,
+            concurrency,
+            c1_requests,
+            model,
+            pids,
+            distinct,
+            client_processes,
+            Path(tmp),
+        )
+
+
+async def _run_http(
+    tok: Tokenizer,
+    targets: dict[str, list[str]],
+    procs: dict[str, subprocess.Popen[bytes]],
+    sizes: list[int],
+    requests: int,
+    concurrency: int,
+    c1_requests: int,
+    model: str,
+    pids: dict[str, list[int]],
+    distinct: int,
+    client_processes: int,
+    tmp: Path,
+) -> dict[str, Any]:
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
@@ -242,9 +294,13 @@ async def run_http(
 
                 return send
 
-            got = await measure(
-                {name: sender(urls) for name, urls in targets.items()}, c1_requests, requests, concurrency, pids=pids
-            )
+            concurrent = None
+            if client_processes > 1:
+                bodies_file = tmp / f"bodies-{p}.json"
+                bodies_file.write_text(json.dumps(bodies))
+                concurrent = ProcessClients(client_processes, targets, bodies_file, tmp)
+            sends = {name: sender(urls) for name, urls in targets.items()}
+            got = await measure(sends, c1_requests, requests, concurrency, pids=pids, concurrent=concurrent)
             for name, figures in got.items():
                 out[name][str(p)] = figures
     return out

@@ -137,7 +137,17 @@ def main(argv: Sequence[str]) -> int:
         help="http only: different prompts per size, sent in turn (a repeated text hits the router's "
         "tokenisation cache; as many as the requests sent: every prompt new)",
     )
+    ap.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="http only: client processes sending the concurrency runs (where one client is the bottleneck)",
+    )
     a = ap.parse_args(list(argv))
+    if a.client_processes < 1:
+        ap.error(f"--client-processes must be >= 1, got {a.client_processes}")
+    if a.client_processes > 1 and a.api != "http":
+        ap.error("--client-processes applies to --api http only")
     if a.distinct_prompts < 1:
         ap.error(f"--distinct-prompts must be >= 1, got {a.distinct_prompts}")
     if a.router_processes < 1:
@@ -232,6 +242,7 @@ def main(argv: Sequence[str]) -> int:
                         served,
                         pids,
                         a.distinct_prompts,
+                        a.client_processes,
                     )
                 )
         finally:
@@ -249,7 +260,7 @@ def main(argv: Sequence[str]) -> int:
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
         | {"router_processes": a.router_processes}
-        | ({"distinct_prompts": a.distinct_prompts} if a.api == "http" else {})
+        | ({"distinct_prompts": a.distinct_prompts, "client_processes": a.client_processes} if a.api == "http" else {})
     )
     print(json.dumps(res, sort_keys=True))
     return 0

@@ -38,13 +38,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import uvloop
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from kvmesh.config import ServerSettings, load_settings
+from kvmesh.config import EVENT_LOOPS, ServerSettings, load_settings
 from kvmesh.discovery.model import Health, Role
 from kvmesh.discovery.registration import register_until_done, registry_from, self_instance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
@@ -402,8 +403,11 @@ def run_service(
         await build(runner, settings)
         return await runner.serve()
 
+    if settings.event_loop not in EVENT_LOOPS:
+        log.error("%s: event_loop must be one of %s, got %r", name, ", ".join(EVENT_LOOPS), settings.event_loop)
+        return 2
     try:
-        return asyncio.run(main())
+        return uvloop.run(main()) if settings.event_loop == "uvloop" else asyncio.run(main())
     except (OSError, KvmeshError) as exc:
         log.error("%s failed to start: %s", name, exc)
         return 2

@@ -112,6 +112,12 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.model.blockSize | quote }}
 - name: KVMESH_LONG_PROMPT_TOKENS
   value: {{ $v.router.longPromptTokens | quote }}
+{{- if gt (int $v.router.processes) 1 }}
+- name: KVMESH_PROCESSES
+  value: {{ $v.router.processes | quote }}
+- name: KVMESH_PROCESS_HTTP_PORT
+  value: {{ $v.router.processMetricsPort | quote }}
+{{- end }}
 {{- if $v.router.apiKeysSecret }}
 - name: KVMESH_API_KEYS_FILE
   value: /etc/kvmesh/keys/keys
@@ -130,6 +136,19 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.model.name | quote }}
 - name: KVMESH_CHECKPOINT_INTERVAL_S
   value: {{ $v.cacheManager.checkpointIntervalS | quote }}
+{{- /* active-active zones (docs/zones.md): follow every other zone's cache-manager, replicate hot prefixes into it */}}
+{{- $others := list }}
+{{- range $z := $v.zones }}
+{{- if ne $z.name $.zone.name }}
+{{- $others = append $others (printf "%s=%s:%v" $z.name (include "kvmesh.fullname" (dict "root" $.root "zone" $z "name" "cache-manager")) $v.cacheManager.grpcPort) }}
+{{- end }}
+{{- end }}
+{{- if $others }}
+- name: KVMESH_FOLLOW_ZONE
+  value: {{ join "," $others | quote }}
+- name: KVMESH_REPLICATION_BYTES_PER_S
+  value: {{ $v.cacheManager.replicationBytesPerS | int64 | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "kvmesh.env.worker" -}}
@@ -202,5 +221,16 @@ kvmesh.io/version: {{ .root.Values.version }}
 httpGet: {path: /healthz, port: {{ $v.httpPort }}}
 {{- else -}}
 grpc: {port: {{ $v.grpcPort }}, service: ""}
+{{- end }}
+{{- end -}}
+
+{{- /* The router's per-process metrics ports (router.processes > 1), as a YAML list of {name, port}. */}}
+{{- define "kvmesh.processPorts" -}}
+{{- $r := .Values.router }}
+{{- if lt (int $r.processes) 1 }}{{ fail (printf "router.processes: must be >= 1 (one per core is not known to the chart), got %v" $r.processes) }}{{ end }}
+{{- if gt (int $r.processes) 1 }}
+{{- range $i := until (int $r.processes) }}
+- {name: metrics-{{ $i }}, port: {{ add $r.processMetricsPort $i }}}
+{{- end }}
 {{- end }}
 {{- end -}}
