@@ -7,6 +7,13 @@ as soon as `max_batch` entries wait, else once entries have waited `flush_s` (co
 previous send, whichever is later); a failed send loses its batch (logged at debug). Each entry is counted
 once in `kvmesh_router_prefix_reports_total{outcome}`: sent, dropped (queue full) or failed. Reporting never
 affects routing. `max_queue` 0 turns reporting off.
+
+Token ids go with a prompt's entry only when its full-length checkpoint hash has not carried them in the last
+`tokens_resend_s`: the cache-manager keeps a prefix's tokens from the first report that has them and needs
+them only once (`kvmesh.warming.stats.PrefixStats.observe_keys`), and building 1K ids into every entry of a
+hot prompt cost the router ~3 % of its CPU per request. The memory is bounded (`max_remembered`, oldest out)
+and forgotten on a failed send, so a lost report or a restarted cache-manager gets the tokens again within
+`tokens_resend_s`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
@@ -38,9 +46,21 @@ class PrefixReports:
     """A bounded queue of report entries and the loop that sends them in batches (see module docstring)."""
 
     def __init__(
-        self, send: Send, max_queue: int = 4096, max_batch: int = 256, flush_s: float = 0.1, max_tokens: int = 16384
+        self,
+        send: Send,
+        max_queue: int = 4096,
+        max_batch: int = 256,
+        flush_s: float = 0.1,
+        max_tokens: int = 16384,
+        tokens_resend_s: float = 5.0,
+        max_remembered: int = 65536,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.send = send
+        self.tokens_resend_s = tokens_resend_s
+        self.max_remembered = max_remembered
+        self._clock = clock
+        self._tokens_sent: OrderedDict[int, float] = OrderedDict()  # full-length hash -> when its tokens went
         self.max_tokens = min(max_tokens, MAX_ROUTED_TOKENS)  # token ids sent per entry (0: none)
         self.max_queue = max_queue  # 0: reporting off
         self.max_batch = max(1, min(max_batch, MAX_ROUTED_PREFIXES))
@@ -51,17 +71,32 @@ class PrefixReports:
 
     def offer(self, hashes: Hashes, hit_blocks: int, tenant: str = "", token_ids: Tokens | None = None) -> None:
         """Queues the entry of one routed prompt (dropped, and counted, when the queue is full); its leading
-        `max_tokens` token ids go with it (copied when the batch is built, off the request path)."""
+        `max_tokens` token ids go with it when due (module docstring; copied when the batch is built, off the
+        request path)."""
         if self.max_queue <= 0:
             return
         if len(self.queue) >= self.max_queue:
             m.PREFIX_REPORTS.labels("dropped").inc()
             return
-        tokens = token_ids if self.max_tokens > 0 else None
-        self.queue.append((len(hashes), checkpoint_keys(hashes), hit_blocks, tenant, tokens))
+        keys = checkpoint_keys(hashes)
+        due = token_ids is not None and self.max_tokens > 0 and bool(keys) and self._tokens_due(keys[-1])
+        tokens = token_ids if due else None
+        self.queue.append((len(hashes), keys, hit_blocks, tenant, tokens))
         self._waiting.set()
         if len(self.queue) >= self.max_batch:
             self._full.set()
+
+    def _tokens_due(self, key: int) -> bool:
+        """Whether the prompt ending in `key` carries its tokens now (and then remembers that it did)."""
+        now = self._clock()
+        last = self._tokens_sent.get(key)
+        if last is not None and now - last < self.tokens_resend_s:
+            return False
+        self._tokens_sent[key] = now
+        self._tokens_sent.move_to_end(key)
+        if len(self._tokens_sent) > self.max_remembered:
+            self._tokens_sent.popitem(last=False)
+        return True
 
     def take(self) -> list[pb.RoutedPrefix]:
         """The oldest entries, at most one batch, removed from the queue."""
@@ -87,6 +122,7 @@ class PrefixReports:
             m.PREFIX_REPORTS.labels("sent").inc(len(batch))
             return
         log.debug("ReportRoutedPrefixes failed (%d entries lost): %s", len(batch), why)
+        self._tokens_sent.clear()  # the tokens it carried may never have arrived
         m.PREFIX_REPORTS.labels("failed").inc(len(batch))
 
     async def run(self) -> None:

@@ -128,3 +128,68 @@ async def test_the_leading_token_ids_go_with_an_entry_up_to_the_cap() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def carried(r: PrefixReports) -> list[bool]:
+    """Which of the queued entries carry token ids (the queue is emptied)."""
+    return [bool(p.token_ids) for p in r.take()]
+
+
+def test_a_prompt_s_tokens_go_once_per_resend_interval() -> None:
+    clock = Clock()
+    r = PrefixReports(Sink(), max_queue=100, max_batch=100, flush_s=HOUR, tokens_resend_s=5.0, clock=clock)
+    for _ in range(3):
+        r.offer([1, 2, 3], 0, token_ids=[7] * 3)  # ends in hash 3
+    r.offer([1, 2, 4], 0, token_ids=[8] * 3)  # another prompt (shares a prefix): its own tokens
+    r.offer([9], 0)  # no tokens to send: remembers nothing
+    r.offer([9], 0, token_ids=[1])
+    assert carried(r) == [True, False, False, True, False, True]
+    clock.now += 4.9
+    r.offer([1, 2, 3], 0, token_ids=[7] * 3)
+    clock.now += 0.2  # 5.1 s after the first: due again
+    r.offer([1, 2, 3], 0, token_ids=[7] * 3)
+    r.offer([1, 2, 3], 0, token_ids=[7] * 3)
+    assert carried(r) == [False, True, False]
+
+
+def test_a_dropped_entry_does_not_count_as_its_tokens_sent() -> None:
+    r = PrefixReports(Sink(), max_queue=1, max_batch=10, flush_s=HOUR, clock=Clock())
+    r.offer([1], 0, token_ids=[5])
+    r.offer([2], 0, token_ids=[6])  # queue full: dropped
+    assert carried(r) == [True]
+    r.offer([2], 0, token_ids=[6])
+    assert carried(r) == [True]
+
+
+def test_the_memory_of_sent_tokens_is_bounded_oldest_out() -> None:
+    r = PrefixReports(Sink(), max_queue=100, max_batch=100, flush_s=HOUR, max_remembered=2, clock=Clock())
+    for key in (1, 2, 3, 1, 3):  # 3 pushes out 1; 1 then pushes out 2; 3 is still remembered
+        r.offer([key], 0, token_ids=[key])
+    assert carried(r) == [True, True, True, True, False]
+
+
+async def test_a_failed_send_forgets_which_tokens_went() -> None:
+    sink = Sink()
+    r = PrefixReports(sink, max_queue=100, max_batch=1, flush_s=HOUR, clock=Clock())
+    task = asyncio.create_task(r.run())
+    try:
+        r.offer([1], 0, token_ids=[5])
+        assert list((await sink.next()).prefixes[0].token_ids) == [5]
+        r.offer([1], 0, token_ids=[5])
+        assert list((await sink.next()).prefixes[0].token_ids) == []  # sent 0 s ago
+        sink.failing = True
+        r.offer([2], 0, token_ids=[6])
+        await sink.next()  # this send fails: the cache-manager may have missed key 1's tokens too
+        sink.failing = False
+        r.offer([1], 0, token_ids=[5])
+        assert list((await sink.next()).prefixes[0].token_ids) == [5]
+    finally:
+        await stop_task(task)
