@@ -226,6 +226,18 @@ def make_text(tok: Tokenizer, n_tokens: int, rng: random.Random) -> str:
     return text
 
 
+def _sender(session: aiohttp.ClientSession, urls: list[str], bodies: list[Any]) -> Callable[[int], Awaitable[None]]:
+    """Sends request i (body i mod len(bodies)) to urls[i mod len(urls)]; a status other than 200 raises."""
+
+    async def send(i: int) -> None:
+        async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
+            body = await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {body[:300]!r}")
+
+    return send
+
+
 async def run_http(
     tok: Tokenizer,
     targets: dict[str, list[str]],
@@ -243,64 +255,26 @@ async def run_http(
     router's processes (their CPU time per request); `distinct`: different prompts per size, sent in turn (the
     kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new);
     `client_processes` > 1: the concurrency runs are sent by that many client processes (`ProcessClients`)."""
-    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-clients-") as tmp:
-        return await _run_http(
-            tok,
-            targets,
-            procs,
-            sizes,
-            requests,
-            concurrency,
-            c1_requests,
-            model,
-            pids,
-            distinct,
-            client_processes,
-            Path(tmp),
-        )
-
-
-async def _run_http(
-    tok: Tokenizer,
-    targets: dict[str, list[str]],
-    procs: dict[str, subprocess.Popen[bytes]],
-    sizes: list[int],
-    requests: int,
-    concurrency: int,
-    c1_requests: int,
-    model: str,
-    pids: dict[str, list[int]],
-    distinct: int,
-    client_processes: int,
-    tmp: Path,
-) -> dict[str, Any]:
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
-        for name, urls in targets.items():
-            await wait_http(session, urls[0], procs.get(name))
-        for p in sizes:
-            texts = [make_text(tok, p, rng) for _ in range(distinct)]
-            out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / distinct)
-            bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
+    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-clients-") as tmp_name:
+        tmp = Path(tmp_name)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
+            for name, urls in targets.items():
+                await wait_http(session, urls[0], procs.get(name))
+            for p in sizes:
+                texts = [make_text(tok, p, rng) for _ in range(distinct)]
+                out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / distinct)
+                bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
 
-            def sender(urls: list[str], bodies: list[Any] = bodies) -> Callable[[int], Awaitable[None]]:
-                async def send(i: int) -> None:
-                    async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
-                        body = await r.read()
-                        if r.status != 200:
-                            raise RuntimeError(f"{r.status}: {body[:300]!r}")
-
-                return send
-
-            concurrent = None
-            if client_processes > 1:
-                bodies_file = tmp / f"bodies-{p}.json"
-                bodies_file.write_text(json.dumps(bodies))
-                concurrent = ProcessClients(client_processes, targets, bodies_file, tmp)
-            sends = {name: sender(urls) for name, urls in targets.items()}
-            got = await measure(sends, c1_requests, requests, concurrency, pids=pids, concurrent=concurrent)
-            for name, figures in got.items():
-                out[name][str(p)] = figures
+                concurrent = None
+                if client_processes > 1:
+                    bodies_file = tmp / f"bodies-{p}.json"
+                    bodies_file.write_text(json.dumps(bodies))
+                    concurrent = ProcessClients(client_processes, targets, bodies_file, tmp)
+                sends = {name: _sender(session, urls, bodies) for name, urls in targets.items()}
+                got = await measure(sends, c1_requests, requests, concurrency, pids=pids, concurrent=concurrent)
+                for name, figures in got.items():
+                    out[name][str(p)] = figures
     return out
