@@ -29,6 +29,20 @@ READY_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 900.0
 
 
+def completion_sender(
+    session: aiohttp.ClientSession, urls: list[str], bodies: list[Any]
+) -> Callable[[int], Awaitable[None]]:
+    """Sends request i (body i mod len(bodies)) to urls[i mod len(urls)]; a status other than 200 raises."""
+
+    async def send(i: int) -> None:
+        async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
+            body = await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {body[:300]!r}")
+
+    return send
+
+
 class ProcessClients:
     """The parent's side: `measure`'s concurrency run for a path, shared by `n` load_client processes (the
     concurrency split as evenly as it goes, request i sent by process i mod n). `targets`: path → URLs;
@@ -112,13 +126,7 @@ async def _run(spec: dict[str, Any]) -> dict[str, Any]:
     sent = 0
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
-
-        async def send(i: int) -> None:
-            async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
-                body = await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"{r.status}: {body[:300]!r}")
-
+        send = completion_sender(session, urls, bodies)
         await asyncio.gather(*(send(k) for k in range(concurrency)))  # open the connections, uncounted
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)

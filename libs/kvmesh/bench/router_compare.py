@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from kvmesh.bench.load_client import ProcessClients
+from kvmesh.bench.load_client import ProcessClients, completion_sender
 from kvmesh.engine.tokenizer import Tokenizer
 from kvmesh.launcher import free_port
 
@@ -226,18 +226,6 @@ def make_text(tok: Tokenizer, n_tokens: int, rng: random.Random) -> str:
     return text
 
 
-def _sender(session: aiohttp.ClientSession, urls: list[str], bodies: list[Any]) -> Callable[[int], Awaitable[None]]:
-    """Sends request i (body i mod len(bodies)) to urls[i mod len(urls)]; a status other than 200 raises."""
-
-    async def send(i: int) -> None:
-        async with session.post(urls[i % len(urls)] + "/v1/completions", json=bodies[i % len(bodies)]) as r:
-            body = await r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{r.status}: {body[:300]!r}")
-
-    return send
-
-
 async def run_http(
     tok: Tokenizer,
     targets: dict[str, list[str]],
@@ -273,7 +261,7 @@ async def run_http(
                     bodies_file = tmp / f"bodies-{p}.json"
                     bodies_file.write_text(json.dumps(bodies))
                     concurrent = ProcessClients(client_processes, targets, bodies_file, tmp)
-                sends = {name: _sender(session, urls, bodies) for name, urls in targets.items()}
+                sends = {name: completion_sender(session, urls, bodies) for name, urls in targets.items()}
                 got = await measure(sends, c1_requests, requests, concurrency, pids=pids, concurrent=concurrent)
                 for name, figures in got.items():
                     out[name][str(p)] = figures
