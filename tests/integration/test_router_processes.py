@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -94,6 +95,15 @@ def test_an_unknown_event_loop_stops_the_router_naming_it() -> None:
     cmd = [sys.executable, "-m", SERVICES["router"], "--port", "0", "--event-loop", "trio"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "event_loop must be one of asyncio, uvloop, got 'trio'" in out.stderr, out.stderr
+
+
+def test_a_router_on_uvloop_serves_both_apis(services: Callable[..., ServiceProcess]) -> None:
+    ws = workers(services, 1, "--sim-speed", "0")
+    router = services("router", "--workers", ws[0].address, "--block-size", str(BS), "--event-loop", "uvloop")
+    assert complete(router, [3] * 40)["usage"]["completion_tokens"] == 2
+    assert generate(router, [5] * 40).usage.completion_tokens == 2
+    maps = Path(f"/proc/{router.proc.pid}/maps").read_text()
+    assert "uvloop" in maps  # its loop is loaded: imported only when asked for
 
 
 def test_a_killed_process_is_replaced_while_the_others_serve(services: Callable[..., ServiceProcess]) -> None:

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import uvloop
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -407,7 +406,11 @@ def run_service(
         log.error("%s: event_loop must be one of %s, got %r", name, ", ".join(EVENT_LOOPS), settings.event_loop)
         return 2
     try:
-        return uvloop.run(main()) if settings.event_loop == "uvloop" else asyncio.run(main())
+        if settings.event_loop == "uvloop":
+            import uvloop  # only where asked for: the default loop is asyncio's
+
+            return uvloop.run(main())
+        return asyncio.run(main())
     except (OSError, KvmeshError) as exc:
         log.error("%s failed to start: %s", name, exc)
         return 2
