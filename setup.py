@@ -1,8 +1,8 @@
 """Package discovery for the two source roots: `libs/kvmesh` → `kvmesh`, `services` → `kvmesh.services`.
 
 Everything else lives in pyproject.toml; this file exists only because setuptools' declarative
-`packages.find` cannot prefix a second root, and to declare the optional C extensions `kvmesh.index._native`
-and `kvmesh.kvsync._crc`.
+`packages.find` cannot prefix a second root, and to declare the optional C extensions `kvmesh.index._native`,
+`kvmesh.kvsync._crc` and `kvmesh.bench._link`.
 """
 
 from setuptools import Extension, find_packages, setup
@@ -13,4 +13,6 @@ packages += ["kvmesh.services"] + [f"kvmesh.services.{p}" for p in find_packages
 native = Extension("kvmesh.index._native", ["libs/kvmesh/index/_native.c"], extra_compile_args=["-O3"], optional=True)
 # Interleaved hardware CRC32C and a checked copy for kv-sync; optional: kv-sync falls back to `crc32c`.
 crc = Extension("kvmesh.kvsync._crc", ["libs/kvmesh/kvsync/_crc.c"], extra_compile_args=["-O3"], optional=True)
-setup(packages=packages, ext_modules=[native, crc])
+# The delay proxy's relay engine (epoll + timerfd, no GIL); optional: the proxy falls back to its threaded engine.
+link = Extension("kvmesh.bench._link", ["libs/kvmesh/bench/_link.c"], extra_compile_args=["-O3"], optional=True)
+setup(packages=packages, ext_modules=[native, crc, link])

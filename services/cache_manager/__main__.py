@@ -15,6 +15,7 @@ from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.publisher import PublishLimits
 from kvmesh.cachemgr.types import IngestResult
 from kvmesh.config import key_map
+from kvmesh.discovery.model import REPLICATION_PENDING_META
 from kvmesh.discovery.registration import registry_from
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.kvevents import KvEventBatch
@@ -186,7 +187,12 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
             runner.every(settings.checkpoint_interval_s, checkpoint, name="checkpoint")
         runner.every(settings.warm_interval_s, warmer.dynamic_round, name="warming")
         if replicator is not None:
-            runner.every(settings.replication_interval_s, replicator.round, name="replication")
+
+            async def replication_round() -> None:
+                await replicator.round()
+                await runner.set_meta(REPLICATION_PENDING_META, ",".join(replicator.pending_zones()))
+
+            runner.every(settings.replication_interval_s, replication_round, name="replication")
 
     async def stopped() -> None:  # background tasks are stopped by now: persist what they left
         if zones is not None:

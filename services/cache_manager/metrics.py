@@ -56,6 +56,11 @@ REPLICATION_BYTES = Counter(
     "kvmesh_cache_replication_bytes_total", "KV bytes copied into another zone, verified copies only", ["zone"]
 )
 REPLICATED_PREFIXES = Gauge("kvmesh_cache_replicated_prefixes", "Hot prefixes held in another zone", ["zone"])
+REPLICATION_PENDING = Gauge(
+    "kvmesh_cache_replication_pending",
+    "1 while hot prefixes are still to be replicated into the zone (or it is not followed live)",
+    ["zone"],
+)
 REPLICATED_BLOCKS = Gauge("kvmesh_cache_replicated_blocks", "Blocks of the hot prefixes held in another zone", ["zone"])
 REPLICATION_FAILURES = Counter(
     "kvmesh_cache_replication_failures_total",

@@ -8,7 +8,10 @@ A prefix counts as replicated only when the other zone answers that one of its w
 verified; it is not sent again while the followed copy of that zone's index still shows it there (checked
 once a replica is older than `RECHECK_AFTER_S`, the index's lag). A partition fails a round's call: nothing
 is marked, the budget spent on it is not refunded, and the next round after the heal sends what is still
-missing, never what was verified before.
+missing, never what was verified before. After each round a zone is *pending* (`pending_zones`, published as
+the `replication_pending` registry meta, which the failover service reads to hold a restored zone's ramp)
+while its index is not followed live, or a hot prefix that a local worker holds and that fits the budget's
+burst is not verified there yet.
 
 Receiving side (`ReplicaSink`, `ReplicatePrefixes`, role cache-manager): each prefix goes to the least loaded
 worker (a worker that holds it already answers for it, nothing copied), as a prefill-only request whose
@@ -31,7 +34,7 @@ import grpc
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.follower import RECONNECT
 from kvmesh.errors import Unavailable
-from kvmesh.rpc.channel import CHANNEL_OPTIONS, ChannelSecurity, open_channel
+from kvmesh.rpc.channel import ZONE_LINK_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.rpc.validate import require
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.warming import ANY_LOAD, Warmer
@@ -123,6 +126,7 @@ class Target:
     replicas: dict[int, Replica]
     bytes_total: int = 0
     failures_total: int = 0
+    pending: bool = True  # see the module docstring; true until a round with the zone followed live says not
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +157,7 @@ class Replicator:
         self.core, self.warmer, self.zones, self.zone = core, warmer, zones, zone
         self.threshold = threshold
         self.clock = clock
-        opts = [*CHANNEL_OPTIONS, *RECONNECT]  # back within 2 s of a healed partition, as the followers
+        opts = [*ZONE_LINK_OPTIONS, *RECONNECT]  # pings, and back within 2 s of a healed partition, as the followers
         self.channels = [open_channel(f.address, security, options=opts) for f in zones.followers.values()]
         now = clock()
         burst = bytes_per_s * max(interval_s, 1.0)
@@ -169,9 +173,30 @@ class Replicator:
         cands = candidates(self.core.stats.hot(now, self.threshold))
         done = 0
         for t in self.targets:
+            live = self.zones.followers[t.zone].connected  # before _forget_gone reads the copy
             self._forget_gone(t, now)
             done += await self._round(t, cands, now)
+            t.pending = not live or await self._backlog(t, cands)
+            m.REPLICATION_PENDING.labels(t.zone).set(1 if t.pending else 0)
         return done
+
+    def pending_zones(self) -> list[str]:
+        """The followed zones this zone has not finished replicating into (as of the last round)."""
+        return sorted(t.zone for t in self.targets if t.pending)
+
+    async def _backlog(self, t: Target, cands: list[Candidate]) -> bool:
+        """Whether a hot prefix that could go to `t` (a local worker holds it, it fits the burst) is not there."""
+        block_bytes = await self._block_bytes()
+        return (
+            any(
+                c.key not in t.replicas
+                and c.n_blocks * block_bytes <= t.budget.burst
+                and self.warmer.holders(c.token_ids, c.tenant)
+                for c in cands
+            )
+            if block_bytes
+            else False
+        )
 
     def _forget_gone(self, t: Target, now: float) -> None:
         """Replicas the followed copy of the zone no longer shows (evicted there): replicated again."""
@@ -281,6 +306,7 @@ class Replicator:
                 bytes_total=t.bytes_total,
                 failures_total=t.failures_total,
                 budget_bytes_per_s=t.budget.rate,
+                pending=t.pending,
             )
             for t in self.targets
         ]

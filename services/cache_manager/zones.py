@@ -3,7 +3,8 @@
 Each follower keeps its zone's copy in `CacheCore.zones[zone]` (a `ReplicaIndex`, never the local index: a
 remote delta cannot touch a local entry), resumed from its last applied revision after a break; its channel
 is opened as the cache-manager's other outgoing channels are (TLS and the cache-manager's bearer token), and
-the followed cache-manager must agree on block size and salt model. `matches` answers for every followed
+the followed cache-manager must agree on block size and salt model; it pings every 2 s (`ZONE_LINK_OPTIONS`),
+so a zone lost with its link shows as not connected within about 3 s. `matches` answers for every followed
 zone (FindMatches with `all_zones`); `stats` is GetStats' `followed_zones`; the lag of every live message
 goes to `kvmesh_cache_zone_follow_lag_seconds{zone}`.
 """
@@ -20,7 +21,7 @@ from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.follower import IndexFollower
 from kvmesh.config import key_map
 from kvmesh.errors import InvalidArgument
-from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.rpc.channel import ZONE_LINK_OPTIONS, ChannelSecurity
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
 
@@ -50,7 +51,14 @@ class ZoneFollowers:
         self, core: CacheCore, addresses: dict[str, str], security: ChannelSecurity, expect: tuple[int, str]
     ) -> None:
         self.followers = {
-            z: IndexFollower(a, security, expect, core.zones[z], on_message=functools.partial(self._observed, z))
+            z: IndexFollower(
+                a,
+                security,
+                expect,
+                core.zones[z],
+                on_message=functools.partial(self._observed, z),
+                channel_options=ZONE_LINK_OPTIONS,
+            )
             for z, a in addresses.items()
         }
 

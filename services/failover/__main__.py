@@ -50,6 +50,7 @@ def make_policy(s: FailoverSettings) -> FailoverPolicy:
         up_hold_s=s.up_hold_s,
         min_dwell_s=s.min_dwell_s,
         ramp_s=s.ramp_s,
+        rewarm_timeout_s=s.rewarm_timeout_s,
     )
     if s.zone_weights:
         zw, default = parse_weights("zone_weights", s.zone_weights), 0.0

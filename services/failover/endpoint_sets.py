@@ -73,6 +73,7 @@ class EndpointSetPublisher:
 
     async def _evaluate(self) -> None:
         d = self.policy.observe(self.watcher.snapshot, self.clock())
+        self._rewarm_ended(self.decision, d)
         self.decision = d
         for tr in d.transitions:
             direction = "up" if tr.healthy else "down"
@@ -90,6 +91,21 @@ class EndpointSetPublisher:
         if key != self._key:
             self._key = key
             metrics.REVISION.set(self._changes.bump())
+
+    def _rewarm_ended(self, before: Decision, after: Decision) -> None:
+        """Logs and times each restored zone whose ramp started in this observation: at once (nothing was
+        pending for it: a 0 s hold) or at the end of its re-warm hold."""
+        for z, st in after.states.items():
+            prev = before.states.get(z)
+            if prev is None or prev.ramp_from is not None or st.ramp_from is None or st.restored_at is None:
+                continue
+            waited = st.ramp_from - st.restored_at
+            pending = after.views[z].rewarm_from if z in after.views else ()
+            metrics.REWARM_HOLD_SECONDS.labels("timeout" if pending else "warm").observe(waited)
+            if pending:
+                log.warning("zone %s ramps up un-warmed after %.1fs: pending from %s", z, waited, ", ".join(pending))
+            else:
+                log.info("zone %s re-warmed by the other zones %.1fs after its restore; ramping up", z, waited)
 
     def version_weights(self) -> dict[str, float]:
         """Effective version shares among versions with an up router in a zone carrying traffic."""
@@ -121,6 +137,7 @@ class EndpointSetPublisher:
         for z, st in d.states.items():
             metrics.ZONE_HEALTHY.labels(z).set(1 if st.healthy else 0)
             metrics.ZONE_WEIGHT.labels(z).set(d.zone_weights.get(z, 0.0))
+            metrics.ZONE_REWARM_HOLD.labels(z).set(1 if st.rewarm_hold else 0)
             v = d.views.get(z)
             if v is not None:
                 for role, items in (

@@ -15,6 +15,17 @@ SWITCHOVER_SECONDS = Histogram(
     ["direction"],
     buckets=(0, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120),
 )
+ZONE_REWARM_HOLD = Gauge(
+    "kvmesh_failover_zone_rewarm_hold",
+    "1 while a restored zone is held at the ramp floor for other zones to re-warm it",
+    ["zone"],
+)
+REWARM_HOLD_SECONDS = Histogram(
+    "kvmesh_failover_rewarm_hold_seconds",
+    "From a zone's restore to the start of its ramp (its re-warm, or the timeout)",
+    ["outcome"],
+    buckets=(0, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+)
 REGISTRY_REACHABLE = Gauge("kvmesh_failover_registry_reachable", "1 when the registry (Consul) answers")
 SERVING_STALE = Gauge("kvmesh_failover_serving_last_known_good", "1 when serving last-known-good endpoints")
 REVISION = Gauge("kvmesh_failover_revision", "Revision of the published endpoint sets")

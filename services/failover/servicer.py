@@ -243,6 +243,8 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
                 cache_managers=len(v.cache_managers),
                 workers=len(v.workers),
                 since=d.states[z].since,
+                rewarm_hold=d.states[z].rewarm_hold,
+                rewarm_pending_from=list(v.rewarm_from),
             )
             for z, v in sorted(d.views.items())
         ]

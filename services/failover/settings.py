@@ -22,6 +22,9 @@ class FailoverSettings(ServerSettings):
     up_hold_s: float = setting(2.0, "seconds a zone must look healthy before it comes back")
     min_dwell_s: float = setting(5.0, "minimum seconds a zone stays out once it failed")
     ramp_s: float = setting(30.0, "seconds over which a restored zone's weight ramps back up")
+    rewarm_timeout_s: float = setting(
+        60.0, "longest a restored zone is held at the ramp floor while other zones re-warm it (0: no hold)"
+    )
     watch_wait_s: float = setting(5.0, "blocking-query wait of registry watches")
     registry_timeout_s: float = setting(2.0, "timeout of one registry request (beyond the blocking wait)")
     advertise_host: str = setting("", "host others use to reach this instance (default: --host)")

@@ -45,7 +45,8 @@ def run_bench(*args: str) -> dict[str, object]:
 def test_zone_kill_loses_no_request(scenario: str) -> None:
     """Zone a killed with hot-prefix replication on: nothing lost, a's sessions land warm on zone b (their
     first request there hits the context replicated before the kill; without replication it would hit only
-    the shared system prompt, about a quarter of the prompt), and warm again on the restored zone a."""
+    the shared system prompt, about a quarter of the prompt), and warm again on the restored zone a, whose
+    ramp the failover service started only once zone b reported it re-warmed."""
     extra = ["--consul-stop-s", "8"] if scenario == "consul" else []
     r = run_bench("--duration", "32", "--clients", "4", "--scenario", scenario, "--replication", "on", *extra)
     assert isinstance(r["requests_total"], int) and r["requests_total"] > 20
@@ -57,6 +58,8 @@ def test_zone_kill_loses_no_request(scenario: str) -> None:
     assert isinstance(r["post_switch_first_hit_ratio"], float) and r["post_switch_first_hit_ratio"] > 0.5
     # the restored zone starts empty and is re-warmed from zone b: a's sessions' first requests back on it hit
     assert isinstance(r["failback_first_hit_ratio"], float) and r["failback_first_hit_ratio"] > 0.5
+    # and its ramp started once zone b had nothing left to replicate into it, not at the hold's timeout
+    assert r["failback_rewarm_hold_s"]["outcome"] == "warm", r["failback_rewarm_hold_s"]  # type: ignore[index]
 
 
 def test_a_partition_between_zones_moves_no_traffic_and_heals_without_a_resend() -> None:

@@ -12,9 +12,16 @@ import time
 
 import pytest
 
+from kvmesh.bench.delay_proxy import NATIVE
 from kvmesh.bench.kvsync import tiny_block_bytes, tiny_spec
 
 pytestmark = pytest.mark.integration
+
+# Both relay engines are held to the same behaviour; the native one only where its extension was built.
+ENGINES = [
+    pytest.param("native", marks=pytest.mark.skipif(not NATIVE, reason="kvmesh.bench._link is not built")),
+    "python",
+]
 
 
 def test_tiny_block_bytes_follows_the_tiny_model_spec() -> None:
@@ -61,7 +68,8 @@ def test_kvsync_bench_quick_prints_one_json_line_per_the_contract() -> None:
     assert set(res["must_show"]) >= {"shm_32_tiny_p99_ms", "grpc_32_tiny_p99_ms", "shm_128x1mib_over_memcpy"}
 
 
-def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact(engine: str) -> None:
     server = socket.create_server(("127.0.0.1", 0))
 
     def echo() -> None:
@@ -73,7 +81,7 @@ def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact() -> None
     threading.Thread(target=echo, daemon=True).start()
     target = f"127.0.0.1:{server.getsockname()[1]}"
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target, "--delay-ms", "20"],
+        [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target, "--delay-ms", "20", "--engine", engine],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -98,7 +106,8 @@ def test_delay_proxy_adds_its_delay_each_way_and_forwards_bytes_intact() -> None
         server.close()
 
 
-def test_delay_proxy_caps_the_rate_reports_progress_and_drops_in_flight_bytes_on_close() -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_delay_proxy_caps_the_rate_reports_progress_and_drops_in_flight_bytes_on_close(engine: str) -> None:
     """1 MB sent through `--rate 2e6 --report-every 100000 --drop-on-close`, then the target closes at once
     (its kernel flushes the bytes to the proxy): the client gets the bytes paced, sees `forwarded` reports
     match what it received, and loses the tail the proxy still held when the target's FIN arrived."""
@@ -113,7 +122,7 @@ def test_delay_proxy_caps_the_rate_reports_progress_and_drops_in_flight_bytes_on
 
     threading.Thread(target=blast, daemon=True).start()
     cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", f"127.0.0.1:{server.getsockname()[1]}"]
-    cmd += ["--rate", "2000000", "--report-every", "100000", "--drop-on-close"]
+    cmd += ["--rate", "2000000", "--report-every", "100000", "--drop-on-close", "--engine", engine]
     proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proxy.stdout is not None
@@ -134,3 +143,73 @@ def test_delay_proxy_caps_the_rate_reports_progress_and_drops_in_flight_bytes_on
     assert 0 < len(got) < len(payload) and bytes(got) == payload[: len(got)]  # a prefix: the tail was dropped
     assert elapsed >= 0.8 * len(got) / 2_000_000  # paced at the cap (the first piece goes at once)
     assert reports and reports == sorted(reports) and reports[-1] <= len(got)
+
+
+def test_delay_proxy_refuses_an_unknown_engine() -> None:
+    cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", "127.0.0.1:1", "--engine", "bogus"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--engine" in out.stderr and not out.stdout
+
+
+def _echo_server(server: socket.socket, connections: int) -> None:
+    """Echoes each of `connections` accepted connections in a thread of its own, until its client closes."""
+
+    def echo(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    for _ in range(connections):
+        conn, _ = server.accept()
+        threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+
+def _echo_through(port: int, payload: bytes) -> bytes:
+    """Sends `payload` from a thread while reading the echo (sending all first could fill every buffer on the
+    way and the echo's); returns what came back before the proxy closed or `len(payload)` bytes arrived."""
+    got = bytearray()
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(payload,), daemon=True)
+        sender.start()
+        while len(got) < len(payload):  # bounded: each recv returns > 0 bytes, or times out and fails
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        sender.join(timeout=20)
+    return bytes(got)
+
+
+@pytest.mark.skipif(not NATIVE, reason="kvmesh.bench._link is not built")
+@pytest.mark.parametrize("rate", ["0", "20000000"])
+def test_native_delay_proxy_relays_many_concurrent_connections_intact(rate: str) -> None:
+    """20 connections at once, each echoing its own random 300 kB through one native proxy (1 ms each way;
+    uncapped, and capped at 20 MB/s per direction): every one gets its own bytes back, whole and in order."""
+    connections = 20
+    server = socket.create_server(("127.0.0.1", 0), backlog=connections)
+    threading.Thread(target=_echo_server, args=(server, connections), daemon=True).start()
+    cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", f"127.0.0.1:{server.getsockname()[1]}"]
+    cmd += ["--delay-ms", "1", "--rate", rate, "--engine", "native"]
+    proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    payloads = [os.urandom(300_000) for _ in range(connections)]
+    results: dict[int, bytes] = {}
+    try:
+        assert proxy.stdout is not None
+        port = int(proxy.stdout.readline())
+
+        def client(i: int) -> None:
+            results[i] = _echo_through(port, payloads[i])
+
+        clients = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(connections)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(timeout=60)
+        assert proxy.poll() is None, "the proxy died"
+    finally:
+        proxy.kill()
+        proxy.wait(timeout=30)
+        server.close()
+    assert sorted(results) == list(range(connections))
+    for i, payload in enumerate(payloads):
+        assert results[i] == payload, f"connection {i}: {len(results[i])} of {len(payload)} bytes, or not its own"

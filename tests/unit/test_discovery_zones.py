@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from kvmesh.discovery.model import CatalogSnapshot, Health, Role, ServiceInstance
+from kvmesh.discovery.model import REPLICATION_PENDING_META, CatalogSnapshot, Health, Role, ServiceInstance
 from kvmesh.discovery.policy import FailoverPolicy, router_weights
 from kvmesh.discovery.zones import (
     ZonePolicy,
@@ -154,6 +156,66 @@ def test_gradual_come_back_ramps_linearly() -> None:
     d = fp.tick(12.0)
     assert d.zone_weights == pytest.approx({"a": 0.5, "b": 0.5})
     assert ramp_factor(fp.states["a"], pol, 100.0) == 1.0
+
+
+def replicating(zone: str, *into: str) -> list[ServiceInstance]:
+    """A full zone whose cache-manager has not finished replicating into the zones `into`."""
+    out = fleet(zone)
+    out[1] = replace(out[1], meta={REPLICATION_PENDING_META: ",".join(into)})
+    return out
+
+
+def test_views_list_the_zones_still_replicating_into_a_zone() -> None:
+    b = replicating("b", "a", "c", "b")  # its own zone is not a target
+    b.append(replace(inst("b-cm2", Role.CACHE_MANAGER, "b", Health.CRITICAL), meta={REPLICATION_PENDING_META: "d"}))
+    views = build_zone_views(snap(fleet("a"), b, replicating("c", "a")), ZonePolicy(), ["d"])
+    assert views["a"].rewarm_from == ("b", "c")
+    assert views["b"].rewarm_from == ()
+    assert views["c"].rewarm_from == ("b",)
+    assert views["d"].rewarm_from == ()  # only an up cache-manager's meta counts
+
+
+def test_restored_zone_is_held_at_the_floor_until_the_other_zones_rewarmed_it() -> None:
+    pol = ZonePolicy(up_observations=1, up_hold_s=0, min_dwell_s=0, ramp_s=10, ramp_floor=0.1)
+    fp = FailoverPolicy.create(pol, {"a": 1, "b": 1}, {"v1": 1})
+    fp.observe(snap(fleet("a"), replicating("b", "a")), 0.0)  # a never went down: no hold, whatever b says
+    assert fp.states["a"].ramp_from is None and not fp.states["a"].rewarm_hold
+    assert ramp_factor(fp.states["a"], pol, 0.0) == 1.0
+    fp.observe(snap(fleet("a", router=Health.CRITICAL), replicating("b", "a")), 1.0)
+    d = fp.observe(snap(fleet("a"), replicating("b", "a")), 2.0)  # restored at t=2, b still replicating
+    assert fp.states["a"].rewarm_hold
+    assert d.zone_weights["a"] == pytest.approx(0.1 / 1.1)
+    d = fp.observe(snap(fleet("a"), replicating("b", "a")), 30.0)  # held however long the ramp would take
+    assert fp.states["a"].rewarm_hold and d.zone_weights["a"] == pytest.approx(0.1 / 1.1)
+    d = fp.observe(snap(fleet("a"), fleet("b")), 31.0)  # re-warmed: the ramp starts now, from the floor
+    assert fp.states["a"].ramp_from == 31.0 and not fp.states["a"].rewarm_hold
+    assert d.zone_weights["a"] == pytest.approx(0.1 / 1.1)
+    d = fp.tick(36.0)  # r = 0.1 + 0.9 * 0.5
+    assert d.zone_weights["a"] == pytest.approx(0.55 / 1.55)
+    d = fp.observe(snap(fleet("a"), replicating("b", "a")), 37.0)  # pending again later: no new hold
+    assert d.zone_weights["a"] == pytest.approx(0.64 / 1.64)
+    assert fp.tick(41.0).zone_weights == pytest.approx({"a": 0.5, "b": 0.5})
+
+
+def test_rewarm_hold_ends_at_its_timeout_and_a_zero_timeout_never_holds() -> None:
+    pol = ZonePolicy(up_observations=1, up_hold_s=0, min_dwell_s=0, ramp_s=10, ramp_floor=0.0, rewarm_timeout_s=20)
+    fp = FailoverPolicy.create(pol, {"a": 1, "b": 1}, {"v1": 1})
+    fp.observe(snap(fleet("a"), fleet("b")), 0.0)
+    fp.observe(snap(fleet("a", router=Health.CRITICAL), replicating("b", "a")), 1.0)
+    fp.observe(snap(fleet("a"), replicating("b", "a")), 2.0)
+    fp.observe(snap(fleet("a"), replicating("b", "a")), 21.9)
+    assert fp.states["a"].rewarm_hold
+    fp.observe(snap(fleet("a"), replicating("b", "a")), 22.0)  # 20 s after the restore
+    assert fp.states["a"].ramp_from == 22.0
+    assert fp.tick(27.0).zone_weights["a"] == pytest.approx(0.5 / 1.5)
+    never = replace(pol, rewarm_timeout_s=0)
+    fp = FailoverPolicy.create(never, {"a": 1, "b": 1}, {"v1": 1})
+    fp.observe(snap(fleet("a"), fleet("b")), 0.0)
+    fp.observe(snap(fleet("a", router=Health.CRITICAL), replicating("b", "a")), 1.0)
+    fp.observe(snap(fleet("a"), replicating("b", "a")), 2.0)
+    assert fp.states["a"].ramp_from == 2.0 and not fp.states["a"].rewarm_hold
+    with pytest.raises(InvalidArgument, match="rewarm_timeout_s"):
+        ZonePolicy(rewarm_timeout_s=-1)
 
 
 def test_all_zones_down_falls_back_to_degraded_zones_with_a_router() -> None:

@@ -91,19 +91,31 @@ def zones(doc: Mapping[str, Any], now: float) -> str:
     rows = [
         [
             z["zone"],
-            "healthy" if z["healthy"] else "UNHEALTHY",
+            _zone_state(z),
             "-" if z["weight"] is None else f"{z['weight']:.3f}",
             z["routers"],
             z["cache_managers"],
             z["workers"],
             ago(z["since"], now),
-            z["reason"] or "-",
+            z["reason"] or _pending(z) or "-",
         ]
         for z in doc["zones"]
     ]
     text = table(["ZONE", "STATE", "WEIGHT", "ROUTERS", "CACHE-MGRS", "WORKERS", "FOR", "REASON"], rows)
     versions = ", ".join(f"{v} {w:.3f}" for v, w in doc["version_weights"].items()) or "-"
     return f"{head}\n{text}\nversion weights: {versions}"
+
+
+def _zone_state(z: Mapping[str, Any]) -> str:
+    """healthy, UNHEALTHY, or re-warming (restored, held at the ramp floor until other zones re-warm it)."""
+    if not z["healthy"]:
+        return "UNHEALTHY"
+    return "re-warming" if z.get("rewarm_hold") else "healthy"
+
+
+def _pending(z: Mapping[str, Any]) -> str:
+    pending = z.get("rewarm_pending_from") or []
+    return f"re-warm pending from {', '.join(pending)}" if pending else ""
 
 
 def rollout(doc: Mapping[str, Any], now: float) -> str:

@@ -78,6 +78,8 @@ def zones(
                 "cache_managers": z.cache_managers,
                 "workers": z.workers,
                 "since": z.since,
+                "rewarm_hold": z.rewarm_hold,
+                "rewarm_pending_from": list(z.rewarm_pending_from),
             }
             for z in health.zones
         ],

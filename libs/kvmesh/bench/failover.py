@@ -26,7 +26,9 @@ clients; ``outage_s``: from the kill to the start of the restore; ``requests_los
 failed or ended short; ``requests_duplicated``: requests that delivered more tokens than asked;
 ``failback_s``: from zone 0 restored (serving and registered) to the first request a client sends to it;
 ``request_s``: p50 and max of a served request's time, first attempt to last token (a request caught on the
-dead zone waits for the clients' liveness pings to fail its stream, then resumes elsewhere).
+dead zone waits for the clients' liveness pings to fail its stream, then resumes elsewhere);
+``failback_rewarm_hold_s`` (``--scenario zone``): how long the surviving zone's failover service held the
+restored zone at the ramp floor for its re-warm, and why the hold ended (``warm`` or ``timeout``).
 Zone figures (`kvmesh.bench.failover_figures`): ``pre_switch_hit_ratio``, ``post_switch_hit_ratio``
 (zone 0's sessions, before the kill on zone 0 and in the first 60 s after it elsewhere),
 ``post_switch_first_hit_ratio``, ``failback_hit_ratio``, ``cross_zone_sync_ms`` (a 32-block batch through
@@ -404,6 +406,10 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         if a.scenario == "partition":
             partition.update(await converged(zps))
         extra = {"sync": sync, "before_kill": before_kill, "partition": partition, "watch_moved": watch_moved}
+        if a.scenario == "zone":  # the surviving zone's failover service saw the whole restore
+            survivor = zps[1]
+            assert survivor.failover is not None
+            extra["rewarm"] = await asyncio.to_thread(figures.rewarm_hold, survivor.failover, survivor.zone.ns_ip)
         return result_line(a, stats, clients, names, (t_kill, t_restore_start, t_restored), extra)
     finally:
         for c in clients:
@@ -496,6 +502,8 @@ def result_line(
     }
     if killed:
         result.update(figures.hit_figures(stats.served, home, zone0, t_kill, post_end, t_restored))
+    if "rewarm" in extra:
+        result["failback_rewarm_hold_s"] = extra["rewarm"]
     result.update(extra["before_kill"])
     if a.scenario == "partition":
         result.update(extra["partition"])

@@ -104,6 +104,19 @@ def lag_ms(cm: ServiceProcess, host: str, followed: str) -> dict[str, float]:
     }
 
 
+def rewarm_hold(failover: ServiceProcess, host: str) -> dict[str, Any]:
+    """How the failover service held the restored zone's ramp for its re-warm: seconds from the restore to the
+    ramp's start and why it ended (`warm`: nothing pending any more; `timeout`), from
+    `kvmesh_failover_rewarm_hold_seconds`; None when it saw no hold end."""
+    samples = scrape(failover.http_port, host)
+    name = "kvmesh_failover_rewarm_hold_seconds"
+    for outcome in ("warm", "timeout"):
+        n = total(samples, f"{name}_count", outcome=outcome)
+        if n:
+            return {"outcome": outcome, "seconds": round(total(samples, f"{name}_sum", outcome=outcome) / n, 3)}
+    return {"outcome": None, "seconds": None}
+
+
 def replication_bytes(cm: ServiceProcess, host: str) -> float:
     return total(scrape(cm.http_port, host), "kvmesh_cache_replication_bytes_total")
 

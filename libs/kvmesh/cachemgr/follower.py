@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -58,6 +59,7 @@ class IndexFollower:
         replica: ReplicaIndex | None = None,
         resume: bool = True,
         on_message: OnMessage | None = None,
+        channel_options: Sequence[tuple[str, Any]] = CHANNEL_OPTIONS,
     ) -> None:
         self.address = address
         self.security = security
@@ -65,6 +67,7 @@ class IndexFollower:
         self.replica = replica if replica is not None else ReplicaIndex()
         self.resume = resume
         self.on_message = on_message
+        self.channel_options = channel_options
         self.disagreement = ""  # why the cache-manager is not followed ('' = it agrees or is unchecked)
         self.connected = False  # a stream is open and its snapshot or resume is complete
         self.snapshots = self.resumes = 0  # streams started each way
@@ -78,7 +81,7 @@ class IndexFollower:
         self._started = False
 
     def _open(self) -> None:
-        opts = [*CHANNEL_OPTIONS, *RECONNECT]
+        opts = [*self.channel_options, *RECONNECT]
         self._channel = open_channel(self.address, self.security, options=opts) if self.address else None
         self.stub = cache_manager_pb2_grpc.CacheManagerServiceStub(self._channel) if self._channel else None
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from kvmesh.errors import InvalidArgument
 
 KVMESH_TAG = "kvmesh"
+REPLICATION_PENDING_META = "replication_pending"
+"""A cache-manager's meta key: the followed zones (comma-separated) it has not finished replicating its hot
+prefixes into; the failover service holds a restored zone's ramp while one lists it (`kvmesh.discovery.zones`)."""
 SERVICE_PREFIX = "kvmesh-"
 
 

@@ -10,8 +10,12 @@
    ``n`` consecutive observations *and* for ``hold_s`` seconds (``down_*`` when failing,
    ``up_*`` when recovering); recovering also needs ``now - since >= min_dwell_s`` (time spent
    down). Failing is never delayed by the dwell: traffic must leave a dead zone at once.
-4. **Gradual come-back.** A zone that recovered at ``t_r`` gets the ramp factor
-   ``r(now) = min(1, ramp_floor + (1 - ramp_floor) * (now - t_r) / ramp_s)``; 1 when never down.
+4. **Gradual come-back, after the re-warm.** A zone that recovered at ``t_r`` first holds at
+   ``r = ramp_floor`` while another zone's up cache-manager still lists it in its
+   ``replication_pending`` meta (it has not yet replicated its hot prefixes into the returning zone,
+   or has not yet re-read that zone's index), at most ``rewarm_timeout_s`` (0: no hold). The hold ends
+   at ``t_w`` (``t_w = t_r`` when nothing is pending); then
+   ``r(now) = min(1, ramp_floor + (1 - ramp_floor) * (now - t_w) / ramp_s)``; 1 when never down.
 5. **Zone weights.** ``eff_z = base_z * r_z`` for healthy zones, 0 otherwise;
    ``weight_z = eff_z / sum(eff)``. So an unhealthy zone's share is redistributed to the healthy
    ones in proportion to their base weights. If ``sum(eff) = 0``: healthy zones share equally
@@ -25,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvmesh.discovery.model import CatalogSnapshot, Health, Role, ServiceInstance
+from kvmesh.discovery.model import REPLICATION_PENDING_META, CatalogSnapshot, Health, Role, ServiceInstance
 from kvmesh.errors import InvalidArgument
 
 
@@ -43,6 +47,7 @@ class ZonePolicy:
     min_dwell_s: float = 5.0
     ramp_s: float = 30.0
     ramp_floor: float = 0.05
+    rewarm_timeout_s: float = 60.0
     expected_capacity: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -51,7 +56,7 @@ class ZonePolicy:
         for name in ("down_observations", "up_observations"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(name, "must be >= 1")
-        for name in ("down_hold_s", "up_hold_s", "min_dwell_s", "ramp_s"):
+        for name in ("down_hold_s", "up_hold_s", "min_dwell_s", "ramp_s", "rewarm_timeout_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidArgument(name, "must be a finite number >= 0")
@@ -75,6 +80,7 @@ class ZoneView:
     worker_capacity_total: float
     healthy: bool
     reasons: tuple[str, ...]
+    rewarm_from: tuple[str, ...] = ()  # zones still replicating into this one (`REPLICATION_PENDING_META`)
 
 
 def is_up(inst: ServiceInstance, policy: ZonePolicy) -> bool:
@@ -84,6 +90,7 @@ def is_up(inst: ServiceInstance, policy: ZonePolicy) -> bool:
 def build_zone_views(snapshot: CatalogSnapshot, policy: ZonePolicy, zones: Iterable[str] = ()) -> dict[str, ZoneView]:
     """Per-zone views for every zone in the snapshot, in `zones` and in ``policy.expected_capacity``."""
     names = set(snapshot.zones()) | set(zones) | set(policy.expected_capacity)
+    rewarming = pending_replication(snapshot, policy)
     out: dict[str, ZoneView] = {}
     for z in sorted(names):
         members = [i for i in snapshot.instances if i.zone == z]
@@ -113,7 +120,20 @@ def build_zone_views(snapshot: CatalogSnapshot, policy: ZonePolicy, zones: Itera
             cap_total,
             not reasons,
             tuple(reasons),
+            tuple(sorted(rewarming.get(z, ()))),
         )
+    return out
+
+
+def pending_replication(snapshot: CatalogSnapshot, policy: ZonePolicy) -> dict[str, set[str]]:
+    """{zone: the other zones whose up cache-managers still list it in `REPLICATION_PENDING_META`}."""
+    out: dict[str, set[str]] = {}
+    for i in snapshot.instances:
+        if i.role is not Role.CACHE_MANAGER or not is_up(i, policy):
+            continue
+        for z in filter(None, (p.strip() for p in i.meta.get(REPLICATION_PENDING_META, "").split(","))):
+            if z != i.zone:
+                out.setdefault(z, set()).add(i.zone)
     return out
 
 
@@ -128,6 +148,12 @@ class ZoneState:
     pending_since: float | None = None
     restored_at: float | None = None
     reasons: tuple[str, ...] = ()
+    ramp_from: float | None = None  # when the ramp of a restored zone started (None: still held for re-warm)
+
+    @property
+    def rewarm_hold(self) -> bool:
+        """A restored zone held at the ramp floor until the other zones have re-warmed it."""
+        return self.healthy and self.restored_at is not None and self.ramp_from is None
 
 
 @dataclass(frozen=True)
@@ -148,11 +174,13 @@ class ZoneTransition:
 def step_zone(
     prev: ZoneState | None, view: ZoneView, policy: ZonePolicy, now: float
 ) -> tuple[ZoneState, ZoneTransition | None]:
-    """Advance one zone's hysteresis by one observation taken at `now`."""
+    """Advance one zone's hysteresis (and a restored zone's re-warm hold) by one observation taken at `now`."""
     if prev is None:
         return ZoneState(view.zone, view.healthy, now, reasons=view.reasons), None
     if view.healthy == prev.healthy:
-        return ZoneState(prev.zone, prev.healthy, prev.since, 0, None, prev.restored_at, view.reasons), None
+        ramp_from = _ramp_start(prev.restored_at, prev.ramp_from, view, policy, now)
+        state = ZoneState(prev.zone, prev.healthy, prev.since, 0, None, prev.restored_at, view.reasons, ramp_from)
+        return state, None
     count = prev.pending_count + 1
     pending_since = prev.pending_since if prev.pending_since is not None else now
     held = now - pending_since
@@ -162,20 +190,35 @@ def step_zone(
         flip = count >= policy.down_observations and held >= policy.down_hold_s
     if not flip:
         return ZoneState(
-            prev.zone, prev.healthy, prev.since, count, pending_since, prev.restored_at, view.reasons
+            prev.zone, prev.healthy, prev.since, count, pending_since, prev.restored_at, view.reasons, prev.ramp_from
         ), None
     restored_at = now if view.healthy else None
-    state = ZoneState(prev.zone, view.healthy, now, 0, None, restored_at, view.reasons)
+    ramp_from = _ramp_start(restored_at, None, view, policy, now)
+    state = ZoneState(prev.zone, view.healthy, now, 0, None, restored_at, view.reasons, ramp_from)
     return state, ZoneTransition(prev.zone, view.healthy, pending_since, now, view.reasons)
+
+
+def _ramp_start(
+    restored_at: float | None, ramp_from: float | None, view: ZoneView, policy: ZonePolicy, now: float
+) -> float | None:
+    """When a restored zone's ramp starts: once nothing is pending for it, or `rewarm_timeout_s` after its
+    restore; None while it is held (and for a zone never restored)."""
+    if restored_at is None or ramp_from is not None:
+        return ramp_from
+    if not view.rewarm_from or now - restored_at >= policy.rewarm_timeout_s:
+        return now
+    return None
 
 
 def ramp_factor(state: ZoneState, policy: ZonePolicy, now: float) -> float:
     """``r(now)`` of the module docstring; 0 for an unhealthy zone."""
     if not state.healthy:
         return 0.0
-    if state.restored_at is None or policy.ramp_s <= 0:
+    if state.rewarm_hold:
+        return policy.ramp_floor
+    if state.restored_at is None or state.ramp_from is None or policy.ramp_s <= 0:
         return 1.0
-    frac = (now - state.restored_at) / policy.ramp_s
+    frac = (now - state.ramp_from) / policy.ramp_s
     return max(0.0, min(1.0, policy.ramp_floor + (1.0 - policy.ramp_floor) * frac))
 
 

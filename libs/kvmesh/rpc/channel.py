@@ -34,12 +34,19 @@ CHANNEL_OPTIONS = [
 # The client library's channels to routers and failover services: a ping every 2 s, answered within 1 s, so a
 # stream on a zone whose link died silently (no reset ever comes) fails in about 3 s and the request resumes
 # elsewhere; servers accept pings this often (`kvmesh.rpc.server`, min_ping_interval_without_data_ms).
+# grpc-core (1.85 here) waits for a ping's ack `grpc.http2.ping_timeout_ms` (default 60 s), not keepalive_timeout:
+# without it a silent link (a stopped proxy, a dead host) held a stream open for a minute.
 LIVENESS_OPTIONS = [
     ("grpc.keepalive_time_ms", 2_000),
     ("grpc.keepalive_timeout_ms", 1_000),
+    ("grpc.http2.ping_timeout_ms", 1_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+
+# A cache-manager's channels to the zones it follows and replicates into: CHANNEL_OPTIONS with the liveness
+# pings (a zone lost with its link must show as not followed live within seconds, not after a 15 s keepalive).
+ZONE_LINK_OPTIONS = list({**dict(CHANNEL_OPTIONS), **dict(LIVENESS_OPTIONS)}.items())
 
 
 class _PropagatingInterceptor(grpc.aio.UnaryUnaryClientInterceptor):

@@ -16,7 +16,8 @@
   (`kvmesh.rpc.background`), stopped in order on shutdown;
 - self-registration: in Consul when `consul_url` is set, or in the registry given to `register_in`, retried
   in the background (the registry may be down at start; the service serves anyway), deregistered first thing
-  on drain so routers stop sending before the server stops accepting;
+  on drain so routers stop sending before the server stops accepting; `set_meta` changes the registered
+  meta (re-registration: the registry replaces the entry, its checks keep their status);
 - lifecycle: `on_started` hooks run once the servers listen; on SIGTERM/SIGINT health turns NOT_SERVING,
   `stopping` is set (long-lived watch streams end cleanly), `on_stopping` hooks run, new calls are refused
   and in-flight calls get `grace_s` seconds to finish; then background tasks stop, `on_stopped` hooks run
@@ -33,7 +34,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,7 +46,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from kvmesh.config import EVENT_LOOPS, ServerSettings, load_settings
-from kvmesh.discovery.model import Health, Role
+from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registration import register_until_done, registry_from, self_instance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
 from kvmesh.errors import KvmeshError
@@ -171,6 +172,9 @@ class ServiceRunner:
     _http_runner: web.AppRunner | None = field(init=False, default=None)
     _register_task: asyncio.Task[None] | None = field(init=False, default=None)
     _registered: str = field(init=False, default="")
+    _instance: ServiceInstance | None = field(init=False, default=None)  # registered; meta without set_meta's
+    _meta: dict[str, str] = field(init=False, default_factory=dict)  # set_meta's keys
+    _published_meta: dict[str, str] | None = field(init=False, default=None)  # the meta the registry holds
 
     def __post_init__(self) -> None:
         self.server = grpc.aio.server(options=_server_options(self.limits, self.settings.reuse_port))
@@ -314,13 +318,40 @@ class ServiceRunner:
             address=address or s.advertise_address or ports.grpc_address,
             meta={"http": http} if http and reg.with_http_meta else None,
         )
+        base_meta = dict(inst.meta)
+        inst = replace(inst, meta={**base_meta, **self._meta})
 
         async def register() -> None:
             if await register_until_done(reg.registry, inst, reg.check, reg.probe, self.stopping):
-                self._registered = inst.id
+                self._registered, self._instance = inst.id, replace(inst, meta=base_meta)
+                self._published_meta = dict(inst.meta)
                 log.info("%s registered as %s", self.name, inst.id)
+                await self._publish_meta()  # what set_meta changed meanwhile
 
         self._register_task = asyncio.create_task(register(), name="registration")
+
+    async def set_meta(self, key: str, value: str) -> None:
+        """Sets one key of this instance's registry meta ("" removes it). Once registered, re-registers with
+        the new meta (a failure is logged and retried at the next call); before, the registration carries it."""
+        if value:
+            self._meta[key] = value
+        else:
+            self._meta.pop(key, None)
+        await self._publish_meta()
+
+    async def _publish_meta(self) -> None:
+        reg, base = self.registration, self._instance
+        if reg is None or base is None or not self._registered or self.stopping.is_set():
+            return
+        want = {**base.meta, **self._meta}
+        if self._published_meta == want:
+            return
+        try:
+            await asyncio.wait_for(reg.registry.register(replace(base, meta=want), reg.check, reg.probe), 3.0)
+        except (KvmeshError, OSError, TimeoutError) as e:
+            log.warning("re-registration of %s with new meta failed: %s", self._registered, e)
+            return
+        self._published_meta = want
 
     async def _probe(self) -> Health:
         return Health.CRITICAL if self.stopping.is_set() else Health.PASSING

@@ -784,6 +784,7 @@ class GetStatsResponse(_message.Message):
         BYTES_TOTAL_FIELD_NUMBER: _builtins.int
         FAILURES_TOTAL_FIELD_NUMBER: _builtins.int
         BUDGET_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+        PENDING_FIELD_NUMBER: _builtins.int
         zone: _builtins.str
         """The zone replicated into."""
         prefixes: _builtins.int
@@ -796,6 +797,8 @@ class GetStatsResponse(_message.Message):
         """Replications that failed or were not verified, since start."""
         budget_bytes_per_s: _builtins.float
         """The byte budget, bytes per second."""
+        pending: _builtins.bool
+        """True until this zone's hot prefixes are all verified there (or its index is not followed live now)."""
         def __init__(
             self,
             *,
@@ -805,10 +808,11 @@ class GetStatsResponse(_message.Message):
             bytes_total: _builtins.int = ...,
             failures_total: _builtins.int = ...,
             budget_bytes_per_s: _builtins.float = ...,
+            pending: _builtins.bool = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "budget_bytes_per_s", b"budget_bytes_per_s", "bytes_total", b"bytes_total", "failures_total", b"failures_total", "prefixes", b"prefixes", "zone", b"zone"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "budget_bytes_per_s", b"budget_bytes_per_s", "bytes_total", b"bytes_total", "failures_total", b"failures_total", "pending", b"pending", "prefixes", b"prefixes", "zone", b"zone"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -493,6 +493,8 @@ class ZoneHealth(_message.Message):
     CACHE_MANAGERS_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    REWARM_HOLD_FIELD_NUMBER: _builtins.int
+    REWARM_PENDING_FROM_FIELD_NUMBER: _builtins.int
     zone: _builtins.str
     """Zone name."""
     healthy: _builtins.bool
@@ -507,6 +509,12 @@ class ZoneHealth(_message.Message):
     """Passing workers."""
     since: _builtins.float
     """Since when the zone has been in its current state, seconds since the Unix epoch."""
+    rewarm_hold: _builtins.bool
+    """True while the restored zone is held at the ramp floor for other zones to re-warm it."""
+    @_builtins.property
+    def rewarm_pending_from(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Zones whose cache-managers have not finished replicating their hot prefixes into this one."""
+
     def __init__(
         self,
         *,
@@ -517,10 +525,12 @@ class ZoneHealth(_message.Message):
         cache_managers: _builtins.int = ...,
         workers: _builtins.int = ...,
         since: _builtins.float = ...,
+        rewarm_hold: _builtins.bool = ...,
+        rewarm_pending_from: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_managers", b"cache_managers", "healthy", b"healthy", "reason", b"reason", "routers", b"routers", "since", b"since", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_managers", b"cache_managers", "healthy", b"healthy", "reason", b"reason", "rewarm_hold", b"rewarm_hold", "rewarm_pending_from", b"rewarm_pending_from", "routers", b"routers", "since", b"since", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
