@@ -43,7 +43,7 @@ from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.warming import WarmAction
 from kvmesh.warming.decide import pick_workers
-from kvmesh.warming.replicate import ByteBudget, Candidate, candidates, plan_round
+from kvmesh.warming.replicate import ByteBudget, Candidate, candidates, plan_round, unfinished
 
 log = logging.getLogger(__name__)
 MAX_PREFIXES = 64  # per ReplicatePrefixes call
@@ -185,18 +185,9 @@ class Replicator:
         return sorted(t.zone for t in self.targets if t.pending)
 
     async def _backlog(self, t: Target, cands: list[Candidate]) -> bool:
-        """Whether a hot prefix that could go to `t` (a local worker holds it, it fits the burst) is not there."""
-        block_bytes = await self._block_bytes()
-        return (
-            any(
-                c.key not in t.replicas
-                and c.n_blocks * block_bytes <= t.budget.burst
-                and self.warmer.holders(c.token_ids, c.tenant)
-                for c in cands
-            )
-            if block_bytes
-            else False
-        )
+        """Whether hot prefixes that could go to `t` are not there yet (`replicate.unfinished`)."""
+        held = lambda c: bool(self.warmer.holders(c.token_ids, c.tenant))  # noqa: E731
+        return unfinished(cands, set(t.replicas), await self._block_bytes(), t.budget.burst, held)
 
     def _forget_gone(self, t: Target, now: float) -> None:
         """Replicas the followed copy of the zone no longer shows (evicted there): replicated again."""

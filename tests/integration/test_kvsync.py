@@ -14,7 +14,7 @@ import pytest
 
 from kvmesh.kvsync.client import KvSyncClient, PullFailed
 from kvmesh.kvsync.peer import BreakingKvSync
-from kvmesh.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
+from kvmesh.kvsync.service import FIRST_MESSAGE_DATA_BYTES, REQUEST_BOUNDS, KvSyncServicer, add_to_server
 from kvmesh.kvsync.tier import RegionReader, TierRegion, checksum
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
@@ -368,3 +368,36 @@ async def test_serving_a_region_another_process_owns() -> None:
         await server.stop(None)
         attached.close()
         owner.close()
+
+
+async def test_read_messages_start_small_and_double_up_to_the_message_size() -> None:
+    """A ReadBlocks stream's messages carry FIRST_MESSAGE_DATA_BYTES, then twice the last each time, up to
+    the servicer's message size (the client copies one while the next is encoded); every block arrives whole."""
+    block, n = 64 * 1024, 30  # 1920 KiB: 128 + 256 + 512 + 1024 KiB
+    region = TierRegion.create(f"kvmesh-it-{os.getpid()}-{os.urandom(4).hex()}", block, n, LAYOUT)
+    server = grpc.aio.server()
+    add_to_server(KvSyncServicer({"cpu": region}, message_bytes=1 << 20), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            client = KvSyncClient(channel, timeout_s=10)
+            blocks = _blocks(n, block)
+            await client.write_blocks("cpu", blocks, timeout_s=10)
+            read = channel.unary_stream(
+                "/kvmesh.v1.KvSyncService/ReadBlocks",
+                request_serializer=kvsync_pb2.ReadBlocksRequest.SerializeToString,
+                response_deserializer=kvsync_pb2.ReadBlocksResponse.FromString,
+            )
+            request = kvsync_pb2.ReadBlocksRequest(region="cpu", digests=[d for d, _ in blocks], ttl_ms=5000)
+            messages = [m async for m in read(request, timeout=10)]
+            sizes = [sum(len(c.data) for c in m.chunks) for m in messages]
+            assert sizes == [FIRST_MESSAGE_DATA_BYTES << k for k in range(4)] == [131072, 262144, 524288, 1048576]
+            got: dict[int, bytes] = {}
+            for c in (c for m in messages for c in m.chunks):
+                got[c.index] = got.get(c.index, b"") + c.data
+            assert [got[i] for i in range(n)] == [data for _, data in blocks]
+            client.close()
+    finally:
+        await server.stop(None)
+        region.close()

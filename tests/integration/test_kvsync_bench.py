@@ -213,3 +213,9 @@ def test_native_delay_proxy_relays_many_concurrent_connections_intact(rate: str)
     assert sorted(results) == list(range(connections))
     for i, payload in enumerate(payloads):
         assert results[i] == payload, f"connection {i}: {len(results[i])} of {len(payload)} bytes, or not its own"
+
+
+@pytest.mark.skipif(os.environ.get("KVMESH_REQUIRE_NATIVE") != "1", reason="native build not required here")
+def test_native_link_engine_is_built_where_required() -> None:
+    """Where CI builds the C extensions, the native relay is what the link tests and benches run."""
+    assert NATIVE, "kvmesh.bench._link failed to build"

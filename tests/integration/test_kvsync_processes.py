@@ -133,7 +133,8 @@ async def test_pull_from_a_peer_process_over_grpc_and_shm(peers: list[PeerProces
 
 async def test_peer_killed_mid_stream_is_a_typed_error_within_the_deadline(peers: list[PeerProcess]) -> None:
     size, n = 1 << 20, 8
-    peer = PeerProcess("--block-bytes", str(size), "--blocks", str(n), "--stall-after", "2")
+    # five messages (128 KiB doubling up to 1 MiB: 2.875 MiB) carry blocks 0 and 1 whole, and part of block 2
+    peer = PeerProcess("--block-bytes", str(size), "--blocks", str(n), "--stall-after", "5")
     peers.append(peer)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
     client = KvSyncClient(channel)
@@ -141,7 +142,7 @@ async def test_peer_killed_mid_stream_is_a_typed_error_within_the_deadline(peers
         outs = [memoryview(bytearray(size)) for _ in range(n)]
         start = time.monotonic()
         pull = asyncio.create_task(client.pull(REGION, peer_digests(n), outs, LAYOUT, timeout_s=5.0, prefer_shm=False))
-        assert await asyncio.to_thread(peer.readline) == "stalled"  # two messages sent, the stream is open
+        assert await asyncio.to_thread(peer.readline) == "stalled"  # five messages sent, the stream is open
         want = [peer_block(i, size) for i in range(2)]
         for _ in range(400):  # bounded (4 s): both blocks copied here (the copy and its check are one call)
             if [bytes(o) for o in outs[:2]] == want:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import signal
@@ -30,7 +31,7 @@ import grpc
 import pytest
 
 from kvmesh.engine.sim.tiers import tiny_block_bytes
-from kvmesh.kvsync.service import MESSAGE_DATA_BYTES
+from kvmesh.kvsync.service import MESSAGE_DATA_BYTES, message_sizes
 from kvmesh.kvsync.tier import SHM_DIR, region_name
 from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.services.worker.kvpull import STAGING_TAG
@@ -48,6 +49,11 @@ OUTCOMES = "kvmesh_worker_kv_pull_outcomes_total"
 PULL_TIMEOUT_MS = 20_000  # the workers' cap on a pull's deadline; the hints below ask for less
 KILL_AFTER = 128 << 10  # bytes of A's ReadBlocks stream the proxy forwards before A is killed
 RATE = 1_000_000  # bytes/s through the proxy: the ~2 MB stream would take ~2 s
+
+
+def message_ends(block_bytes: int) -> Iterator[int]:
+    """The block counts at which a ReadBlocks stream's messages end (each message carries whole blocks here)."""
+    return itertools.accumulate(size // block_bytes for size in message_sizes(MESSAGE_DATA_BYTES))
 
 
 @pytest.fixture(scope="module")
@@ -214,11 +220,12 @@ async def test_source_killed_mid_transfer_is_a_recompute(workers: tuple[ServiceP
         with contextlib.suppress(FileNotFoundError):  # A's tier, which its killed owner could not unlink
             os.unlink(os.path.join(SHM_DIR, a_info.tier_shm_name))
     assert got == want
-    # Only the verified leading blocks of the broken stream are used: blocks arrive a message (1 MiB, 64 of
-    # the tiny model's 16 KiB blocks) at a time, so B staged the whole messages it got before the kill (0 if
-    # none: outcome failed; else remote_partial) and computed the rest.
-    per_message = MESSAGE_DATA_BYTES // tiny_block_bytes(BS)
-    assert b_cached % (per_message * BS) == 0 and b_cached < loadable_blocks(LONG_PROMPT, BS) * BS, b.log()[-3000:]
+    # Only the verified leading blocks of the broken stream are used: blocks arrive a message at a time (8, 16,
+    # 32, then 64 of the tiny model's 16 KiB blocks: `message_sizes`), so B staged the whole messages it got
+    # before the kill (0 if none: outcome failed; else remote_partial) and computed the rest.
+    loadable = loadable_blocks(LONG_PROMPT, BS)
+    whole = {0, *itertools.takewhile(lambda k: k < loadable, message_ends(tiny_block_bytes(BS)))}
+    assert b_cached // BS in whole and b_cached % BS == 0, (b_cached, sorted(whole), b.log()[-3000:])
     outcome = "remote_partial" if b_cached else "failed"
     assert metric(b.http_port, OUTCOMES, f'outcome="{outcome}"') == (partial if b_cached else failed) + 1
     failure = [line for line in b.log().splitlines() if f"pull from {proxy.address} failed" in line]

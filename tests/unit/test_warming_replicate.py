@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmesh.warming.replicate import ByteBudget, Candidate, candidates, plan_round
+from kvmesh.warming.replicate import ByteBudget, Candidate, candidates, plan_round, unfinished
 from kvmesh.warming.stats import PrefixStats
 
 BS, BB = 16, 1000  # tokens and bytes per block
@@ -66,3 +66,14 @@ def test_candidates_are_the_hot_prefixes_whose_tokens_are_known() -> None:
         stats.observe([21, 22], 1.0)  # no tokens: cannot be replicated
     cs = candidates(stats.hot(2.0, 3))
     assert [(c.key, c.n_blocks, c.hits, len(c.token_ids)) for c in cs] == [(14, 4, 3, 4 * BS)]
+
+
+def test_replication_is_unfinished_while_a_prefix_that_could_go_is_not_there() -> None:
+    cs = [cand(1, 2, 10), cand(2, 8, 3)]  # 2000 and 8000 bytes
+    everywhere = lambda c: True  # noqa: E731
+    assert unfinished(cs, {1}, BB, burst=10_000, held_here=everywhere)  # 2 is missing and fits
+    assert not unfinished(cs, {1, 2}, BB, burst=10_000, held_here=everywhere)
+    assert not unfinished(cs, {1}, BB, burst=5_000, held_here=everywhere)  # 2 can never fit: not waited for
+    assert not unfinished(cs, {1}, BB, burst=10_000, held_here=lambda c: c.key != 2)  # no longer held here
+    assert not unfinished(cs, set(), 0, burst=10_000, held_here=everywhere)  # no tier here: nothing can go
+    assert not unfinished([], set(), BB, burst=10_000, held_here=everywhere)

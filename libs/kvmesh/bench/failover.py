@@ -27,7 +27,7 @@ failed or ended short; ``requests_duplicated``: requests that delivered more tok
 ``failback_s``: from zone 0 restored (serving and registered) to the first request a client sends to it;
 ``request_s``: p50 and max of a served request's time, first attempt to last token (a request caught on the
 dead zone waits for the clients' liveness pings to fail its stream, then resumes elsewhere);
-``failback_rewarm_hold_s`` (``--scenario zone``): how long the surviving zone's failover service held the
+``failback_rewarm_hold_s`` (``--scenario zone|consul``): how long the surviving zone's failover service held the
 restored zone at the ramp floor for its re-warm, and why the hold ended (``warm`` or ``timeout``).
 Zone figures (`kvmesh.bench.failover_figures`): ``pre_switch_hit_ratio``, ``post_switch_hit_ratio``
 (zone 0's sessions, before the kill on zone 0 and in the first 60 s after it elsewhere),
@@ -406,7 +406,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         if a.scenario == "partition":
             partition.update(await converged(zps))
         extra = {"sync": sync, "before_kill": before_kill, "partition": partition, "watch_moved": watch_moved}
-        if a.scenario == "zone":  # the surviving zone's failover service saw the whole restore
+        if a.scenario in ("zone", "consul"):  # the surviving zone's failover service saw the whole restore
             survivor = zps[1]
             assert survivor.failover is not None
             extra["rewarm"] = await asyncio.to_thread(figures.rewarm_hold, survivor.failover, survivor.zone.ns_ip)

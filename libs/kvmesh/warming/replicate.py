@@ -15,7 +15,7 @@ a prefix is not sent again while the other zone still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kvmesh.warming.stats import PrefixInfo
@@ -87,3 +87,17 @@ def plan_round(
             out.append(c)
             left -= cost
     return out
+
+
+def unfinished(
+    cands: Iterable[Candidate],
+    replicated: set[int],
+    block_bytes: int,
+    burst: float,
+    held_here: Callable[[Candidate], bool],
+) -> bool:
+    """Whether a candidate that could still go is not replicated: one this zone holds (`held_here`) whose
+    bytes fit the burst (a larger one never goes); `block_bytes` 0 (no tier here) means nothing can go."""
+    return block_bytes > 0 and any(
+        c.key not in replicated and c.n_blocks * block_bytes <= burst and held_here(c) for c in cands
+    )
