@@ -56,7 +56,10 @@ class IndexReplica:
         self.follower = IndexFollower(address, ChannelSecurity.of(settings), expect)
         self.fallback_timeout_s = fallback_timeout_s
         self.fallbacks = 0
-        self.reports = PrefixReports(self._report, report_queue, report_batch, report_flush_s, report_tokens)
+        block_size = expect[0] if expect is not None else 0  # no block size known: no token ids reported
+        self.reports = PrefixReports(
+            self._report, block_size, report_queue, report_batch, report_flush_s, report_tokens
+        )
         self._report_task: asyncio.Task[None] | None = None
 
     @property

@@ -8,12 +8,16 @@ previous send, whichever is later); a failed send loses its batch (logged at deb
 once in `kvmesh_router_prefix_reports_total{outcome}`: sent, dropped (queue full) or failed. Reporting never
 affects routing. `max_queue` 0 turns reporting off.
 
-Token ids go with a prompt's entry only when its full-length checkpoint hash has not carried them in the last
-`tokens_resend_s`: the cache-manager keeps a prefix's tokens from the first report that has them and needs
-them only once (`kvmesh.warming.stats.PrefixStats.observe_keys`), and building 1K ids into every entry of a
-hot prompt cost the router ~3 % of its CPU per request. The memory is bounded (`max_remembered`, oldest out)
-and forgotten on a failed send, so a lost report or a restarted cache-manager gets the tokens again within
-`tokens_resend_s`.
+Token ids go with an entry only for the prompt's *held* part, its `hit_blocks` leading blocks that some worker
+holds (`hit_blocks` × `block_size` ids, at most `max_tokens`): the cache-manager needs a prefix's tokens only to
+warm or replicate it, it can copy only a prefix that a worker holds, and a prompt's unique tail (most of a long
+prompt: a document, a new question) is never worth sending. A prefix becomes held on its second routing, when
+its first has cached it, so it carries its tokens from then on. They go only when the prefix they name (the
+chain hash at `hit_blocks`) has not carried them in the last `tokens_resend_s`: the cache-manager keeps a
+prefix's tokens from the first report that has them (`kvmesh.warming.stats.PrefixStats.observe_keys`), and
+building 1K ids into every entry of a hot prompt cost the router ~3 % of its CPU per request. The memory is
+bounded (`max_remembered`, oldest out) and forgotten on a failed send, so a lost report or a restarted
+cache-manager gets the tokens again within `tokens_resend_s`.
 """
 
 from __future__ import annotations
@@ -37,8 +41,8 @@ from kvmesh.warming.stats import checkpoint_keys
 
 log = logging.getLogger(__name__)
 Send = Callable[[pb.ReportRoutedPrefixesRequest], Awaitable[object]]
-# blocks, checkpoint hashes, hit blocks, tenant, leading token ids (a RoutedPrefix's fields)
-Entry = tuple[int, list[int], int, str, "Tokens | None"]
+# blocks, checkpoint hashes, hit blocks, tenant, the prompt's token ids and how many of them to send
+Entry = tuple[int, list[int], int, str, "Tokens | None", int]
 Tokens = Sequence[int] | npt.NDArray[np.uint32]
 
 
@@ -48,6 +52,7 @@ class PrefixReports:
     def __init__(
         self,
         send: Send,
+        block_size: int,
         max_queue: int = 4096,
         max_batch: int = 256,
         flush_s: float = 0.1,
@@ -57,10 +62,11 @@ class PrefixReports:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.send = send
+        self.block_size = block_size
         self.tokens_resend_s = tokens_resend_s
         self.max_remembered = max_remembered
         self._clock = clock
-        self._tokens_sent: OrderedDict[int, float] = OrderedDict()  # full-length hash -> when its tokens went
+        self._tokens_sent: OrderedDict[int, float] = OrderedDict()  # held prefix's hash -> when its tokens went
         self.max_tokens = min(max_tokens, MAX_ROUTED_TOKENS)  # token ids sent per entry (0: none)
         self.max_queue = max_queue  # 0: reporting off
         self.max_batch = max(1, min(max_batch, MAX_ROUTED_PREFIXES))
@@ -70,24 +76,24 @@ class PrefixReports:
         self._full = asyncio.Event()  # a whole batch waits
 
     def offer(self, hashes: Hashes, hit_blocks: int, tenant: str = "", token_ids: Tokens | None = None) -> None:
-        """Queues the entry of one routed prompt (dropped, and counted, when the queue is full); its leading
-        `max_tokens` token ids go with it when due (module docstring; copied when the batch is built, off the
+        """Queues the entry of one routed prompt (dropped, and counted, when the queue is full); the token ids
+        of its held part go with it when due (module docstring; copied when the batch is built, off the
         request path)."""
         if self.max_queue <= 0:
             return
         if len(self.queue) >= self.max_queue:
             m.PREFIX_REPORTS.labels("dropped").inc()
             return
-        keys = checkpoint_keys(hashes)
-        due = token_ids is not None and self.max_tokens > 0 and bool(keys) and self._tokens_due(keys[-1])
-        tokens = token_ids if due else None
-        self.queue.append((len(hashes), keys, hit_blocks, tenant, tokens))
+        held = min(hit_blocks, len(hashes))
+        n = min(held * self.block_size, self.max_tokens)
+        due = token_ids is not None and n > 0 and self._tokens_due(int(hashes[held - 1]))
+        self.queue.append((len(hashes), checkpoint_keys(hashes), hit_blocks, tenant, token_ids if due else None, n))
         self._waiting.set()
         if len(self.queue) >= self.max_batch:
             self._full.set()
 
     def _tokens_due(self, key: int) -> bool:
-        """Whether the prompt ending in `key` carries its tokens now (and then remembers that it did)."""
+        """Whether the held prefix ending in `key` carries its tokens now (and then remembers that it did)."""
         now = self._clock()
         last = self._tokens_sent.get(key)
         if last is not None and now - last < self.tokens_resend_s:
@@ -100,7 +106,7 @@ class PrefixReports:
 
     def take(self) -> list[pb.RoutedPrefix]:
         """The oldest entries, at most one batch, removed from the queue."""
-        batch = [entry(*self.queue.popleft(), self.max_tokens) for _ in range(min(self.max_batch, len(self.queue)))]
+        batch = [entry(*self.queue.popleft()) for _ in range(min(self.max_batch, len(self.queue)))]
         if not self.queue:
             self._waiting.clear()
         if len(self.queue) < self.max_batch:
@@ -135,11 +141,11 @@ class PrefixReports:
 
 
 def entry(
-    blocks: int, keys: list[int], hit_blocks: int, tenant: str, tokens: Tokens | None, max_tokens: int
+    blocks: int, keys: list[int], hit_blocks: int, tenant: str, tokens: Tokens | None, n_tokens: int
 ) -> pb.RoutedPrefix:
-    """The report entry of a queued prompt (its first `max_tokens` token ids, if it has them)."""
+    """The report entry of a queued prompt (its first `n_tokens` token ids, if it carries them)."""
     if tokens is None:
         ids: list[int] = []
     else:
-        ids = tokens[:max_tokens].tolist() if isinstance(tokens, np.ndarray) else list(tokens[:max_tokens])
+        ids = tokens[:n_tokens].tolist() if isinstance(tokens, np.ndarray) else list(tokens[:n_tokens])
     return pb.RoutedPrefix(blocks=blocks, checkpoint_hashes=keys, hit_blocks=hit_blocks, tenant=tenant, token_ids=ids)

@@ -35,7 +35,7 @@ class RouterSettings(ServerSettings):
     prefix_report_batch: int = setting(256, "most prompts in one report to the cache-manager (at most 1024)")
     prefix_report_flush_ms: int = setting(100, "a routed prompt is reported at most this long after it was routed")
     prefix_report_tokens: int = setting(
-        16384, "leading token ids reported with a routed prompt, for the cache-manager's warming and replication"
+        16384, "most token ids reported with a routed prompt (of its held part), for warming and replication"
     )
     policy_file: str = setting("", "routing profile YAML (default: the built-in kvmesh profile)")
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")
