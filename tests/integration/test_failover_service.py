@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvmesh.discovery.consul import ConsulRegistry
-from kvmesh.discovery.model import Role, ServiceInstance
+from kvmesh.discovery.model import REPLICATION_PENDING_META, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 from tests.consul_standin.launch import StandinProcess, start_standin
 from tests.support.procs import ServiceProcess
+from tests.support.scrape import metric
 
 pytestmark = pytest.mark.integration
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -260,3 +262,41 @@ async def test_version_weight_change_moves_that_share_of_client_traffic(
             assert abs(share_v2() - 0.10) <= 0.002
     finally:
         await watcher.stop()
+
+
+async def test_a_restored_zone_is_held_at_the_floor_until_the_other_zone_has_rewarmed_it(
+    services: Callable[..., ServiceProcess], standin: StandinProcess, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Zone a fails and comes back while zone b's cache-manager still lists it in its `replication_pending`
+    meta: a is healthy but held at the ramp floor (5 %) and reported re-warming; once b's meta clears, a takes
+    its full share, and the hold's end is timed as `warm`."""
+    sp = services("failover", *failover_args(standin, tmp_path / "lkg.json"))
+    reg = ConsulRegistry(port=standin.port)
+    b_cm = ServiceInstance("b-cm", Role.CACHE_MANAGER, "b", "v1", "127.0.0.1", fleet.servers["b-cm"][2])
+    check = CheckSpec(interval_s=CHECK_INTERVAL_S, timeout_s=0.5)
+    try:
+        async with grpc.aio.insecure_channel(sp.address) as ch:
+            stub = failover_pb2_grpc.FailoverServiceStub(ch)
+            stream = stub.WatchEndpoints(failover_pb2.WatchEndpointsRequest())
+            both = lambda r: zone(r, "a").healthy and zone(r, "b").healthy  # noqa: E731
+            await next_matching(stream, lambda r: ids(r, "a") == FULL and ids(r, "b") == FULL_B and both(r))
+            holds = metric(sp.http_port, "kvmesh_failover_rewarm_hold_seconds_count", 'outcome="warm"')
+            held_s = metric(sp.http_port, "kvmesh_failover_rewarm_hold_seconds_sum", 'outcome="warm"')
+            await reg.register(replace(b_cm, meta={REPLICATION_PENDING_META: "a"}), check)
+            await fleet.set("a-router", NOT_SERVING)
+            await next_matching(stream, lambda r: not zone(r, "a").healthy)
+            await fleet.set("a-router", SERVING)
+            r = await next_matching(stream, lambda r: zone(r, "a").healthy)
+            assert zone(r, "a").weight == pytest.approx(0.05 / 1.05, abs=1e-3)  # held at the floor
+            a = next(z for z in (await stub.GetZoneHealth(failover_pb2.GetZoneHealthRequest())).zones if z.zone == "a")
+            assert a.rewarm_hold and list(a.rewarm_pending_from) == ["b"]
+            await reg.register(b_cm, check)  # b has nothing left to copy into a
+            r = await next_matching(stream, lambda r: zone(r, "a").weight > 0.49)
+            assert zone(r, "b").weight == pytest.approx(0.5, abs=0.01)
+            a = next(z for z in (await stub.GetZoneHealth(failover_pb2.GetZoneHealthRequest())).zones if z.zone == "a")
+            assert not a.rewarm_hold and not a.rewarm_pending_from
+            assert metric(sp.http_port, "kvmesh_failover_rewarm_hold_seconds_count", 'outcome="warm"') == holds + 1
+            assert metric(sp.http_port, "kvmesh_failover_rewarm_hold_seconds_sum", 'outcome="warm"') > held_s
+            stream.cancel()
+    finally:
+        await reg.close(deregister=False)
