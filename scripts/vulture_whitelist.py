@@ -122,3 +122,8 @@ ServiceInterceptor
 _.exc_text  # logging.LogRecord's cached traceback text, cleared by rpc.server.QuietClientErrors
 _.kv_connector_counts  # VllmEngine's connector counters, read by the real-vLLM connector tests
 current_identity  # kvmesh.security.identity: the handlers' read of the caller (tests; the role checks inside services)
+_.connection_made  # asyncio.Protocol callbacks (generate frames on both sides), called by the event loop
+_.data_received
+_.pause_writing
+_.resume_writing
+_.connection_lost

@@ -72,6 +72,10 @@ REGISTRY.register(QUEUES)
 INDEX_TIER_ONLY = Gauge(
     "kvmesh_router_index_tier_only_blocks", "(worker, block) pairs the index replica knows are only in a host tier"
 )
+WORKER_FRAMES_UNREACHABLE = Counter(
+    "kvmesh_router_worker_frames_unreachable_total",
+    "Workers whose generate-frames port did not answer (their requests went on the gRPC stream for 30 s)",
+)
 WORKERS_ROUTABLE = Gauge("kvmesh_router_workers_routable", "Workers healthy, not draining, circuit closed")
 GUARDRAIL_MATCHES = Counter(
     "kvmesh_router_guardrail_matches_total",

@@ -68,9 +68,10 @@ class RouterSettings(ServerSettings):
     max_retries: int = setting(3, "times one request may be re-sent before its first token")
     max_migrations: int = setting(3, "times one request may move to another worker")
     worker_transport: str = setting(
-        "stream",
-        "router → worker requests: stream (all on one GenerateStream per worker, where the worker "
-        "offers it; else a call each) or call (a Generate call per request)",
+        "frames",
+        "router → worker requests: frames (GenerateStream's messages on one plain TCP/TLS connection per worker,"
+        " where the worker offers it; else as stream), stream (all on one GenerateStream per worker, where the"
+        " worker offers it; else a call each) or call (a Generate call per request)",
     )
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
     kv_pull_margin: float = setting(

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 from grpc.aio import Metadata
@@ -49,15 +49,24 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, Metadata(), Metadata(), details=details)
 
 
+class RequestCarrier(Protocol):
+    """What a `StreamedRequest` was sent on: a `WorkerStream` or a `FramedWorkerStream`."""
+
+    def forget(self, request_id: str, req: StreamedRequest) -> None: ...
+
+    def send_cancel(self, request_id: str) -> None: ...
+
+
 class StreamedRequest:
-    """One request on a `WorkerStream`, used like a grpc.aio unary-stream call (see the module docstring)."""
+    """One request on a `WorkerStream` (or on generate frames), used like a grpc.aio unary-stream call (see
+    the module docstring)."""
 
     __slots__ = ("_cancelled", "_done", "_queue", "_stream", "call", "request_id")
 
-    def __init__(self, stream: WorkerStream, request_id: str, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(self, stream: RequestCarrier, request_id: str, call: object) -> None:
         self._stream = stream
         self.request_id = request_id
-        self.call = call  # the stream call it was sent on
+        self.call = call  # the stream call (or frames connection) it was sent on: a break fails its requests
         self._queue: asyncio.Queue[worker_pb2.GenerateStreamResponse | grpc.aio.AioRpcError] = asyncio.Queue()
         self._done = False
         self._cancelled = False

@@ -33,6 +33,7 @@ from kvmesh.routing.types import TransferCosts
 from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router import metrics as m
+from kvmesh.services.router.worker_frames import ConnectFailed, FramedWorkerStream
 from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.proto import load_from_proto
@@ -71,12 +72,23 @@ class WorkerHandle:
     generate_raw: grpc.aio.UnaryStreamMultiCallable | None = None  # Generate taking a pre-serialised request
     stream: WorkerStream | None = None  # GenerateStream transport (transport "stream")
     stream_offered: bool = False  # the worker's GetInfo says it serves GenerateStream
+    frames: FramedWorkerStream | None = None  # generate frames (transport "frames", where the worker offers it)
+    frames_off_until: float = float("-inf")  # monotonic: its listener did not answer, use the gRPC stream
     disagreement: str = ""  # why the worker is not routed to: its settings disagree with the router's
 
     async def generate(
         self, request_id: str, request_bytes: bytes, carrier: dict[str, str]
     ) -> grpc.aio.UnaryStreamCall | StreamedRequest:
-        """Sends a serialised GenerateRequest; returns a call-like handle of its response steps."""
+        """Sends a serialised GenerateRequest; returns a call-like handle of its response steps. Generate
+        frames first where offered; a worker whose frames port does not answer gets its requests on the gRPC
+        stream for `FRAMES_RETRY_S` (a firewall that lets gRPC through and not the frames port)."""
+        if self.frames is not None and self.frames_off_until < time.monotonic():
+            try:
+                return await self.frames.start(request_id, request_bytes, carrier.get("traceparent", ""))
+            except ConnectFailed as exc:
+                self.frames_off_until = time.monotonic() + FRAMES_RETRY_S
+                m.WORKER_FRAMES_UNREACHABLE.inc()
+                log.warning("worker %s: %s; using its gRPC stream for %.0f s", self.address, exc, FRAMES_RETRY_S)
         if self.stream is not None and self.stream_offered:
             return await self.stream.start(request_id, request_bytes, carrier.get("traceparent", ""))
         assert self.generate_raw is not None
@@ -89,6 +101,8 @@ def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:
 
 
 GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
+FRAMES_RETRY_S = 30.0
+TRANSPORTS = ("frames", "stream", "call")
 
 
 class _Disagrees(Exception):
@@ -106,13 +120,13 @@ class WorkerPool:
         breaker: BreakerConfig | None = None,
         load_interval_ms: int = 200,
         max_report_age_s: float = 10.0,
-        transport: str = "stream",
+        transport: str = "frames",
         block_size: int = 0,
         report_age_intervals: float = 5.0,
         report_age_floor_s: float = 5.0,
     ) -> None:
-        if transport not in ("stream", "call"):
-            raise ValueError(f"worker transport must be stream or call, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"worker transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         self.transport = transport
         self.tracker = tracker
         self.load_interval_ms = load_interval_ms
@@ -147,7 +161,7 @@ class WorkerPool:
             generate_raw=ch.unary_stream(  # no request serializer: the caller passes the request's wire bytes
                 GENERATE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GenerateResponse.FromString
             ),
-            stream=WorkerStream(ch, address) if self.transport == "stream" else None,
+            stream=WorkerStream(ch, address) if self.transport != "call" else None,
         )
         self.handles.append(h)
         if self._started:
@@ -169,6 +183,11 @@ class WorkerPool:
         if task is not None:
             task.cancel()
         h.stream_offered = False  # new requests to it (none are routed) would open a call; pending ones finish
+        if h.frames is not None:  # its requests finish on the connection; then it closes
+            fut_frames = asyncio.ensure_future(h.frames.close(grace_s))
+            self._closing.add(fut_frames)
+            fut_frames.add_done_callback(self._closing.discard)
+            h.frames = None
         fut = asyncio.ensure_future(h.channel.close(grace_s))
         self._closing.add(fut)
         fut.add_done_callback(self._closing.discard)
@@ -199,6 +218,8 @@ class WorkerPool:
         for h in self.handles:
             if h.stream is not None:
                 await h.stream.close()
+            if h.frames is not None:
+                await h.frames.close()
             await h.channel.close()
         for c in list(self._closing):
             c.cancel()
@@ -252,6 +273,8 @@ class WorkerPool:
                 pass  # logged by _agrees; asked again after the back-off (it may restart with the right flag)
             except Exception:
                 log.exception("worker %s load stream failed", h.address)
+            if h.frames is not None:
+                h.frames.reset("load stream lost")
             if h.view.id and h.view.healthy:
                 h.view.healthy = False
                 h.breaker.force_open(time.monotonic(), "load stream lost")
@@ -281,10 +304,20 @@ class WorkerPool:
         h.view.kv_blocks_total = info.kv_blocks_total
         h.model = info.model
         h.stream_offered = info.generate_stream
+        self._use_frames(h, info.generate_frames_address)
         h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
         h.view.tier_shm_name = info.tier_shm_name
         h.view.transfer = transfer_from_proto(info.transfer) if info.HasField("transfer") else None
         self.by_id[wid] = h
+
+    def _use_frames(self, h: WorkerHandle, address: str) -> None:
+        """Generate frames to `address` (the worker's GetInfo; a restarted worker may have a new port)."""
+        if self.transport != "frames" or (h.frames is not None and h.frames.address == address):
+            return
+        if h.frames is not None:
+            h.frames.reset("the worker moved its generate frames")
+        h.frames = FramedWorkerStream(address, self._settings) if address else None
+        h.frames_off_until = float("-inf")
 
     def _on_report(self, h: WorkerHandle, r: common_pb2.LoadReport) -> None:
         now = time.monotonic()

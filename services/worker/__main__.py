@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from kvmesh.cpus import parse_cpu_list, pin_process
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.vllm_engine import VllmEngine
-from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
+from kvmesh.rpc.server import DEFAULT_MAX_REQUEST_BYTES, BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.admission import WindowGate, window_config
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
+from kvmesh.services.worker.generate_frames import FramesListener
 from kvmesh.services.worker.kvpull import (
     TIER_REGION,
     KvSyncServer,
@@ -53,9 +54,13 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
         app.tier_blocks_total = kvsync.region.num_slots
         app.tier_block_bytes = kvsync.region.block_bytes
-    runner.add_servicer(
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server, WorkerServicer(app, settings), "kvmesh.v1.WorkerService"
-    )
+    servicer = WorkerServicer(app, settings)
+    runner.add_servicer(worker_pb2_grpc.add_WorkerServiceServicer_to_server, servicer, "kvmesh.v1.WorkerService")
+    frames = None
+    if settings.frames_port >= 0:  # the same requests, bound and guard as GenerateStream
+        bound = runner.limits.grpc_requests.largest or DEFAULT_MAX_REQUEST_BYTES
+        frames = FramesListener(servicer.outputs, app.stopping, runner.guard, settings, bound)
+        app.frames_address = await frames.start()
     OpenAIApi(engine, model_name(settings), app.gate).add_routes(runner.http_app)
     pusher = CacheManagerPusher(app, settings.cache_manager, settings) if settings.cache_manager else None
     zpub: list[ZmqKvPublisher] = []
@@ -79,6 +84,8 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     async def stopped() -> None:
         if pusher is not None:
             await pusher.stop()
+        if frames is not None:
+            await frames.stop()
         await app.stop()
         if kvsync is not None:
             await kvsync.stop()

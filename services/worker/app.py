@@ -35,6 +35,7 @@ class WorkerApp:
         self.sinks: list[Callable[[KvEventBatch], None]] = []
         self.address = ""
         self.kvsync_address = ""  # the worker's KvSyncService (empty: no tier served)
+        self.frames_address = ""  # the generate-frames listener (empty: off)
         self.tier_region = ""
         self.tier_shm_name = ""
         self.tier_blocks_total = 0

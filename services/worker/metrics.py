@@ -42,6 +42,14 @@ BATCHING_RELEASE = Histogram(
     "Requests one release of the batching window let into the engine",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+GENERATE_FRAMES_CONNECTIONS = Gauge(
+    "kvmesh_worker_generate_frames_connections", "Open generate-frames connections (routers' worker transport)"
+)
+GENERATE_FRAMES_REFUSED = Counter(
+    "kvmesh_worker_generate_frames_refused_total",
+    "Generate-frames connections closed by the worker, by reason (denied, version, malformed, too_large)",
+    ["reason"],
+)
 GPUS = Gauge("kvmesh_worker_gpus", "GPUs this worker occupies (--gpus)")
 GPU_HOUR_PRICE = Gauge("kvmesh_worker_gpu_hour_price_usd", "Configured price of one GPU-hour, USD (--gpu-hour-price)")
 

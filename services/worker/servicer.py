@@ -211,6 +211,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             version=self.settings.version,
             generate_stream=True,
             kvsync_address=self.app.kvsync_address,
+            generate_frames_address=self.app.frames_address,
             tier_region=self.app.tier_region,
             tier_shm_name=self.app.tier_shm_name,
             tier_blocks_total=self.app.tier_blocks_total,

@@ -39,6 +39,11 @@ class WorkerSettings(ServerSettings):
     disk_tier_mb: float = setting(256.0, "sim engine: disk tier size, MiB")
     tier_block_bytes: int = setting(0, "sim engine: bytes per KV block in the tiers (0 = the tiny model's size)")
     kvsync_port: int = setting(0, "port of the worker's KvSyncService server (0 = any free port)")
+    frames_port: int = setting(
+        0,
+        "port of the worker's generate-frames listener, the routers' worker transport (GenerateStream's messages"
+        " over plain TCP, TLS as the gRPC server); 0 = any free port, -1 = off",
+    )
     pull_timeout_ms: int = setting(2000, "deadline of a peer pull, milliseconds (a hint may give a shorter one)")
     pull_lease_ms: int = setting(5000, "lease a peer pull asks for, milliseconds")
     pull_over_shm: bool = setting(True, "read a same-host peer's tier from its shared memory (false: always gRPC)")

@@ -39,6 +39,7 @@ import yaml
 from kvmesh.config import load_settings
 from kvmesh.security.authz import GRPC_RULES, HTTP_RULES
 from kvmesh.security.identity import CallerRole, parse_spiffe_id
+from kvmesh.services.worker.generate_frames import GENERATE_STREAM_METHOD as GENERATE_FRAMES_AUTHORISED_AS
 from tests.support.helm_render import KUBE_VERSION, render
 
 pytestmark = pytest.mark.integration
@@ -276,6 +277,8 @@ def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
             continue  # grpc's own health / reflection services; open rules name no caller (the client APIs)
         callee, port = _SERVICE_OF_PREFIX[prefix]
         edges |= {(_COMPONENT_OF_ROLE[r], callee, port) for r in rule.roles if r in _COMPONENT_OF_ROLE}
+        if method == GENERATE_FRAMES_AUTHORISED_AS:  # generate frames: GenerateStream on the worker's frames port
+            edges |= {(_COMPONENT_OF_ROLE[r], "worker", "frames") for r in rule.roles if r in _COMPONENT_OF_ROLE}
     for (service, _method, _path), rule in HTTP_RULES.items():
         if service in COMPONENTS and not rule.open:
             edges |= {(_COMPONENT_OF_ROLE[r], service, "http") for r in rule.roles if r in _COMPONENT_OF_ROLE}
@@ -284,7 +287,8 @@ def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
 
 def _port_names(values: dict[str, Any], name: str) -> dict[int, str]:
     v = values[COMPONENTS[name]]
-    own = {v["grpcPort"]: "grpc", v["httpPort"]: "http", **({v["kvsyncPort"]: "kvsync"} if "kvsyncPort" in v else {})}
+    own = {v["grpcPort"]: "grpc", v["httpPort"]: "http"}
+    own |= {v[key]: port for key, port in (("kvsyncPort", "kvsync"), ("framesPort", "frames")) if key in v}
     return own | (_process_ports(values) if name == "router" else {})
 
 

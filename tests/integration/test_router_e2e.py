@@ -371,10 +371,11 @@ def _worker_metric(worker: ServiceProcess, line_start: str) -> float:
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("transport", ["stream", "call"])
+@pytest.mark.parametrize("transport", ["frames", "stream", "call"])
 def test_worker_transports_serve_and_migrate(transport: str, services: Callable[..., ServiceProcess]) -> None:
-    """Both router → worker transports carry requests and survive a kill -9 mid-stream; the workers' own
-    call metrics show which one was used (one GenerateStream per worker, or a Generate call per request)."""
+    """Every router → worker transport carries requests and survives a kill -9 mid-stream; the workers' own
+    metrics show which one was used (a frames connection or one GenerateStream per worker, or a Generate call
+    per request)."""
     workers = start_workers(services, 2, "--sim-speed", "1")
     router = start_router(services, workers, "--worker-transport", transport)
     for i in range(4):
@@ -382,10 +383,13 @@ def test_worker_transports_serve_and_migrate(transport: str, services: Callable[
         assert last.usage.completion_tokens == 3
     generate_calls = sum(_worker_metric(w, 'kvmesh_rpc_requests_total{code="OK",method="Generate"') for w in workers)
     streams_open = sum(_worker_metric(w, 'kvmesh_rpc_in_flight{method="GenerateStream"') for w in workers)
-    if transport == "stream":
-        assert generate_calls == 0 and streams_open >= 1
+    frames_open = sum(_worker_metric(w, "kvmesh_worker_generate_frames_connections ") for w in workers)
+    if transport == "frames":
+        assert generate_calls == 0 and streams_open == 0 and frames_open >= 1
+    elif transport == "stream":
+        assert generate_calls == 0 and streams_open >= 1 and frames_open == 0
     else:
-        assert generate_calls == 4 and streams_open == 0
+        assert generate_calls == 4 and streams_open == 0 and frames_open == 0
     by_address = {w.address: w for w in workers}
     with grpc.insecure_channel(router.address) as ch:
         admin = router_pb2_grpc.RouterAdminServiceStub(ch)
@@ -404,7 +408,7 @@ def test_worker_transports_serve_and_migrate(transport: str, services: Callable[
     assert msgs[-1].migrations == 1 and msgs[-1].worker_id != killed
 
 
-@pytest.mark.parametrize("transport", ["stream", "call"])
+@pytest.mark.parametrize("transport", ["frames", "stream", "call"])
 def test_client_cancel_aborts_the_request_on_the_worker(
     transport: str, services: Callable[..., ServiceProcess]
 ) -> None:

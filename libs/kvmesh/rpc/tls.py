@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 
 import grpc
@@ -33,3 +34,30 @@ def channel_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelC
         private_key=_read(key, "client key") if key else None,
         certificate_chain=_read(cert, "client certificate") if cert else None,
     )
+
+
+def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
+    """`server_credentials` for a plain TLS listener (the worker's generate frames): the same files, so the
+    same identities; with `client_ca` a client must present a certificate signed by it."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+        if client_ca:
+            ctx.load_verify_locations(client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise FailedPrecondition(f"cannot load TLS files {cert!r}, {key!r}, {client_ca!r}: {exc}") from exc
+    return ctx
+
+
+def client_ssl_context(ca: str, cert: str = "", key: str = "") -> ssl.SSLContext:
+    """`channel_credentials` for a plain TLS connection: verifies the server against `ca` (and its host name,
+    as gRPC does); presents `cert`/`key` when given (mTLS)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and host name; no system CAs
+    try:
+        ctx.load_verify_locations(ca)
+        if cert:
+            ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise FailedPrecondition(f"cannot load TLS files {ca!r}, {cert!r}, {key!r}: {exc}") from exc
+    return ctx

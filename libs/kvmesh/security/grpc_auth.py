@@ -18,6 +18,7 @@ every server `kvmesh up` starts (which always provisions tokens) is guarded.
 from __future__ import annotations
 
 import inspect
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -109,10 +110,22 @@ class Guard:
                 return self.tokens.identity(bearer_of(value))
         return None
 
+    def identify_connection(self, der_cert: bytes | None, authorization: str) -> Identity | None:
+        """The caller on a connection that is not a gRPC call (the worker's generate frames): its verified
+        certificate's identity (DER, as `ssl` hands it over), else its bearer token's, else None."""
+        if self.mtls and der_cert:
+            found = self.identify_peer({"x509_pem_cert": [ssl.DER_cert_to_PEM_cert(der_cert).encode()]})
+            if found is not None:
+                return found
+        return self.tokens.identity(bearer_of(authorization)) if authorization else None
+
     def admit(self, full_method: str, context: grpc.aio.ServicerContext) -> Identity | None:
         """The caller's identity if the table lets it call `full_method`; raises Unauthenticated /
         PermissionDenied (counted in `kvmesh_authz_denied_total`) otherwise."""
-        identity = self.identify(context)
+        return self.admit_identity(full_method, self.identify(context))
+
+    def admit_identity(self, full_method: str, identity: Identity | None) -> Identity | None:
+        """`admit` for an identity already resolved."""
         try:
             decide(self.policy.grpc_rule(full_method), identity, full_method)
         except Exception:

@@ -254,6 +254,36 @@ class GenerateStreamResponse(_message.Message):
 Global___GenerateStreamResponse: _TypeAlias = GenerateStreamResponse  # noqa: Y015
 
 @_typing.final
+class GenerateFramesHello(_message.Message):
+    """The first frame a router sends on a generate-frames connection (kvmesh.wire.frames): the protocol version
+    and, where the connection has no client certificate naming the caller, its bearer token. Every later frame
+    from the router is a GenerateStreamRequest; every frame from the worker a GenerateStreamResponse, one with
+    an empty request_id and an error_code failing the whole connection (then the worker closes it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    AUTHORIZATION_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """Protocol version; the worker refuses any it does not speak (FAILED_PRECONDITION)."""
+    authorization: _builtins.str
+    """"Bearer <token>", as the authorization metadata of a gRPC call; empty with mTLS."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        authorization: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authorization", b"authorization", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateFramesHello: _TypeAlias = GenerateFramesHello  # noqa: Y015
+
+@_typing.final
 class AbortRequest(_message.Message):
     """Aborts a request."""
 
@@ -436,6 +466,7 @@ class GetInfoResponse(_message.Message):
     TIER_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
     TRANSFER_FIELD_NUMBER: _builtins.int
     TIER_BLOCK_BYTES_FIELD_NUMBER: _builtins.int
+    GENERATE_FRAMES_ADDRESS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -466,6 +497,10 @@ class GetInfoResponse(_message.Message):
     """Blocks the CPU tier holds at most."""
     tier_block_bytes: _builtins.int
     """Bytes of one block in the CPU tier (0: no tier): what a copy of one block costs on the wire."""
+    generate_frames_address: _builtins.str
+    """Address (host:port) of the worker's generate-frames listener: GenerateStream's messages over plain TCP
+    (TLS as the worker's gRPC server), without HTTP/2 (kvmesh.wire.frames); empty: not served.
+    """
     @_builtins.property
     def transfer(self) -> Global___KvTransferCosts:
         """What it costs the worker to obtain a KV block other than by prefill; unset: no KV data plane."""
@@ -489,10 +524,11 @@ class GetInfoResponse(_message.Message):
         tier_blocks_total: _builtins.int = ...,
         transfer: Global___KvTransferCosts | None = ...,
         tier_block_bytes: _builtins.int = ...,
+        generate_frames_address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_block_bytes", b"tier_block_bytes", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_frames_address", b"generate_frames_address", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_block_bytes", b"tier_block_bytes", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

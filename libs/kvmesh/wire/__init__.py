@@ -3,5 +3,6 @@
 - `vllm_events`: vLLM's KV-event structs and frame codec (pure).
 - `zmq_subscriber`: the one SUB + DEALER-replay follower of a vLLM-format publisher.
 - `proto`: every proto <-> domain conversion (pure).
+- `frames`: generate frames, the router → worker transport without HTTP/2 (pure codec).
 - `ingest_log`: the cache-manager's compact msgpack log and checkpoint records (pure).
 """

@@ -163,6 +163,8 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: "{{ include "kvmesh.fullname" (dict "root" .root "zone" .zone "name" "cache-manager") }}:{{ $v.cacheManager.grpcPort }}"
 - name: KVMESH_KVSYNC_PORT
   value: {{ $v.worker.kvsyncPort | quote }}
+- name: KVMESH_FRAMES_PORT
+  value: {{ $v.worker.framesPort | quote }}
 - name: KVMESH_GRACE_S
   value: "45"
 - name: KVMESH_VLLM_ARGS
