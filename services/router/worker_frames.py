@@ -54,6 +54,7 @@ class _Connection(asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.lost = False
+        self.error: grpc.aio.AioRpcError | None = None  # why it failed (the first reason)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -114,6 +115,8 @@ class FramedWorkerStream:
         conn = self._conn
         if conn is None or conn.lost:
             conn = await self._connection()
+            if conn.error is not None:  # failed (refused, closed) while this request waited for it
+                raise conn.error
         req = self._pending[request_id] = StreamedRequest(self, request_id, conn)
         self._idle.clear()
         msg = length_delimited(_START, request_bytes)
@@ -142,6 +145,7 @@ class FramedWorkerStream:
 
     async def _connect(self) -> _Connection:
         host, _, port = self.address.rpartition(":")
+        host = host.strip("[]")  # an IPv6 literal
         sec = self._security
         if sec.tls_ca and self._ssl is None:
             self._ssl = client_ssl_context(sec.tls_ca, sec.tls_client_cert, sec.tls_client_key)
@@ -183,6 +187,8 @@ class FramedWorkerStream:
         if self._conn is conn:
             self._conn = None
         err = rpc_error(code, details)
+        if conn.error is None:
+            conn.error = err
         for rid, req in list(self._pending.items()):
             if req.call is conn:
                 self._drop(rid, req)
