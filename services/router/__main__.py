@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from kvmesh.config import load_settings
+from kvmesh.index import NATIVE
+from kvmesh.index.shared import remove_files
 from kvmesh.processes import Supervisor, process_count
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.routing.stall import StallConfig
@@ -24,7 +27,7 @@ from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.guarded import OutputGuard
 from kvmesh.services.router.guardrails_watch import GuardrailsWatch
 from kvmesh.services.router.http_api import HttpApi
-from kvmesh.services.router.index_replica import IndexReplica
+from kvmesh.services.router.index_replica import IndexReplica, shared_role
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer, add_router_service
 from kvmesh.services.router.settings import RouterSettings
@@ -62,6 +65,8 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         report_batch=s.prefix_report_batch,
         report_flush_s=s.prefix_report_flush_ms / 1000,
         report_tokens=s.prefix_report_tokens,
+        shared_index=s.shared_index,
+        shared_role=shared_role(s),
     )
     admission = Admission(
         short=QueueLimits(s.short_concurrency, s.short_queue),
@@ -177,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = load_settings(RouterSettings, args, service="router")
     try:
         n = process_count(s.processes)
+        shared_role(s)
     except ValueError as exc:
         print(f"kvmesh-router: {exc}", file=sys.stderr)
         return 2
@@ -185,12 +191,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging("router", s.log_level, s.log_format, s.log_repeat_limit, s.log_repeat_window_s)
     # the in-flight estimates of each process count for every process of every replica (no herding)
     replicas = ["--router-replicas", str(max(s.router_replicas, 1) * n)]
+    shared = shared_index_path(s)
+
+    def flags(i: int) -> list[str]:
+        if not shared:
+            return replicas
+        return [*replicas, "--shared-index", shared, "--shared-index-role", "writer" if i == 0 else "reader"]
+
     try:
-        supervisor = Supervisor("router", "kvmesh.services.router", args, s, n, lambda _: replicas)
+        supervisor = Supervisor("router", "kvmesh.services.router", args, s, n, flags)
     except OSError as exc:  # e.g. the port is taken
         print(f"kvmesh-router: cannot bind {s.host}:{s.port} or HTTP port {s.http_port}: {exc}", file=sys.stderr)
         return 2
-    return supervisor.run()
+    try:
+        return supervisor.run()
+    finally:
+        if shared:
+            remove_files(shared)
+
+
+def shared_index_path(s: RouterSettings) -> str:
+    """Where the processes of `--processes N` share one index replica: /dev/shm, named after this supervisor
+    (empty: no cache-manager to follow, from the flags or failover; no /dev/shm; or no compiled index: then
+    each process keeps its own)."""
+    if not (s.cache_manager or s.failover) or not NATIVE or not os.path.isdir("/dev/shm"):
+        return ""
+    return f"/dev/shm/kvmesh-router-{os.getpid()}-index"
 
 
 if __name__ == "__main__":

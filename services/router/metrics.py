@@ -72,6 +72,12 @@ REGISTRY.register(QUEUES)
 INDEX_TIER_ONLY = Gauge(
     "kvmesh_router_index_tier_only_blocks", "(worker, block) pairs the index replica knows are only in a host tier"
 )
+INDEX_LOOKUPS = Counter(
+    "kvmesh_router_index_lookups_total",
+    "Prefix lookups by what answered: replica (this process's copy), shared (the copy the router processes of "
+    "this host share), find_matches (the cache-manager, while the copy is stale) or none (no answer: no overlap)",
+    ["source"],
+)
 WORKER_FRAMES_UNREACHABLE = Counter(
     "kvmesh_router_worker_frames_unreachable_total",
     "Workers whose generate-frames port did not answer (their requests went on the gRPC stream for 30 s)",

@@ -41,9 +41,15 @@ class RouterSettings(ServerSettings):
     router_replicas: int = setting(1, "router replicas sharing the workers (scales own in-flight estimates)")
     processes: int = setting(
         1,
-        "router processes on this host sharing its ports (SO_REUSEPORT), each with its own index replica and "
-        "its own /metrics port (0 = one per core, at most 8)",
+        "router processes on this host sharing its ports (SO_REUSEPORT) and one index replica (shared memory, "
+        "followed by process 0), each with its own /metrics port (0 = one per core, at most 8)",
     )
+    shared_index: str = setting(
+        "",
+        "set by `--processes N` for its processes: the /dev/shm path of the index replica they share (process 0 "
+        "writes it, the others read it; empty = this process keeps its own)",
+    )
+    shared_index_role: str = setting("", "set by `--processes N`: writer or reader of --shared-index")
     api_keys_file: str = setting(
         "",
         "API keys: one per line, or YAML entries {key, id, tenants, signing_secret, require_signature, role} "

@@ -120,8 +120,9 @@ def test_router_processes_are_each_scraped_on_a_declared_port(
     rendered: tuple[dict[str, Any], list[dict[str, Any]]],
 ) -> None:
     """router.processes > 1: the pod runs `--processes N` with process i's /metrics on processMetricsPort + i,
-    declares those ports and admits the metrics scrapers to them, and is not annotated for a scrape of the
-    shared port (which would read whichever process the kernel picks); with one process, none of that."""
+    declares those ports and admits the metrics scrapers to them, is not annotated for a scrape of the shared
+    port (which would read whichever process the kernel picks) and mounts a memory-backed /dev/shm for the shared
+    index replica; with one process, none of that."""
     values, manifests = rendered
     want = _process_ports(values)
     n = values["router"]["processes"]
@@ -136,10 +137,16 @@ def test_router_processes_are_each_scraped_on_a_declared_port(
         declared = {p["containerPort"]: p["name"] for p in container["ports"] if p["name"].startswith("metrics-")}
         assert declared == want
         assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == ("false" if want else "true")
+        shm = [v for v in pod["spec"]["volumes"] if v["name"] == "shared-index"]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         if want:
             assert (env["KVMESH_PROCESSES"], env["KVMESH_PROCESS_HTTP_PORT"]) == (str(n), str(min(want)))
+            # the processes' shared index replica lives in /dev/shm: memory-backed, sized by the values
+            assert mounts["/dev/shm"] == "shared-index"
+            assert shm[0]["emptyDir"] == {"medium": "Memory", "sizeLimit": values["router"]["sharedIndexSizeLimit"]}
         else:
             assert "KVMESH_PROCESSES" not in env and "KVMESH_PROCESS_HTTP_PORT" not in env
+            assert not shm and "/dev/shm" not in mounts
         metrics_rules = [
             r
             for r in policies[(zone, name)]["spec"]["ingress"]

@@ -86,7 +86,7 @@ async def _tier_only_pairs(cm: str, prompt: list[int], home: str) -> int:
                 await replica.updated.wait()
 
         await asyncio.wait_for(loop(), 60)
-        return sum(len(s) for s in replica.tier_only.values())
+        return replica.tier_pairs()
     finally:
         await replica.stop()
 

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.launcher import SERVICES, ServiceProcess, free_port
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
@@ -97,6 +98,12 @@ def test_an_unknown_event_loop_stops_the_router_naming_it() -> None:
     assert out.returncode == 2 and "event_loop must be one of asyncio, uvloop, got 'trio'" in out.stderr, out.stderr
 
 
+def test_a_bad_shared_index_role_stops_the_router_naming_it() -> None:
+    cmd = [sys.executable, "-m", SERVICES["router"], "--port", "0", "--shared-index-role", "boss"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--shared-index-role: writer or reader, got 'boss'" in out.stderr, out.stderr
+
+
 def test_a_router_on_uvloop_serves_both_apis(services: Callable[..., ServiceProcess]) -> None:
     ws = workers(services, 1, "--sim-speed", "0")
     router = services("router", "--workers", ws[0].address, "--block-size", str(BS), "--event-loop", "uvloop")
@@ -111,9 +118,12 @@ def test_a_killed_process_is_replaced_while_the_others_serve(services: Callable[
     router = services("router", "--workers", ws[0].address, "--block-size", str(BS), "--processes", "2")
     victim = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
     os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not dead(victim):  # bounded: a connection queued on its socket as it dies is reset
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     for i in range(10):  # the survivor takes every new connection meanwhile
         assert complete(router, [7 + i] * 40)["usage"]["completion_tokens"] == 2
-    deadline = time.monotonic() + 60
     while True:  # bounded poll: the supervisor rewrites its ready file once the replacement serves
         pids = {p["pid"] for p in json.loads(router.ready_file.read_text())["processes"]}
         if victim not in pids and len(pids) == 2:
@@ -146,3 +156,81 @@ def test_two_processes_of_two_replicas_do_not_herd_a_shared_system_prompt(
     per_worker = collections.Counter(served)
     assert len(per_worker) == 4, per_worker
     assert max(per_worker.values()) <= len(prompts) // 2, per_worker
+
+
+def lookups_by_process(router: ServiceProcess) -> list[dict[str, float]]:
+    """Per process, in process order: its index lookups by what answered them (its own /metrics)."""
+    out = []
+    for p in json.loads(router.ready_file.read_text())["processes"]:
+        text = httpx.get(f"http://127.0.0.1:{p['process_http_port']}/metrics", timeout=10).text
+        by = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == "kvmesh_router_index_lookups_total":
+                    by[s.labels["source"]] = s.value
+        out.append(by)
+    return out
+
+
+def dead(pid: int) -> bool:
+    """Gone, or a zombie (its sockets closed) that its parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def shared_files(router: ServiceProcess) -> list[str]:
+    prefix = f"kvmesh-router-{router.proc.pid}-index"
+    return [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
+
+
+def test_processes_share_one_index_replica_that_one_of_them_follows(services: Callable[..., ServiceProcess]) -> None:
+    cm = services("cache-manager", "--block-size", str(BS))
+    ws = workers(services, 2, "--sim-speed", "0", "--cache-manager", cm.address)
+    router = services(
+        "router", "--workers", ",".join(w.address for w in ws), "--block-size", str(BS),
+        "--cache-manager", cm.address, "--processes", "2",
+    )  # fmt: skip
+    cm_metrics = httpx.get(f"http://127.0.0.1:{cm.http_port}/metrics", timeout=10).text.splitlines()
+    assert "kvmesh_cache_watchers 1.0" in cm_metrics  # one WatchIndex stream for both processes
+    assert f"kvmesh-router-{router.proc.pid}-index" in shared_files(router)
+    prompt = [(i % 500) + 3 for i in range(8 * BS)]
+    first = generate(router, prompt)
+    deadline, cached = time.monotonic() + 60, 0
+    while cached < 20:  # bounded: fresh connections, so both processes route; all to the holder once indexed
+        assert time.monotonic() < deadline, cached
+        resp = generate(router, prompt)
+        cached = cached + 1 if resp.worker_id == first.worker_id and resp.usage.cached_tokens > 0 else 0
+    writer, reader = lookups_by_process(router)
+    assert writer.get("replica", 0) > 0 and writer.get("shared", 0) == 0, writer
+    assert reader.get("shared", 0) > 0 and reader.get("replica", 0) == 0, reader
+    assert router.terminate(timeout=30) == 0
+    assert shared_files(router) == []  # the supervisor removes them
+
+
+def test_a_killed_writer_is_replaced_and_readers_read_its_successor(services: Callable[..., ServiceProcess]) -> None:
+    cm = services("cache-manager", "--block-size", str(BS))
+    ws = workers(services, 2, "--sim-speed", "0", "--cache-manager", cm.address)
+    router = services(
+        "router", "--workers", ",".join(w.address for w in ws), "--block-size", str(BS),
+        "--cache-manager", cm.address, "--processes", "2",
+    )  # fmt: skip
+    writer_pid = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
+    os.kill(writer_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not dead(writer_pid):  # bounded: a connection queued on its socket as it dies is reset
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for i in range(10):  # the reader serves every new connection meanwhile (FindMatches once the copy is stale)
+        assert generate(router, [9 + i] * 40).usage.completion_tokens == 2
+    while True:  # bounded poll: the supervisor lists the replacement once it serves
+        listed = json.loads(router.ready_file.read_text())["processes"]
+        if listed[0]["pid"] != writer_pid:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.05)
+    before = lookups_by_process(router)[1].get("shared", 0)
+    while lookups_by_process(router)[1].get("shared", 0) <= before:  # the reader reads the new writer's copy
+        assert time.monotonic() < deadline
+        generate(router, [11] * 40)

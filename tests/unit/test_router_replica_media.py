@@ -68,7 +68,7 @@ async def test_live_deltas_keep_the_replica_s_split_equal_to_the_cache_manager_s
         mx.feed(*events)
         assert mx.core_split() == want
         assert await replica_split(mx.replica, mx.core) == want
-    assert mx.replica.tier_only.get("w1", set()) == set()
+    assert mx.replica.tier_pairs() == 0
 
 
 async def test_a_snapshot_carries_the_tier_only_blocks() -> None:

@@ -1,5 +1,5 @@
 """``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
-fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, zone-follow, autoscale).
+fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, zone-follow, autoscale, shared-index).
 
 Each prints one JSON line.
 
@@ -27,6 +27,7 @@ BENCHES = (
     "vllm-serve",
     "zone-follow",
     "autoscale",
+    "shared-index",
 )
 
 

@@ -26,7 +26,7 @@ class ReplicaIndex:
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self.index = PrefixIndex()
+        self.index = self._new_index()
         self.tier_only: dict[str, set[int]] = {}  # per worker, blocks it holds only in a host tier (CPU/disk)
         self.revision = 0
         self.epoch = ""  # the followed cache-manager's revision numbering ('' = none yet: no resume point)
@@ -41,7 +41,7 @@ class ReplicaIndex:
 
     def reset(self) -> None:
         """Forget everything (a snapshot follows, or another cache-manager is followed)."""
-        self.index = PrefixIndex()
+        self.index = self._new_index()
         self.tier_only = {}
         self.revision, self.epoch = 0, ""
         self.interrupted()
@@ -57,7 +57,7 @@ class ReplicaIndex:
             w = d.worker_id
             if d.cleared:
                 idx.clear(w)
-                self.tier_only.pop(w, None)
+                self._clear_tier(w)
             if d.removed:
                 idx.remove(w, np.fromiter(d.removed, dtype=np.uint64, count=len(d.removed)))
                 self._drop_tier(w, d.removed)
@@ -65,7 +65,7 @@ class ReplicaIndex:
                 parent = d.parent if d.HasField("parent") else None
                 idx.store(w, parent, np.fromiter(d.stored, dtype=np.uint64, count=len(d.stored)))
             if d.tier_only:
-                self.tier_only.setdefault(w, set()).update(d.tier_only)
+                self._add_tier(w, d.tier_only)
             if d.on_gpu:
                 self._drop_tier(w, d.on_gpu)
         if self._in_snapshot and not msg.snapshot_done:
@@ -76,10 +76,23 @@ class ReplicaIndex:
             self._in_snapshot = False
             self.complete = True
 
+    def _new_index(self) -> PrefixIndex:
+        return PrefixIndex()
+
+    def _add_tier(self, worker: str, hashes: Iterable[int]) -> None:
+        self.tier_only.setdefault(worker, set()).update(hashes)
+
+    def _clear_tier(self, worker: str) -> None:
+        self.tier_only.pop(worker, None)
+
     def _drop_tier(self, worker: str, hashes: Iterable[int]) -> None:
         only = self.tier_only.get(worker)
         if only:
             only.difference_update(hashes)
+
+    def tier_pairs(self) -> int:
+        """(worker, block) pairs the copy knows are only in a host tier."""
+        return sum(len(s) for s in self.tier_only.values())
 
     def lookup(self, hashes: Sequence[int] | np.ndarray) -> PrefixMatches:
         """Each worker's match in the copy and its leading GPU run."""

@@ -32,7 +32,13 @@
 #include <stdint.h>
 #include <string.h>
 #ifdef __linux__
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define KVMESH_SHM 1
 #endif
 
 #define W_EMPTY 0xFFFFu
@@ -58,6 +64,24 @@ typedef struct {
     uint16_t w[4];
 } Slot;
 
+/* Shared mode (Linux): the table and the spill pool live in files under /dev/shm that other processes map
+ * read-only (IndexView); this header names them. One writer; readers use the seqlock `seq` (odd while the
+ * writer changes anything) and retry a walk that overlapped a change. A grown array is a new file
+ * <path>.<kind><gen>; the old one is unlinked (a reader still mapping it keeps reading it until it sees the
+ * new generation). `words` belong to the owner (Python: names version, completeness, heartbeat, ...). */
+#define SHM_MAGIC 0x5849687365bd766bull
+#define SHM_WORDS 8
+#define SHM_HEADER_BYTES 4096
+typedef struct {
+    uint64_t magic;
+    uint64_t seq;
+    uint64_t next_gen;
+    uint64_t slots_gen, cap;
+    uint64_t spill_gen, spill_cap, nwords;
+    uint64_t live, pairs;
+    uint64_t words[SHM_WORDS];
+} ShmHeader;
+
 typedef struct {
     PyObject_HEAD
     Slot *slots;
@@ -70,6 +94,9 @@ typedef struct {
     uint64_t *wcount;    /* per worker id: number of blocks held */
     uint32_t wcap;
     PyObject *names;     /* list: worker id -> name (str) or None; owned by the Python wrapper */
+    ShmHeader *hdr;      /* shared mode only (else NULL) */
+    char *shm_path;      /* shared mode: the header's path; arrays are <path>.s<gen> / <path>.p<gen> */
+    uint64_t slots_gen, spill_gen;
 } Index;
 
 /* ------------------------------------------------------------------ small helpers */
@@ -96,24 +123,128 @@ static inline int ctz64(uint64_t x) { return __builtin_ctzll(x); }
  * a query touches one random slot per block, and 2 MiB pages keep those accesses off the page-walk path. */
 #define HUGE_MIN ((uint64_t)4 << 20)
 
-static Slot *alloc_slots(uint64_t cap) {
+/* ------------------------------------------------------------------ shared mode: segments and the seqlock */
+#ifdef KVMESH_SHM
+static int shm_path_of(const char *base, char kind, uint64_t gen, char *out, size_t n) {
+    int r = snprintf(out, n, "%s.%c%llu", base, kind, (unsigned long long)gen);
+    return (r < 0 || (size_t)r >= n) ? -1 : 0;
+}
+
+/* a new segment of `bytes`, reserved with posix_fallocate (a full /dev/shm is an OSError here, not a SIGBUS
+ * at the first write) */
+static void *shm_new(Index *ix, char kind, uint64_t bytes, uint64_t *gen) {
+    char path[4096];
+    uint64_t g = ix->hdr->next_gen + 1;
+    if (shm_path_of(ix->shm_path, kind, g, path, sizeof path) < 0) {
+        PyErr_SetString(PyExc_ValueError, "shared index path too long");
+        return NULL;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path), NULL;
+    int err = posix_fallocate(fd, 0, (off_t)bytes);
+    void *p = MAP_FAILED;
+    if (!err && (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) err = errno;
+    close(fd);
+    if (err) {
+        unlink(path);
+        errno = err;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path), NULL;
+    }
+    ix->hdr->next_gen = g;
+    *gen = g;
+    return p;
+}
+
+static void shm_drop(const Index *ix, char kind, uint64_t gen, void *p, uint64_t bytes) {
+    char path[4096];
+    munmap(p, bytes);
+    if (shm_path_of(ix->shm_path, kind, gen, path, sizeof path) == 0) unlink(path);
+}
+
+/* map (creating if needed) the header at `path`; a header left by a writer that died inside a change is
+ * taken over (its seq made even again) */
+static int shm_open_header(Index *ix, const char *path) {
+    size_t n = strlen(path) + 1;
+    if (!(ix->shm_path = PyMem_Malloc(n))) return PyErr_NoMemory(), -1;
+    memcpy(ix->shm_path, path, n);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path), -1;
+    int err = posix_fallocate(fd, 0, SHM_HEADER_BYTES);
+    void *p = MAP_FAILED;
+    if (!err && (p = mmap(NULL, SHM_HEADER_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        err = errno;
+    close(fd);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path), -1;
+    }
+    ShmHeader *h = p;
+    if (h->magic != SHM_MAGIC) {
+        memset(h, 0, sizeof *h);
+        h->magic = SHM_MAGIC;
+    }
+    if (h->seq & 1) h->seq++;
+    /* word 0 counts on across writers (a version readers compare); the others are this writer's */
+    memset(&h->words[1], 0, (SHM_WORDS - 1) * sizeof(uint64_t));
+    ix->hdr = h;
+    return 0;
+}
+#endif
+
+/* every change of a shared index happens between these: readers retry a walk that overlapped one */
+static inline void write_begin(Index *ix) {
+    if (!ix->hdr) return;
+    __atomic_store_n(&ix->hdr->seq, ix->hdr->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void write_end(Index *ix) {
+    ShmHeader *h = ix->hdr;
+    if (!h) return;
+    h->slots_gen = ix->slots_gen;
+    h->cap = ix->cap;
+    h->spill_gen = ix->spill_gen;
+    h->spill_cap = ix->spill_cap;
+    h->nwords = ix->nwords;
+    h->live = ix->live;
+    h->pairs = ix->pairs;
+    __atomic_store_n(&h->seq, h->seq + 1, __ATOMIC_RELEASE);
+}
+
+/* a table of `cap` empty slots (sets the Python error on failure) */
+static Slot *alloc_slots(Index *ix, uint64_t cap, uint64_t *gen) {
     uint64_t bytes = cap * sizeof(Slot);
     Slot *s;
+    *gen = 0;
+#ifdef KVMESH_SHM
+    if (ix->hdr) {
+        if ((s = shm_new(ix, 's', bytes, gen))) memset(s, 0xFF, bytes);
+        return s;
+    }
+#endif
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (bytes >= HUGE_MIN) {
         void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) return NULL;
+        if (p == MAP_FAILED) return PyErr_NoMemory(), NULL;
         madvise(p, bytes, MADV_HUGEPAGE); /* advisory: failure only costs speed */
         s = p;
     } else
 #endif
         s = PyMem_Malloc(bytes);
-    if (s) memset(s, 0xFF, bytes);
+    if (!s) return PyErr_NoMemory(), NULL;
+    memset(s, 0xFF, bytes);
     return s;
 }
 
-static void free_slots(Slot *s, uint64_t cap) {
+static void free_slots(const Index *ix, Slot *s, uint64_t cap, uint64_t gen) {
     if (!s) return;
+#ifdef KVMESH_SHM
+    if (ix->hdr) {
+        shm_drop(ix, 's', gen, s, cap * sizeof(Slot));
+        return;
+    }
+#endif
+    (void)gen;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (cap * sizeof(Slot) >= HUGE_MIN) {
         munmap(s, cap * sizeof(Slot));
@@ -144,10 +275,11 @@ static Slot *place(Index *ix, uint64_t key) {
 
 static int set_capacity(Index *ix, uint64_t cap) {
     Slot *old = ix->slots;
-    uint64_t oldcap = ix->cap;
-    Slot *s = alloc_slots(cap);
-    if (!s) { PyErr_NoMemory(); return -1; }
+    uint64_t oldcap = ix->cap, oldgen = ix->slots_gen, gen;
+    Slot *s = alloc_slots(ix, cap, &gen);
+    if (!s) return -1;
     ix->slots = s;
+    ix->slots_gen = gen;
     ix->cap = cap;
     ix->mask = cap - 1;
     ix->shift = 64 - __builtin_ctzll(cap);
@@ -157,7 +289,7 @@ static int set_capacity(Index *ix, uint64_t cap) {
             memcpy(d->w, old[i].w, sizeof d->w);
         }
     }
-    free_slots(old, oldcap);
+    free_slots(ix, old, oldcap, oldgen);
     return 0;
 }
 
@@ -190,16 +322,40 @@ static void delete_at(Index *ix, uint64_t i) {
 }
 
 /* ------------------------------------------------------------------ spill pool */
+static void spill_release(Index *ix) {
+    if (!ix->spill) return;
+#ifdef KVMESH_SHM
+    if (ix->hdr) shm_drop(ix, 'p', ix->spill_gen, ix->spill, (uint64_t)ix->spill_cap * ix->nwords * 8);
+    else
+#endif
+        PyMem_Free(ix->spill);
+    ix->spill = NULL;
+}
+
+/* the spill pool with room for `cap` records of `nwords` (>= the current) words; records kept */
+static int spill_resize(Index *ix, uint32_t cap, uint32_t nwords) {
+    uint64_t words = (uint64_t)cap * nwords, gen = 0;
+    uint64_t *ns;
+#ifdef KVMESH_SHM
+    if (ix->hdr) {
+        if (!(ns = shm_new(ix, 'p', words * 8, &gen))) return -1;
+        memset(ns, 0, words * 8);
+    } else
+#endif
+        if (!(ns = PyMem_Calloc((size_t)words, sizeof(uint64_t)))) return PyErr_NoMemory(), -1;
+    for (uint32_t r = 0; r < ix->spill_top; r++)
+        memcpy(ns + (size_t)r * nwords, ix->spill + (size_t)r * ix->nwords, ix->nwords * sizeof(uint64_t));
+    spill_release(ix);
+    ix->spill = ns;
+    ix->spill_cap = cap;
+    ix->spill_gen = gen;
+    ix->nwords = nwords;
+    return 0;
+}
+
 static int set_nwords(Index *ix, uint32_t nwords) {
     if (nwords <= ix->nwords) return 0;
-    if (ix->spill_cap) {
-        uint64_t *ns = PyMem_Calloc((size_t)ix->spill_cap * nwords, sizeof(uint64_t));
-        if (!ns) { PyErr_NoMemory(); return -1; }
-        for (uint32_t r = 0; r < ix->spill_top; r++)
-            memcpy(ns + (size_t)r * nwords, ix->spill + (size_t)r * ix->nwords, ix->nwords * sizeof(uint64_t));
-        PyMem_Free(ix->spill);
-        ix->spill = ns;
-    }
+    if (ix->spill_cap) return spill_resize(ix, ix->spill_cap, nwords);
     ix->nwords = nwords;
     return 0;
 }
@@ -211,10 +367,7 @@ static int64_t spill_alloc(Index *ix) {
     } else {
         if (ix->spill_top == ix->spill_cap) {
             uint32_t nc = ix->spill_cap ? ix->spill_cap + ix->spill_cap / 2 : 64;
-            uint64_t *ns = PyMem_Realloc(ix->spill, (size_t)nc * ix->nwords * sizeof(uint64_t));
-            if (!ns) { PyErr_NoMemory(); return -1; }
-            ix->spill = ns;
-            ix->spill_cap = nc;
+            if (spill_resize(ix, nc, ix->nwords) < 0) return -1;
         }
         r = ix->spill_top++;
     }
@@ -324,6 +477,19 @@ static inline int entry_has(const Index *ix, const Slot *s, uint16_t w) {
     return s->w[0] == w || s->w[1] == w || s->w[2] == w || s->w[3] == w;
 }
 
+/* copy key's slot into *out: 1 found, 0 absent. `checked` (a reader of a shared table the writer may be
+ * changing): probes are bounded and a spill record out of range is refused, -2 (torn: retry) */
+static inline int lookup_slot(const Index *ix, uint64_t key, Slot *out, int checked) {
+    uint64_t i = home_of(ix, key);
+    for (uint64_t n = 0;; n++) {
+        *out = ix->slots[i];
+        if (out->w[0] == W_EMPTY) return 0;
+        if (out->key == key) return (checked && out->w[0] == W_SPILL && spill_idx(out) >= ix->spill_cap) ? -2 : 1;
+        i = (i + 1) & ix->mask;
+        if (checked && n >= ix->mask) return -2;
+    }
+}
+
 /* ------------------------------------------------------------------ input: uint64 hashes */
 typedef struct {
     Py_buffer view;
@@ -394,29 +560,47 @@ static const uint64_t *u64_chunk(U64Input *in, Py_ssize_t start, Py_ssize_t len,
 
 /* ------------------------------------------------------------------ Index type */
 static int Index_init(Index *ix, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"names", "capacity", NULL};
+    static char *kwlist[] = {"names", "capacity", "shared", NULL};
     PyObject *names;
     Py_ssize_t capacity = 1024;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|n", kwlist, &PyList_Type, &names, &capacity)) return -1;
+    const char *shared = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|nz", kwlist, &PyList_Type, &names, &capacity, &shared))
+        return -1;
     uint64_t cap = 16;
     while ((uint64_t)capacity * LOAD_DEN > cap * LOAD_NUM) cap <<= 1;
-    if (ix->slots) return 0; /* already initialised */
-    ix->slots = alloc_slots(cap);
-    if (!ix->slots) { PyErr_NoMemory(); return -1; }
-    ix->cap = cap;
-    ix->mask = cap - 1;
-    ix->shift = 64 - __builtin_ctzll(cap);
+    if (ix->slots || ix->hdr) return 0; /* already initialised */
+    if (shared && *shared) {
+#ifdef KVMESH_SHM
+        if (shm_open_header(ix, shared) < 0) return -1;
+#else
+        PyErr_SetString(PyExc_OSError, "a shared index needs Linux");
+        return -1;
+#endif
+    }
+    write_begin(ix);
     ix->nwords = 1;
+    ix->slots = alloc_slots(ix, cap, &ix->slots_gen);
+    if (ix->slots) {
+        ix->cap = cap;
+        ix->mask = cap - 1;
+        ix->shift = 64 - __builtin_ctzll(cap);
+    }
+    write_end(ix);
+    if (!ix->slots) return -1;
     Py_INCREF(names);
     ix->names = names;
     return 0;
 }
 
 static void Index_dealloc(Index *ix) {
-    free_slots(ix->slots, ix->cap);
-    PyMem_Free(ix->spill);
+    free_slots(ix, ix->slots, ix->cap, ix->slots_gen);
+    spill_release(ix);
     PyMem_Free(ix->spill_free);
     PyMem_Free(ix->wcount);
+#ifdef KVMESH_SHM
+    if (ix->hdr) munmap(ix->hdr, SHM_HEADER_BYTES);
+#endif
+    PyMem_Free(ix->shm_path);
     Py_XDECREF(ix->names);
     Py_TYPE(ix)->tp_free((PyObject *)ix);
 }
@@ -428,7 +612,7 @@ static int parse_worker(Index *ix, PyObject *o, long *w) {
 }
 
 /* store(worker_id, hashes) -> number of (worker, block) pairs added */
-static PyObject *Index_store(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *store_impl(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
     long w;
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "store(worker_id, hashes)"); return NULL; }
     if (parse_worker(ix, args[0], &w) < 0) return NULL;
@@ -464,7 +648,7 @@ static PyObject *Index_store(Index *ix, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* remove(worker_id, hashes) -> number of pairs removed (unknown blocks ignored) */
-static PyObject *Index_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *remove_impl(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
     long w;
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "remove(worker_id, hashes)"); return NULL; }
     if (parse_worker(ix, args[0], &w) < 0) return NULL;
@@ -494,7 +678,7 @@ static PyObject *Index_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs
 }
 
 /* clear(worker_id) -> pairs removed. Scans the table; stops once the worker's count is 0. */
-static PyObject *Index_clear(Index *ix, PyObject *arg) {
+static PyObject *clear_impl(Index *ix, PyObject *arg) {
     long w;
     if (parse_worker(ix, arg, &w) < 0) return NULL;
     uint64_t left = ix->wcount[w], removed = 0;
@@ -511,6 +695,28 @@ static PyObject *Index_clear(Index *ix, PyObject *arg) {
     ix->pairs -= removed;
     ix->wcount[w] -= removed;
     return PyLong_FromUnsignedLongLong(removed);
+}
+
+/* the mutations, each one change of a shared index (see write_begin) */
+static PyObject *Index_store(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+    write_begin(ix);
+    PyObject *r = store_impl(ix, args, nargs);
+    write_end(ix);
+    return r;
+}
+
+static PyObject *Index_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+    write_begin(ix);
+    PyObject *r = remove_impl(ix, args, nargs);
+    write_end(ix);
+    return r;
+}
+
+static PyObject *Index_clear(Index *ix, PyObject *arg) {
+    write_begin(ix);
+    PyObject *r = clear_impl(ix, arg);
+    write_end(ix);
+    return r;
 }
 
 static int record(PyObject *out, PyObject *names, uint32_t w, Py_ssize_t depth) {
@@ -540,12 +746,9 @@ static int record_bits(PyObject *out, PyObject *names, const uint64_t *bits, uin
     return 0;
 }
 
-/* find_matches(hashes) -> {name: leading blocks held} */
-static PyObject *Index_find_matches(Index *ix, PyObject *arg) {
-    U64Input in;
-    if (u64_open(arg, &in) < 0) return NULL;
-    PyObject *out = PyDict_New();
-    if (!out) { u64_close(&in); return NULL; }
+/* the match walk into `out` ({name: leading blocks held}): 0, -1 (Python error) or -2 (`checked` only: the
+ * table changed under the walk, retry) */
+static int walk_matches(const Index *ix, U64Input *in, PyObject *out, int checked) {
     const uint32_t nw = ix->nwords;
     uint64_t alive[MAX_WORDS];
     uint64_t cnt = 0;     /* alive workers */
@@ -553,15 +756,18 @@ static PyObject *Index_find_matches(Index *ix, PyObject *arg) {
     uint64_t buf[CHUNK];
     Py_ssize_t pos = 0;
     int err = 0;
-    for (Py_ssize_t start = 0; start < in.n; start += CHUNK) {
-        Py_ssize_t len = in.n - start < CHUNK ? in.n - start : CHUNK;
-        const uint64_t *hs = u64_chunk(&in, start, len, buf);
+    Slot cs;
+    for (Py_ssize_t start = 0; start < in->n; start += CHUNK) {
+        Py_ssize_t len = in->n - start < CHUNK ? in->n - start : CHUNK;
+        const uint64_t *hs = u64_chunk(in, start, len, buf);
         if (!hs) { err = 1; goto done; }
         for (Py_ssize_t k = 0; k < len && k < PREFETCH; k++) prefetch_home(ix, hs[k]);
         for (Py_ssize_t k = 0; k < len; k++) {
             if (k + PREFETCH < len) prefetch_home(ix, hs[k + PREFETCH]);
             pos = start + k;
-            const Slot *s = find(ix, hs[k]);
+            int found = lookup_slot(ix, hs[k], &cs, checked);
+            if (found < 0) { err = 2; goto done; }
+            const Slot *s = found ? &cs : NULL;
             if (pos == 0) {
                 if (!s) goto done;
                 memset(alive, 0, nw * sizeof(uint64_t));
@@ -621,14 +827,57 @@ static PyObject *Index_find_matches(Index *ix, PyObject *arg) {
     }
     /* survivors matched the whole query */
     if (cnt == 1) {
-        if (record(out, ix->names, single, in.n) < 0) err = 1;
+        if (record(out, ix->names, single, in->n) < 0) err = 1;
     } else if (cnt > 1) {
-        if (record_bits(out, ix->names, alive, nw, in.n) < 0) err = 1;
+        if (record_bits(out, ix->names, alive, nw, in->n) < 0) err = 1;
     }
 done:
+    return err == 1 ? -1 : err == 2 ? -2 : 0;
+}
+
+/* find_matches(hashes) -> {name: leading blocks held} */
+static PyObject *Index_find_matches(Index *ix, PyObject *arg) {
+    U64Input in;
+    if (u64_open(arg, &in) < 0) return NULL;
+    PyObject *out = PyDict_New();
+    if (out && walk_matches(ix, &in, out, 0) < 0) Py_CLEAR(out);
     u64_close(&in);
-    if (err) { Py_DECREF(out); return NULL; }
     return out;
+}
+
+/* first position whose block worker w holds (in.n if none); -1 on a Python error, -2 torn (`checked`) */
+static Py_ssize_t first_held_in(const Index *ix, U64Input *in, uint16_t w, int checked) {
+    uint64_t buf[CHUNK];
+    for (Py_ssize_t start = 0; start < in->n; start += CHUNK) {
+        Py_ssize_t len = in->n - start < CHUNK ? in->n - start : CHUNK;
+        const uint64_t *hs = u64_chunk(in, start, len, buf);
+        if (!hs) return -1;
+        for (Py_ssize_t k = 0; k < len; k++) {
+            Slot cs;
+            int found = lookup_slot(ix, hs[k], &cs, checked);
+            if (found < 0) return -2;
+            if (found && entry_has(ix, &cs, w)) return start + k;
+        }
+    }
+    return in->n;
+}
+
+static int parse_first_held(PyObject *const *args, Py_ssize_t nargs, long *w, U64Input *in) {
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "first_held(worker_id, hashes)"), -1;
+    *w = PyLong_AsLong(args[0]);
+    if (*w == -1 && PyErr_Occurred()) return -1;
+    if (*w < 0 || *w >= MAX_WORKERS) return PyErr_Format(PyExc_ValueError, "worker id %ld out of range", *w), -1;
+    return u64_open(args[1], in);
+}
+
+/* first_held(worker_id, hashes) -> the first position whose block the worker holds (len(hashes) if none) */
+static PyObject *Index_first_held(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+    long w;
+    U64Input in;
+    if (parse_first_held(args, nargs, &w, &in) < 0) return NULL;
+    Py_ssize_t at = first_held_in(ix, &in, (uint16_t)w, 0);
+    u64_close(&in);
+    return at < 0 ? NULL : PyLong_FromSsize_t(at);
 }
 
 static PyObject *Index_num_blocks(Index *ix, PyObject *arg) {
@@ -683,7 +932,7 @@ static PyObject *Index_export(Index *ix, PyObject *arg) {
 }
 
 /* load(keys, masks, nwords): add every (worker, key) pair of an export (into this index) */
-static PyObject *Index_load(Index *ix, PyObject *args) {
+static PyObject *load_impl(Index *ix, PyObject *args) {
     Py_buffer kb, mb;
     long nw;
     if (!PyArg_ParseTuple(args, "y*y*l", &kb, &mb, &nw)) return NULL;
@@ -726,6 +975,39 @@ out:
     return ret;
 }
 
+static PyObject *Index_load(Index *ix, PyObject *args) {
+    write_begin(ix);
+    PyObject *r = load_impl(ix, args);
+    write_end(ix);
+    return r;
+}
+
+static int word_index(PyObject *arg, long *i) {
+    *i = PyLong_AsLong(arg);
+    if (*i == -1 && PyErr_Occurred()) return -1;
+    if (*i < 0 || *i >= SHM_WORDS) return PyErr_Format(PyExc_IndexError, "word %ld not in [0, %d)", *i, SHM_WORDS), -1;
+    return 0;
+}
+
+/* word(i) / set_word(i, value): the shared header's owner words (ValueError on a private index) */
+static PyObject *Index_word(Index *ix, PyObject *arg) {
+    long i;
+    if (word_index(arg, &i) < 0) return NULL;
+    if (!ix->hdr) return PyErr_Format(PyExc_ValueError, "not a shared index"), NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&ix->hdr->words[i], __ATOMIC_ACQUIRE));
+}
+
+static PyObject *Index_set_word(Index *ix, PyObject *const *args, Py_ssize_t nargs) {
+    long i;
+    if (nargs != 2) return PyErr_Format(PyExc_TypeError, "set_word(i, value)"), NULL;
+    if (word_index(args[0], &i) < 0) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (!ix->hdr) return PyErr_Format(PyExc_ValueError, "not a shared index"), NULL;
+    __atomic_store_n(&ix->hdr->words[i], (uint64_t)v, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Index_nbytes(Index *ix, PyObject *Py_UNUSED(ignored)) {
     uint64_t b = ix->cap * sizeof(Slot) + (uint64_t)ix->spill_cap * ix->nwords * 8 + (uint64_t)ix->free_cap * 4 +
                  (uint64_t)ix->wcap * 8;
@@ -749,6 +1031,10 @@ static PyMethodDef Index_methods[] = {
     {"load", (PyCFunction)Index_load, METH_VARARGS, "load(keys, masks, nwords) -> pairs added"},
     {"nbytes", (PyCFunction)Index_nbytes, METH_NOARGS, "allocated bytes of the index's arrays"},
     {"stats", (PyCFunction)Index_stats, METH_NOARGS, "(capacity, entries, pairs, spilled, nwords)"},
+    {"first_held", (PyCFunction)(void (*)(void))Index_first_held, METH_FASTCALL,
+     "first_held(worker_id, hashes) -> first position the worker holds (len if none)"},
+    {"word", (PyCFunction)Index_word, METH_O, "word(i) -> the shared header's owner word i"},
+    {"set_word", (PyCFunction)(void (*)(void))Index_set_word, METH_FASTCALL, "set_word(i, value)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -757,12 +1043,196 @@ static PyTypeObject IndexType = {
     .tp_name = "kvmesh.index._native.Index",
     .tp_basicsize = sizeof(Index),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Index(names: list, capacity: int = 1024): block hash -> worker ids (see the module source).",
+    .tp_doc = "Index(names: list, capacity: int = 1024, shared: str | None = None): block hash -> worker ids "
+              "(see the module source); `shared`: the header path of a shared index (this process writes it).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Index_init,
     .tp_dealloc = (destructor)Index_dealloc,
     .tp_methods = Index_methods,
 };
+
+/* ------------------------------------------------------------------ IndexView: a reader of a shared index */
+#ifdef KVMESH_SHM
+#define VIEW_TRIES 64 /* reads that overlapped a change before a query answers None */
+
+typedef struct {
+    PyObject_HEAD
+    ShmHeader *hdr;
+    char *path;
+    PyObject *names; /* list: worker id -> name or None, kept by the Python wrapper */
+    Slot *slots;
+    uint64_t slots_gen, slots_bytes;
+    uint64_t *spill;
+    uint64_t spill_gen, spill_bytes;
+    unsigned long long retries, failures;
+} View;
+
+/* map the writer's segment `kind` of generation `gen` (0: none) in place of the one mapped: 0, or -2 (gone
+ * already: the writer replaced it; retry from the header) */
+static int view_map(View *v, char kind, uint64_t gen, void **p, uint64_t *bytes, uint64_t *have) {
+    if (gen == *have) return 0;
+    if (*p) munmap(*p, *bytes);
+    *p = NULL, *bytes = 0, *have = 0;
+    if (gen == 0) return 0;
+    char path[4096];
+    int r = snprintf(path, sizeof path, "%s.%c%llu", v->path, kind, (unsigned long long)gen);
+    if (r < 0 || (size_t)r >= sizeof path) return -2;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -2;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > 0) m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return -2;
+    *p = m, *bytes = (uint64_t)st.st_size, *have = gen;
+    return 0;
+}
+
+/* start a read: an Index describing the mapped table (sizes checked against the mappings) and the seq to
+ * compare at the end; -2 while the writer is inside a change */
+static int view_begin(View *v, Index *t, uint64_t *seq) {
+    const ShmHeader *h = v->hdr;
+    uint64_t s = __atomic_load_n(&h->seq, __ATOMIC_ACQUIRE);
+    if (s & 1) return -2;
+    uint64_t sg = h->slots_gen, cap = h->cap, pg = h->spill_gen, pc = h->spill_cap, nw = h->nwords;
+    if (view_map(v, 's', sg, (void **)&v->slots, &v->slots_bytes, &v->slots_gen) < 0) return -2;
+    if (view_map(v, 'p', pg, (void **)&v->spill, &v->spill_bytes, &v->spill_gen) < 0) return -2;
+    if (cap < 2 || (cap & (cap - 1)) || cap * sizeof(Slot) > v->slots_bytes) return -2;
+    if (nw == 0 || nw > MAX_WORDS || pc * nw * 8 > v->spill_bytes || pc > UINT32_MAX) return -2;
+    memset(t, 0, sizeof *t);
+    t->slots = v->slots, t->cap = cap, t->mask = cap - 1, t->shift = 64 - __builtin_ctzll(cap);
+    t->spill = v->spill, t->spill_cap = (uint32_t)pc, t->nwords = (uint32_t)nw, t->names = v->names;
+    *seq = s;
+    return 0;
+}
+
+/* did the read that began at `seq` see one state of the table? */
+static inline int view_end(const View *v, uint64_t seq) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&v->hdr->seq, __ATOMIC_RELAXED) == seq;
+}
+
+static int View_init(View *v, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"path", "names", NULL};
+    const char *path;
+    PyObject *names;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO!", kwlist, &path, &PyList_Type, &names)) return -1;
+    if (v->hdr) return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path), -1;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size >= SHM_HEADER_BYTES)
+        m = mmap(NULL, SHM_HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED || ((ShmHeader *)m)->magic != SHM_MAGIC) {
+        if (m != MAP_FAILED) munmap(m, SHM_HEADER_BYTES);
+        return PyErr_Format(PyExc_ValueError, "%s is not a kvmesh shared index", path), -1;
+    }
+    size_t n = strlen(path) + 1;
+    if (!(v->path = PyMem_Malloc(n))) return munmap(m, SHM_HEADER_BYTES), PyErr_NoMemory(), -1;
+    memcpy(v->path, path, n);
+    v->hdr = m;
+    Py_INCREF(names);
+    v->names = names;
+    return 0;
+}
+
+static void View_dealloc(View *v) {
+    if (v->slots) munmap(v->slots, v->slots_bytes);
+    if (v->spill) munmap(v->spill, v->spill_bytes);
+    if (v->hdr) munmap(v->hdr, SHM_HEADER_BYTES);
+    PyMem_Free(v->path);
+    Py_XDECREF(v->names);
+    Py_TYPE(v)->tp_free((PyObject *)v);
+}
+
+/* find_matches(hashes) -> {name: leading blocks held}, or None when every try overlapped a change */
+static PyObject *View_find_matches(View *v, PyObject *arg) {
+    U64Input in;
+    if (u64_open(arg, &in) < 0) return NULL;
+    PyObject *result = NULL;
+    for (int t = 0; t < VIEW_TRIES; t++) {
+        Index ix;
+        uint64_t seq;
+        if (view_begin(v, &ix, &seq) == 0) {
+            PyObject *out = PyDict_New();
+            if (!out) goto done;
+            int r = walk_matches(&ix, &in, out, 1);
+            if (r == -1) { Py_DECREF(out); goto done; }
+            if (r == 0 && view_end(v, seq)) { result = out; goto done; }
+            Py_DECREF(out);
+        }
+        v->retries++;
+        sched_yield(); /* let the writer finish its change */
+    }
+    v->failures++;
+    result = Py_NewRef(Py_None);
+done:
+    u64_close(&in);
+    return result;
+}
+
+/* first_held(worker_id, hashes) -> the first position whose block the worker holds (len(hashes) if none), or
+ * None when every try overlapped a change */
+static PyObject *View_first_held(View *v, PyObject *const *args, Py_ssize_t nargs) {
+    long w;
+    U64Input in;
+    if (parse_first_held(args, nargs, &w, &in) < 0) return NULL;
+    PyObject *result = NULL;
+    for (int t = 0; t < VIEW_TRIES; t++) {
+        Index ix;
+        uint64_t seq;
+        if (view_begin(v, &ix, &seq) == 0) {
+            Py_ssize_t at = first_held_in(&ix, &in, (uint16_t)w, 1);
+            if (at == -1) goto done;
+            if (at >= 0 && view_end(v, seq)) { result = PyLong_FromSsize_t(at); goto done; }
+        }
+        v->retries++;
+        sched_yield();
+    }
+    v->failures++;
+    result = Py_NewRef(Py_None);
+done:
+    u64_close(&in);
+    return result;
+}
+
+static PyObject *View_word(View *v, PyObject *arg) {
+    long i;
+    if (word_index(arg, &i) < 0) return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&v->hdr->words[i], __ATOMIC_ACQUIRE));
+}
+
+/* stats() -> (capacity, entries, pairs, retries, failures): the header's last published sizes and this
+ * view's reads retried / given up */
+static PyObject *View_stats(View *v, PyObject *Py_UNUSED(ignored)) {
+    const ShmHeader *h = v->hdr;
+    return Py_BuildValue("(KKKKK)", (unsigned long long)h->cap, (unsigned long long)h->live,
+                         (unsigned long long)h->pairs, v->retries, v->failures);
+}
+
+static PyMethodDef View_methods[] = {
+    {"find_matches", (PyCFunction)View_find_matches, METH_O, "find_matches(hashes) -> {name: blocks} or None"},
+    {"first_held", (PyCFunction)(void (*)(void))View_first_held, METH_FASTCALL,
+     "first_held(worker_id, hashes) -> first position the worker holds (len if none), or None"},
+    {"word", (PyCFunction)View_word, METH_O, "word(i) -> the header's owner word i"},
+    {"stats", (PyCFunction)View_stats, METH_NOARGS, "(capacity, entries, pairs, retries, failures)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvmesh.index._native.IndexView",
+    .tp_basicsize = sizeof(View),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "IndexView(path: str, names: list): read-only view of a shared Index written by another process.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)View_init,
+    .tp_dealloc = (destructor)View_dealloc,
+    .tp_methods = View_methods,
+};
+#endif
 
 /* ------------------------------------------------------------------ hashing */
 static inline uint64_t finalize64(uint64_t s) {
@@ -904,7 +1374,14 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "MAX_WORKERS", MAX_WORKERS) < 0) {
+#ifdef KVMESH_SHM
+    if (PyType_Ready(&ViewType) < 0 || PyModule_AddObjectRef(m, "IndexView", (PyObject *)&ViewType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    if (PyModule_AddIntConstant(m, "SHARED_WORDS", SHM_WORDS) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_WORKERS", MAX_WORKERS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

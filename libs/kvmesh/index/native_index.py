@@ -35,11 +35,11 @@ def _arg(hashes: HashesLike) -> HashesLike:
 class NativePrefixIndex:
     """Block-hash -> workers index with radix-tree match semantics, on the C core."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, shared: str | None = None) -> None:
         self._names: list[str | None] = []  # shared with the core: mutate in place only
         self._slot_of: dict[str, int] = {}
         self._free_slots: list[int] = []
-        self._core = _native.Index(self._names, max(16, capacity))
+        self._core = _native.Index(self._names, max(16, capacity), shared)
 
     # ------------------------------------------------------------------ workers
     def _slot(self, worker: str) -> int:
@@ -95,6 +95,11 @@ class NativePrefixIndex:
             return {}
         result: dict[str, int] = self._core.find_matches(_arg(hashes))
         return result
+
+    def first_held(self, worker: str, hashes: HashesLike) -> int:
+        """The first position of ``hashes`` whose block ``worker`` holds (``len(hashes)`` if none)."""
+        w = self._slot_of.get(worker)
+        return len(hashes) if w is None else int(self._core.first_held(w, _arg(hashes)))
 
     def num_blocks(self, worker: str) -> int:
         w = self._slot_of.get(worker)
