@@ -121,6 +121,9 @@ class IndexReplica:
 
     @property
     def disagreement(self) -> str:
+        """Why the cache-manager is not used ('' = it agrees or is unchecked); a reader has it from process 0."""
+        if self.view is not None and self.view.disagrees:
+            return "the cache-manager disagrees with the router's settings (found by router process 0)"
         return self.follower.disagreement
 
     @property
@@ -144,7 +147,7 @@ class IndexReplica:
         replica = self.follower.replica
         while True:
             if isinstance(replica, SharedReplicaIndex):
-                replica.beat(time.monotonic_ns())
+                replica.beat(time.monotonic_ns(), disagrees=bool(self.follower.disagreement))
             elif self.view is not None and self.view.refresh() and self.fresh:
                 self._reader_synced.set()
             await asyncio.sleep(HEARTBEAT_S)

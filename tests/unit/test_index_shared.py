@@ -17,7 +17,7 @@ import pytest
 
 from kvmesh.index import NATIVE
 from kvmesh.index.native_index import NativePrefixIndex
-from kvmesh.index.shared import COMPLETE, REVISION, SharedIndexView, SharedPrefixIndex, remove_files
+from kvmesh.index.shared import SharedIndexView, SharedPrefixIndex, remove_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.skipif(not NATIVE, reason="the shared index is the compiled one")]
 
@@ -74,13 +74,13 @@ def test_a_reused_worker_slot_is_read_under_its_new_name(path: str) -> None:
 def test_a_new_writer_takes_the_header_over_and_readers_follow_it(path: str) -> None:
     first = SharedPrefixIndex(path)
     first.store("a", None, u64([1, 2]))
-    first.set_word(COMPLETE, 1)
-    first.set_word(REVISION, 41)
+    first.set_word(1, 1)
+    first.set_word(2, 41)
     view = SharedIndexView(path)
     assert view.find_matches([1, 2]) == {"a": 2}
     second = SharedPrefixIndex(path)  # a restarted writer, or a replica reset
     assert view.find_matches([1, 2]) == {}  # the same view now reads the new, empty index
-    assert view.word(COMPLETE) == 0 and view.word(REVISION) == 0  # the owner's state starts over
+    assert view.word(1) == 0 and view.word(2) == 0  # the owner's words start over
     second.store("c", None, u64([1]))
     assert view.find_matches([1, 2]) == {"c": 1} and not view.replaced()
     del first  # the old writer's arrays go; the header and the new writer's stay

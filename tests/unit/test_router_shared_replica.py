@@ -107,6 +107,16 @@ async def test_a_reader_answers_nothing_it_cannot_vouch_for(path: str) -> None:
     assert await split(host.reader, host.core) == (0, 0)  # no cache-manager to ask here: no overlap
 
 
+def test_a_reader_knows_when_the_writer_found_the_cache_manager_disagreeing(path: str) -> None:
+    host = Host(path)
+    host.snapshot()
+    assert host.reader.disagreement == ""
+    host.copy.beat(time.monotonic_ns(), disagrees=True)
+    assert "disagrees" in host.reader.disagreement  # so it does not ask that cache-manager (FindMatches) either
+    host.copy.beat(time.monotonic_ns())
+    assert host.reader.disagreement == ""
+
+
 async def test_a_reset_writer_is_read_as_empty_not_as_its_old_copy(path: str) -> None:
     host = Host(path)
     host.snapshot()

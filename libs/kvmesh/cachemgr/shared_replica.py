@@ -7,7 +7,7 @@ header (`kvmesh.index.shared`). `SharedReplicaView` answers `lookup` in the othe
 as the writer would, or None when it cannot vouch for the answer: no writer yet, the copy not complete (a
 snapshot, a break), the writer's heartbeat (`beat`) older than `stale_s` (the writer is gone and the copy
 frozen), or no read that saw one state. The caller then asks the cache-manager (FindMatches), as a router
-with a stale replica of its own does.
+with a stale replica of its own does, unless the writer found that cache-manager disagreeing (`disagrees`).
 
     gpu(w) = first_held(w, h_0 … h_{total(w)-1}) in the tier index      (`kvmesh.cachemgr.media.gpu_run`)
 """
@@ -21,12 +21,14 @@ import numpy as np
 
 from kvmesh.cachemgr.media import PrefixMatches
 from kvmesh.cachemgr.replica import ReplicaIndex
-from kvmesh.index.shared import COMPLETE, HEARTBEAT_NS, REVISION, SharedIndexView, SharedPrefixIndex
+from kvmesh.index.shared import SharedIndexView, SharedPrefixIndex
 from kvmesh.v1 import cache_manager_pb2 as pb
 
-__all__ = ["STALE_S", "TIER_SUFFIX", "SharedReplicaIndex", "SharedReplicaView"]
+__all__ = ["COMPLETE", "REVISION", "STALE_S", "TIER_SUFFIX", "SharedReplicaIndex", "SharedReplicaView"]
 
 TIER_SUFFIX = ".tier"
+# the writer's state, in the header words of its index (`kvmesh.index.shared`: 1-7 are the owner's)
+COMPLETE, REVISION, HEARTBEAT_NS, DISAGREES = 1, 2, 3, 4
 STALE_S = 2.0  # a writer silent this long is taken for gone (it beats every 0.5 s)
 Hashes = Sequence[int] | np.ndarray
 
@@ -101,9 +103,11 @@ class SharedReplicaIndex(ReplicaIndex):
         self.index.set_word(REVISION, self.revision)
         self.index.set_word(COMPLETE, int(self.complete))
 
-    def beat(self, now_ns: int) -> None:
-        """The writer is alive at `now_ns` (CLOCK_MONOTONIC)."""
+    def beat(self, now_ns: int, disagrees: bool = False) -> None:
+        """The writer is alive at `now_ns` (CLOCK_MONOTONIC); `disagrees`: its cache-manager disagrees with the
+        router's settings (not followed), so that readers do not ask it either."""
         self._beat_ns = now_ns
+        self.index.set_word(DISAGREES, int(disagrees))
         self.index.set_word(HEARTBEAT_NS, now_ns)
 
     def lookup(self, hashes: Hashes) -> PrefixMatches:
@@ -140,6 +144,11 @@ class SharedReplicaView:
     @property
     def revision(self) -> int:
         return self._index.word(REVISION) if self._index is not None else 0
+
+    @property
+    def disagrees(self) -> bool:
+        """The writer found the cache-manager disagreeing with the router's settings."""
+        return self._index is not None and self._index.word(DISAGREES) == 1
 
     def tier_pairs(self) -> int:
         return self._tier.stats()["pairs"] if self._tier is not None else 0

@@ -10,8 +10,8 @@ index, and only the writer follows the cache-manager.
 
 Worker names (the core's slot numbers) are published in `path.names` (JSON, replaced atomically) with
 their version in header word `NAMES_VERSION`; a reader reloads them when the version moves and discards a
-query during which it moved. The other header words carry the owner's state (`COMPLETE`, `REVISION`,
-`HEARTBEAT_NS`: the writer's CLOCK_MONOTONIC, shared by the processes of a host).
+query during which it moved. Words 1 to 7 are the owner's (`word`, `set_word`; e.g. the state of a replica,
+`kvmesh.cachemgr.shared_replica`), 0 for each new writer.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import os
 from kvmesh.index import _native
 from kvmesh.index.native_index import HashesLike, NativePrefixIndex, _arg
 
-__all__ = ["COMPLETE", "HEARTBEAT_NS", "REVISION", "SharedIndexView", "SharedPrefixIndex", "remove_files"]
+__all__ = ["SharedIndexView", "SharedPrefixIndex", "remove_files"]
 
-NAMES_VERSION, COMPLETE, REVISION, HEARTBEAT_NS = 0, 1, 2, 3
+NAMES_VERSION = 0  # header word 0: counts on across writers
 _NAME_RETRIES = 3  # queries during which the names moved, before answering None
 
 
