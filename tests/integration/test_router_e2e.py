@@ -234,6 +234,12 @@ def test_full_long_queue_is_resource_exhausted_with_retry_after(
         "1",
         "--long-queue",
         "0",
+        # about admission, not staleness: real vLLM decoding on a loaded 2-core host has gone 11.6 s without a
+        # load report (CI, 2026-12-06), which took the only worker out of rotation (503 for the short prompt)
+        "--worker-stale-s",
+        "120",
+        "--report-age-floor-s",
+        "120",
     )
     long_ids = toks(300)
     # Long enough that the first stream is still running when the next request arrives, even when the tiny
