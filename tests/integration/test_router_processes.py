@@ -185,13 +185,19 @@ def shared_files(router: ServiceProcess) -> list[str]:
     return [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
 
 
-def test_processes_share_one_index_replica_that_one_of_them_follows(services: Callable[..., ServiceProcess]) -> None:
+def two_processes_on_a_cache_manager(services: Callable[..., ServiceProcess]) -> tuple[ServiceProcess, ServiceProcess]:
+    """(cache-manager, router of 2 processes) over 2 instant sim workers that report to that cache-manager."""
     cm = services("cache-manager", "--block-size", str(BS))
     ws = workers(services, 2, "--sim-speed", "0", "--cache-manager", cm.address)
     router = services(
         "router", "--workers", ",".join(w.address for w in ws), "--block-size", str(BS),
         "--cache-manager", cm.address, "--processes", "2",
     )  # fmt: skip
+    return cm, router
+
+
+def test_processes_share_one_index_replica_that_one_of_them_follows(services: Callable[..., ServiceProcess]) -> None:
+    cm, router = two_processes_on_a_cache_manager(services)
     cm_metrics = httpx.get(f"http://127.0.0.1:{cm.http_port}/metrics", timeout=10).text.splitlines()
     assert "kvmesh_cache_watchers 1.0" in cm_metrics  # one WatchIndex stream for both processes
     assert f"kvmesh-router-{router.proc.pid}-index" in shared_files(router)
@@ -210,12 +216,7 @@ def test_processes_share_one_index_replica_that_one_of_them_follows(services: Ca
 
 
 def test_a_killed_writer_is_replaced_and_readers_read_its_successor(services: Callable[..., ServiceProcess]) -> None:
-    cm = services("cache-manager", "--block-size", str(BS))
-    ws = workers(services, 2, "--sim-speed", "0", "--cache-manager", cm.address)
-    router = services(
-        "router", "--workers", ",".join(w.address for w in ws), "--block-size", str(BS),
-        "--cache-manager", cm.address, "--processes", "2",
-    )  # fmt: skip
+    _, router = two_processes_on_a_cache_manager(services)
     writer_pid = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
     os.kill(writer_pid, signal.SIGKILL)
     deadline = time.monotonic() + 60

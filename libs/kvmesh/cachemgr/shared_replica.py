@@ -151,7 +151,7 @@ class SharedReplicaView:
         return self._index is not None and self._index.word(DISAGREES) == 1
 
     def tier_pairs(self) -> int:
-        return self._tier.stats()["pairs"] if self._tier is not None else 0
+        return self._tier.pairs() if self._tier is not None else 0
 
     def lookup(self, hashes: Hashes, now_ns: int) -> PrefixMatches | None:
         """As `ReplicaIndex.lookup`, or None (see the module docstring)."""

@@ -137,6 +137,10 @@ class SharedIndexView:
                 return at
         return None
 
+    def pairs(self) -> int:
+        """(worker, block) pairs, as the writer last published them."""
+        return self._view.stats()[2]
+
     def stats(self) -> dict[str, int]:
         cap, entries, pairs, retries, failures = self._view.stats()
         return {"capacity": cap, "blocks": entries, "pairs": pairs, "retries": retries, "failures": failures}
