@@ -13,6 +13,8 @@ cached, and its prompt shares no block with any other test's.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -223,9 +225,10 @@ def test_full_long_queue_is_resource_exhausted_with_retry_after(
 ) -> None:
     # one long-prompt slot, no queue: while a long request streams, the next long one is refused at once;
     # short prompts are unaffected.
+    worker = start_workers(services, 1, "--sim-speed", "1")[0]
     router = start_router(
         services,
-        start_workers(services, 1, "--sim-speed", "1"),
+        [worker],
         "--api-keys-file",
         keyfile,
         "--long-prompt-tokens",
@@ -242,16 +245,22 @@ def test_full_long_queue_is_resource_exhausted_with_retry_after(
         "120",
     )
     long_ids = toks(300)
-    # Long enough that the first stream is still running when the next request arrives, even when the tiny
-    # vLLM model decodes quickly and this client is slow to read (a finished stream frees the slot).
     first = stream(router.address, gen(long_ids, max_tokens=400 if engine == "sim" else 3500))
     assert next(first).token_ids  # the first long request holds the slot now
-    with pytest.raises(grpc.RpcError) as ei:
-        list(stream(router.address, gen(long_ids, max_tokens=4)))
-    assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # ... and keeps it, however fast the engine or slow this client: the worker process is stopped (SIGSTOP)
+    # until the long ones have been refused, so the first stream cannot end and free the slot meanwhile
+    # (refusals come from the router's admission, which never reaches the worker)
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(grpc.RpcError) as ei:
+            list(stream(router.address, gen(long_ids, max_tokens=4)))
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with http(router) as c:
+            r = c.post("/v1/completions", json={"prompt": long_ids, "max_tokens": 2})
+            assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+    finally:
+        os.kill(worker.proc.pid, signal.SIGCONT)
     with http(router) as c:
-        r = c.post("/v1/completions", json={"prompt": long_ids, "max_tokens": 2})
-        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
         assert c.post("/v1/completions", json={"prompt": [5] * 50, "max_tokens": 2}).status_code == 200
     first.close()
 
