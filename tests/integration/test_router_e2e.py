@@ -35,7 +35,9 @@ from kvmesh.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from tests.support.gate_proxy import GateProxy
 from tests.support.models import tiny_model
+from tests.support.poll import wait_until
 
 pytestmark = pytest.mark.integration
 BS = 32
@@ -331,31 +333,62 @@ def test_second_turn_goes_to_the_worker_holding_the_prefix(
     assert last.usage.cached_tokens >= 11 * BS
 
 
+def _has_tokens_and_is_not_last(message: bytes) -> bool:
+    m = worker_pb2.GenerateResponse.FromString(message)
+    return bool(m.token_ids) and not m.finish_reason
+
+
 @pytest.mark.fault
 def test_kill_9_mid_stream_client_sees_one_complete_stream(
     engine: str, services: Callable[..., ServiceProcess]
 ) -> None:
+    """The worker streaming a request is SIGKILLed after the client got its first tokens: the router resumes
+    it on the other worker and the client sees one complete stream. vLLM on the tiny model can finish a long
+    output before a busy client reads the first message, so there each worker sits behind a `GateProxy`
+    (a gRPC link, hence the call transport) that stalls after the worker's first message with tokens: the
+    kill then always lands mid-stream. The sim engine decodes at a set speed, over the default transport."""
     workers = start_workers(services, 2, "--sim-speed", "1")
-    router = start_router(services, workers)
-    by_port = {w.address: w for w in workers}
+    gates: dict[str, GateProxy] = {}
+    if engine == "vllm":
+        gates = {g.address: g for g in (GateProxy(w.address, _has_tokens_and_is_not_last) for w in workers)}
+        router = services(
+            "router", "--workers", ",".join(g.address for g in gates.values()), "--block-size", str(BS),
+            "--model", tiny_model(), "--worker-transport", "call",
+        )  # fmt: skip
+        by_address = dict(zip(gates, workers, strict=True))
+    else:
+        router = start_router(services, workers)
+        by_address = {w.address: w for w in workers}
     with grpc.insecure_channel(router.address) as ch:
-        ids = {
-            w.endpoint.id: by_port[w.endpoint.address]
-            for w in router_pb2_grpc.RouterAdminServiceStub(ch).ListWorkers(router_pb2.ListWorkersRequest()).workers
-        }
+        admin = router_pb2_grpc.RouterAdminServiceStub(ch)
+        listed = lambda: admin.ListWorkers(router_pb2.ListWorkersRequest()).workers  # noqa: E731
+        # every worker's load stream is open before a gate is armed (a gate watches the next call opened)
+        wait_until(lambda: len(listed()) == 2 and all(w.endpoint.id and w.load.timestamp for w in listed()))
+        ids = {w.endpoint.id: by_address[w.endpoint.address] for w in listed()}
+        gate_of = {w.endpoint.id: gates.get(w.endpoint.address) for w in listed()}
+    for gate in gates.values():
+        gate.arm()
     got: list[int] = []
     msgs = []
     killed = ""
-    # vLLM on the tiny model decodes fast and the router buffers ahead of a slow client: a long output and an
-    # early kill keep the kill mid-stream
-    n_prompt, n_out, kill_at = (590, 150, 20) if engine == "sim" else (200, 3500, 1)
-    for m in stream(router.address, gen(toks(n_prompt), max_tokens=n_out), key=None, timeout=120):
-        msgs.append(m)
-        got += m.token_ids
-        if len(got) >= kill_at and not killed:
-            killed = m.worker_id
-            ids[killed].kill()
+    n_prompt, n_out = (590, 150) if engine == "sim" else (200, 3500)
+    kill_at = 20 if engine == "sim" else 1
+    try:
+        for m in stream(router.address, gen(toks(n_prompt), max_tokens=n_out), key=None, timeout=120):
+            msgs.append(m)
+            got += m.token_ids
+            if len(got) >= kill_at and not killed:
+                killed = m.worker_id
+                for other in set(gates.values()) - {gate_of[killed]}:
+                    other.disarm()  # the resumed call must not stall
+                ids[killed].kill()
+    finally:
+        for gate in gates.values():
+            gate.close()
     assert killed
+    if gates:  # the kill landed while the worker's output was held back: it was mid-stream
+        held = gate_of[killed]
+        assert held is not None and held.stalled.is_set()
     assert len(got) == n_out
     assert msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
     assert msgs[-1].migrations == 1
