@@ -46,6 +46,9 @@ class ServerSettings:
     log_level: str = setting("INFO", "log level")
     log_format: str = setting("text", "log format: text or json")
     event_loop: str = setting("asyncio", "the event loop: asyncio or uvloop (libuv's)")
+    gc_freeze: bool = setting(
+        True, "once serving, keep the start-up heap out of the garbage collector's full passes (gc.freeze)"
+    )
     log_repeat_limit: int = setting(5, "identical log records let through per window (0 = no limit)")
     log_repeat_window_s: float = setting(60.0, "window of the repeated-log-record limit, seconds")
     otlp_endpoint: str = setting("", "OTLP/gRPC endpoint for traces (empty = no export)")
