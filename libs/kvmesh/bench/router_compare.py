@@ -18,6 +18,13 @@ the router follows its index), so it sends a repeated prompt to the worker that 
 the same cores), each concurrency run is sent by N client processes (`kvmesh.bench.load_client`), the
 concurrency and the requests shared among them; the c1 runs stay in this process.
 
+The concurrency runs are taken in up to `CC_ROUNDS` rounds (an even count, each of at least twice the
+concurrency), the paths in forward order in even rounds and in reverse in odd ones (A B, B A, A B, ...): a
+change in the workers' state over the run (the simulated KV pools fill, then every new block evicts one and
+spills it to the CPU tier) lands on every path alike. Run one after the other,
+the later path paid for it: at 8K over gRPC the router served 1.42× direct when it ran first and 0.75× when
+it ran second (docs/benchmarks.md).
+
 ``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's
 processes (for kvmesh: the router and its cache-manager) and their descendants spent during the concurrency
 run, divided by its requests, in µs (`tree_cpu_s`, from the kernel's counters in /proc). Unlike requests/s
@@ -75,6 +82,8 @@ def tree_cpu_s(pid: int) -> float:
     return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
+CC_ROUNDS = 8  # rounds of each path's concurrency run, at most (module docstring)
+
 # (path, first request index, requests, concurrency) -> once its load is ready to go, the call that sends it
 # and returns the wall seconds it took (`in_process`, or `ProcessClients` for --client-processes N)
 Concurrent = Callable[[str, int, int, int], Awaitable[Callable[[], Awaitable[float]]]]
@@ -88,11 +97,13 @@ async def measure(
     rounds: int = 4,
     pids: dict[str, list[int]] | None = None,
     concurrent: Concurrent | None = None,
+    cc_rounds: int = CC_ROUNDS,
 ) -> dict[str, dict[str, float]]:
     """Per path: c1 p50/p99 (ms) of `n_c1` sequential requests and requests/s of `n_cc` at `concurrency`, and
     for a path in `pids` (its router's processes) the CPU µs per request of the concurrency run.
     The c1 samples of all paths are taken in `rounds` interleaved rounds (after a warm-up of every path), so a
     slow spell of this shared machine lands on every path instead of biasing one side of a difference.
+    The concurrency runs are taken in `cc_rounds` rounds, in A B, B A order (module docstring).
     `send(i)` gets i = 0, 1, ... per path; the concurrency run is `concurrent`'s (default: this process's)."""
     nxt = dict.fromkeys(sends, 0)
 
@@ -119,28 +130,47 @@ async def measure(
         for _ in range(min(32, n_c1)):
             await one(name)
     lat: dict[str, list[float]] = {name: [] for name in sends}
-    per_round = [n_c1 // rounds + (1 if r < n_c1 % rounds else 0) for r in range(rounds)]
+    per_round = _shares(n_c1, rounds)
     for n in per_round:
         for name in sends:
             for _ in range(n):
                 t0 = time.perf_counter()
                 await one(name)
                 lat[name].append((time.perf_counter() - t0) * 1000)
+    wall, cpu = dict.fromkeys(sends, 0.0), dict.fromkeys(sends, 0.0)
+    names = list(sends)
+    for r, n in enumerate(_shares(n_cc, _cc_round_count(n_cc, concurrency, cc_rounds))):
+        for name in names if r % 2 == 0 else names[::-1]:  # A B, B A, ...: drift in the workers' state cancels
+            go = await (concurrent or in_process)(name, nxt[name], n, concurrency)
+            nxt[name] += n
+            own = (pids or {}).get(name, [])
+            cpu0 = sum(map(tree_cpu_s, own))
+            wall[name] += await go()
+            cpu[name] += sum(map(tree_cpu_s, own)) - cpu0
     out: dict[str, dict[str, float]] = {}
     for name in sends:
-        go = await (concurrent or in_process)(name, nxt[name], n_cc, concurrency)
-        nxt[name] += n_cc
-        own = (pids or {}).get(name, [])
-        cpu0 = sum(map(tree_cpu_s, own))
-        wall = await go()
         out[name] = {
             "c1_p50_ms": round(_pct(lat[name], 0.5), 3),
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
-            f"c{concurrency}_rps": round(n_cc / wall, 1),
+            f"c{concurrency}_rps": round(n_cc / wall[name], 1),
         }
-        if own:
-            out[name]["cpu_us_per_request"] = round((sum(map(tree_cpu_s, own)) - cpu0) / n_cc * 1e6, 1)
+        if (pids or {}).get(name):
+            out[name]["cpu_us_per_request"] = round(cpu[name] / n_cc * 1e6, 1)
     return out
+
+
+def _cc_round_count(n_cc: int, concurrency: int, most: int) -> int:
+    """Rounds of a concurrency run: at most `most`, each of at least 2 x `concurrency` requests (a round
+    shorter than that is mostly its ramp up and down), an even count where there are several (every path
+    first as often as last)."""
+    rounds = min(most, n_cc // (2 * concurrency))
+    return max(1, rounds - rounds % 2)
+
+
+def _shares(n: int, parts: int) -> list[int]:
+    """`n` split into `parts` near-equal positive counts (fewer parts when `n` is smaller)."""
+    parts = max(1, min(parts, n))
+    return [n // parts + (1 if r < n % parts else 0) for r in range(parts)]
 
 
 def start_third_party(
