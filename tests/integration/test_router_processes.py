@@ -173,11 +173,14 @@ def lookups_by_process(router: ServiceProcess) -> list[dict[str, float]]:
 
 
 def dead(pid: int) -> bool:
-    """Gone, or a zombie (its sockets closed) that its parent has not reaped yet."""
+    """Gone, or a zombie that its parent has not reaped yet with every thread exited: the leader turns zombie
+    while its other threads may still be exiting and holding the file table, so its listening socket (and
+    the connections the kernel queued on it, which are reset when it closes) can outlive the leader's "Z"."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()]
+    except FileNotFoundError:  # reaped, or a thread went between the listing and its read: ask again
+        return not Path(f"/proc/{pid}").exists()
+    return all(state == "Z" for state in states)
 
 
 def shared_files(router: ServiceProcess) -> list[str]:
