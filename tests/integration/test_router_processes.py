@@ -178,7 +178,7 @@ def dead(pid: int) -> bool:
     the connections the kernel queued on it, which are reset when it closes) can outlive the leader's "Z"."""
     try:
         states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()]
-    except FileNotFoundError:  # reaped, or a thread went between the listing and its read: ask again
+    except (FileNotFoundError, ProcessLookupError):  # reaped, or a thread went between listing and read
         return not Path(f"/proc/{pid}").exists()
     return all(state == "Z" for state in states)
 
