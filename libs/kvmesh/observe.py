@@ -115,15 +115,21 @@ def start(
 
 def gone(pid: int) -> bool:
     """No such process, or a zombie (exited; its parent, a detached `kvmesh up`, is gone and init has not
-    reaped it yet)."""
+    reaped it yet) every thread of which has exited. The leader turns zombie while its other threads may
+    still be exiting and holding the file table: its listening sockets, and the connections the kernel
+    queued on them (reset when they close), outlive the leader's "Z"."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
+    except (FileNotFoundError, ProcessLookupError):  # reaped, or a thread went between listing and read
+        return not Path(f"/proc/{pid}").exists()
     except (OSError, IndexError):
         return True
+    return all(state == "Z" for state in states)
 
 
 def stop(pid: int, timeout_s: float = 30.0) -> None:

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from kvmesh.client import Client
+from kvmesh.observe import gone
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.v1 import (
     cache_manager_pb2,
@@ -42,16 +43,6 @@ pytestmark = [pytest.mark.integration]
 def _pids(home: Path) -> list[int]:
     state = json.loads((home / "run" / "suite.json").read_text())
     return [int(s["pid"]) for s in state["services"]]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def _address(state: dict[str, Any], name: str) -> str:
@@ -269,7 +260,7 @@ def test_up_detach_status_demo_down(tmp_path: Path) -> None:
     finally:
         down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not any(_alive(p) for p in pids)
+    assert all(gone(p) for p in pids)
     assert kvmesh_cli(home, "status", timeout=30).returncode == 1
 
 
@@ -296,10 +287,10 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, "".join(seen) + out
         assert "suite stopped" in out
-        assert not any(_alive(p) for p in pids)
+        assert all(gone(p) for p in pids)
     finally:  # never leave a suite behind, whatever failed
         for pid in [*pids, proc.pid]:
-            if _alive(pid):
+            if not gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

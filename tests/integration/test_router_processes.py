@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.launcher import SERVICES, ServiceProcess, free_port
+from kvmesh.observe import gone
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -119,7 +120,7 @@ def test_a_killed_process_is_replaced_while_the_others_serve(services: Callable[
     victim = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while not dead(victim):  # bounded: a connection queued on its socket as it dies is reset
+    while not gone(victim):  # bounded: a connection queued on its socket as it dies is reset
         assert time.monotonic() < deadline
         time.sleep(0.01)
     for i in range(10):  # the survivor takes every new connection meanwhile
@@ -172,17 +173,6 @@ def lookups_by_process(router: ServiceProcess) -> list[dict[str, float]]:
     return out
 
 
-def dead(pid: int) -> bool:
-    """Gone, or a zombie that its parent has not reaped yet with every thread exited: the leader turns zombie
-    while its other threads may still be exiting and holding the file table, so its listening socket (and
-    the connections the kernel queued on it, which are reset when it closes) can outlive the leader's "Z"."""
-    try:
-        states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in Path(f"/proc/{pid}/task").iterdir()]
-    except (FileNotFoundError, ProcessLookupError):  # reaped, or a thread went between listing and read
-        return not Path(f"/proc/{pid}").exists()
-    return all(state == "Z" for state in states)
-
-
 def shared_files(router: ServiceProcess) -> list[str]:
     prefix = f"kvmesh-router-{router.proc.pid}-index"
     return [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
@@ -223,7 +213,7 @@ def test_a_killed_writer_is_replaced_and_readers_read_its_successor(services: Ca
     writer_pid = json.loads(router.ready_file.read_text())["processes"][0]["pid"]
     os.kill(writer_pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while not dead(writer_pid):  # bounded: a connection queued on its socket as it dies is reset
+    while not gone(writer_pid):  # bounded: a connection queued on its socket as it dies is reset
         assert time.monotonic() < deadline
         time.sleep(0.01)
     for i in range(10):  # the reader serves every new connection meanwhile (FindMatches once the copy is stale)

@@ -21,9 +21,9 @@ concurrency and the requests shared among them; the c1 runs stay in this process
 The concurrency runs are taken in up to `CC_ROUNDS` rounds (an even count, each of at least twice the
 concurrency), the paths in forward order in even rounds and in reverse in odd ones (A B, B A, A B, ...): a
 change in the workers' state over the run (the simulated KV pools fill, then every new block evicts one and
-spills it to the CPU tier) lands on every path alike. Run one after the other,
-the later path paid for it: at 8K over gRPC the router served 1.42× direct when it ran first and 0.75× when
-it ran second (docs/benchmarks.md).
+spills it to the CPU tier) lands on every path alike. Run one after the other, the later path paid for it:
+at 8K over gRPC the router served 1.42× direct when it ran first and 0.75× when it ran second
+(docs/benchmarks.md).
 
 ``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's
 processes (for kvmesh: the router and its cache-manager) and their descendants spent during the concurrency
@@ -138,12 +138,13 @@ async def measure(
                 await one(name)
                 lat[name].append((time.perf_counter() - t0) * 1000)
     wall, cpu = dict.fromkeys(sends, 0.0), dict.fromkeys(sends, 0.0)
+    owned = pids or {}
     names = list(sends)
     for r, n in enumerate(_shares(n_cc, _cc_round_count(n_cc, concurrency, cc_rounds))):
         for name in names if r % 2 == 0 else names[::-1]:  # A B, B A, ...: drift in the workers' state cancels
             go = await (concurrent or in_process)(name, nxt[name], n, concurrency)
             nxt[name] += n
-            own = (pids or {}).get(name, [])
+            own = owned.get(name, [])
             cpu0 = sum(map(tree_cpu_s, own))
             wall[name] += await go()
             cpu[name] += sum(map(tree_cpu_s, own)) - cpu0
@@ -154,7 +155,7 @@ async def measure(
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
             f"c{concurrency}_rps": round(n_cc / wall[name], 1),
         }
-        if (pids or {}).get(name):
+        if owned.get(name):
             out[name]["cpu_us_per_request"] = round(cpu[name] / n_cc * 1e6, 1)
     return out
 
