@@ -26,6 +26,7 @@ def test_http_bench_reports_figures_for_kvmesh_and_direct() -> None:
     for path in ("direct", "kvmesh"):
         fig = res[path]["128"]
         assert 0 < fig["c1_p50_ms"] <= fig["c1_p99_ms"] and fig["c4_rps"] > 0
+        assert fig["host_cpu_us_per_request"] > 0  # the client and the workers at least were busy
     # the router and its cache-manager did work for every request: a CPU figure, never zero
     assert res["kvmesh"]["128"]["cpu_us_per_request"] > 0
     assert "cpu_us_per_request" not in res["direct"]["128"]  # the client's own workers are not a router

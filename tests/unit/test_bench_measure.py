@@ -1,11 +1,13 @@
 """`kvmesh.bench.router_compare.measure`: the concurrency runs alternate A B, B A so that a drift in the
-workers' state lands on every path; every request index is sent once; requests/s is over all rounds."""
+workers' state lands on every path; every request index is sent once; requests/s is over all rounds; the
+machine's CPU per request counts what the path's run burned."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
-from kvmesh.bench.router_compare import measure
+from kvmesh.bench.router_compare import host_busy_s, measure
 
 
 async def test_concurrency_runs_alternate_and_send_every_request_once() -> None:
@@ -54,3 +56,36 @@ async def test_rounds_hold_at_least_twice_the_concurrency_and_come_in_pairs() ->
     runs.clear()
     await measure({"a": send, "b": send}, 1, 40, 32, concurrent=concurrent)  # too few to split
     assert runs == [("a", 40), ("b", 40)]
+
+
+def _burn(cpu_s: float) -> float:
+    """Spins until this process has used `cpu_s` more CPU seconds; returns how many it used."""
+    t0 = time.process_time()
+    while time.process_time() - t0 < cpu_s:
+        sum(range(1000))
+    return time.process_time() - t0
+
+
+def test_the_machine_busy_counter_counts_this_process_s_cpu() -> None:
+    before = host_busy_s()
+    used = _burn(0.3)
+    assert host_busy_s() - before >= used - 0.05  # tick accounting: a few 10 ms ticks of slack, never less
+
+
+async def test_host_cpu_per_request_is_at_least_what_the_path_burned() -> None:
+    burned: dict[str, float] = {}
+
+    async def send(i: int) -> None:
+        pass
+
+    async def concurrent(name: str, first: int, n: int, conc: int) -> Callable[[], Awaitable[float]]:
+        async def go() -> float:
+            burned[name] = burned.get(name, 0.0) + (_burn(0.2) if name == "busy" else 0.0)
+            return 1.0
+
+        return go
+
+    out = await measure({"busy": send, "idle": send}, 1, 100, 10, concurrent=concurrent, cc_rounds=2)
+    # 100 requests, 2 rounds: at least 0.4 s of this process's CPU over 100 requests = 4,000 µs each
+    assert out["busy"]["host_cpu_us_per_request"] >= (burned["busy"] - 0.05) / 100 * 1e6
+    assert out["idle"]["host_cpu_us_per_request"] >= 0.0

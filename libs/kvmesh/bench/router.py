@@ -7,7 +7,9 @@ time) and a real router process in front of them, all on 127.0.0.1, then for eac
 ``c32_rps`` (``--concurrency`` requests in flight) through the router (``router.<P>.*``) and straight to the
 workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router − direct at concurrency 1, and
 ``router.<P>.cpu_us_per_request``: the router process's CPU time (user + system, /proc) over the concurrency
-run per request.
+run per request, and ``<path>.<P>.host_cpu_us_per_request``: the whole machine's busy CPU per request over the
+path's concurrency run (`kvmesh.bench.router_compare.host_busy_s`). On shared cores router ÷ direct requests/s
+is about the inverse ratio of the two paths' host CPU per request.
 The c1 samples of the two paths are taken in 4 interleaved rounds after a warm-up of both, so a slow spell of
 the shared machine cannot land on one path only. Every request is a prefix-cache miss on both paths (one of
 64 random token-id prompts with a per-request first token); the client is grpc.aio in this process.

@@ -30,6 +30,11 @@ processes (for kvmesh: the router and its cache-manager) and their descendants s
 run, divided by its requests, in µs (`tree_cpu_s`, from the kernel's counters in /proc). Unlike requests/s
 it does not depend on how many cores the router had or on what else ran on the machine, so it carries from
 one machine to the next.
+
+``host_cpu_us_per_request`` (under every path and size, `direct` included): the busy CPU time of the whole
+machine (every core, from /proc/stat: all but idle and I/O wait) during the path's concurrency run, per
+request, in µs. Where client, router and workers share the cores it explains router ÷ direct: the path that
+costs the machine more CPU per request serves fewer requests/s. It counts whatever else ran meanwhile.
 """
 
 from __future__ import annotations
@@ -80,6 +85,13 @@ def tree_cpu_s(pid: int) -> float:
         tree |= more
         grew = bool(more)
     return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+def host_busy_s() -> float:
+    """Busy CPU seconds of the whole machine since boot, all cores (Linux /proc/stat: every state but idle and
+    iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # guest time is in user already
 
 
 CC_ROUNDS = 8  # rounds of each path's concurrency run, at most (module docstring)
@@ -137,7 +149,7 @@ async def measure(
                 t0 = time.perf_counter()
                 await one(name)
                 lat[name].append((time.perf_counter() - t0) * 1000)
-    wall, cpu = dict.fromkeys(sends, 0.0), dict.fromkeys(sends, 0.0)
+    wall, cpu, host = dict.fromkeys(sends, 0.0), dict.fromkeys(sends, 0.0), dict.fromkeys(sends, 0.0)
     owned = pids or {}
     names = list(sends)
     for r, n in enumerate(_shares(n_cc, _cc_round_count(n_cc, concurrency, cc_rounds))):
@@ -145,8 +157,9 @@ async def measure(
             go = await (concurrent or in_process)(name, nxt[name], n, concurrency)
             nxt[name] += n
             own = owned.get(name, [])
-            cpu0 = sum(map(tree_cpu_s, own))
+            cpu0, host0 = sum(map(tree_cpu_s, own)), host_busy_s()
             wall[name] += await go()
+            host[name] += host_busy_s() - host0
             cpu[name] += sum(map(tree_cpu_s, own)) - cpu0
     out: dict[str, dict[str, float]] = {}
     for name in sends:
@@ -154,6 +167,7 @@ async def measure(
             "c1_p50_ms": round(_pct(lat[name], 0.5), 3),
             "c1_p99_ms": round(_pct(lat[name], 0.99), 3),
             f"c{concurrency}_rps": round(n_cc / wall[name], 1),
+            "host_cpu_us_per_request": round(host[name] / n_cc * 1e6, 1),
         }
         if owned.get(name):
             out[name]["cpu_us_per_request"] = round(cpu[name] / n_cc * 1e6, 1)
