@@ -7,6 +7,11 @@ proxy (the same method, forwarding the request bytes to the echo server and its 
 routing, no instrumentation) and the client in this process, which times sequential calls straight to the
 echo server (`direct`) and through the proxy (`proxy`), alternating twice. Prints one JSON line with the p50s
 and `hop_ms` = proxy − direct (the median of the two rounds).
+
+Then `--concurrent-calls` calls at `--concurrency` go through the proxy, and the CPU time (user + system, /proc)
+of each server process over them gives `echo_cpu_us_per_call` (a grpc.aio server answering a unary-stream
+call with one message: the floor of any grpc.aio front end) and `proxy_cpu_us_per_call` (a bare proxy: that
+server plus a grpc.aio client call, no kvmesh code), with `concurrent_calls_per_s`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from kvmesh.bench.router_compare import tree_cpu_s
 
 METHOD = "/kvmesh.bench.Hop/Call"
 OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
@@ -65,6 +72,25 @@ async def _proxy(upstream_port: int, port_file: Path) -> None:
             yield m
 
     await _serve(forward, port_file)
+
+
+async def _concurrent_calls(port: int, payload: bytes, calls: int, concurrency: int) -> float:
+    """Sends `calls` calls with `concurrency` in flight over 4 channels; returns the wall seconds."""
+    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=OPTS) for _ in range(4)]
+    stubs = [ch.unary_stream(METHOD, request_serializer=_ident, response_deserializer=_ident) for ch in chans]
+    todo = iter(range(calls))
+
+    async def loop() -> None:
+        for i in todo:
+            async for _ in stubs[i % len(stubs)](payload, timeout=10):
+                pass
+
+    t = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - t
+    for ch in chans:
+        await ch.close()
+    return wall
 
 
 async def _time_calls(port: int, payload: bytes, calls: int) -> float:
@@ -110,12 +136,16 @@ def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvmesh.bench grpc-hop")
     ap.add_argument("--payload-bytes", type=int, default=32768)
     ap.add_argument("--calls", type=int, default=1500)
+    ap.add_argument("--concurrent-calls", type=int, default=4000, help="calls of the concurrency phase")
+    ap.add_argument("--concurrency", type=int, default=32, help="calls in flight in the concurrency phase")
     ap.add_argument("--uvloop", action="store_true", help="run all three processes on uvloop")
     ap.add_argument("--role", choices=("client", "echo", "proxy"), default="client", help=argparse.SUPPRESS)
     ap.add_argument("--port-file", default="", help=argparse.SUPPRESS)
     ap.add_argument("--upstream", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--max-receive-bytes", type=int, default=64 << 20, help=argparse.SUPPRESS)
     a = ap.parse_args(list(argv))
+    if a.concurrent_calls < 1 or a.concurrency < 1:
+        ap.error("--concurrent-calls and --concurrency must be at least 1")
     if a.uvloop:
         import uvloop
 
@@ -146,6 +176,9 @@ def main(argv: Sequence[str]) -> int:
                 return out
 
             r = asyncio.run(rounds())
+            cpu0 = [tree_cpu_s(p.pid) for p in procs]
+            wall = asyncio.run(_concurrent_calls(proxy_port, payload, a.concurrent_calls, a.concurrency))
+            echo_cpu, proxy_cpu = (tree_cpu_s(p.pid) - c for p, c in zip(procs, cpu0, strict=True))
         finally:
             for p in procs:
                 p.kill()
@@ -158,6 +191,11 @@ def main(argv: Sequence[str]) -> int:
         "direct_p50_ms": [round(x, 3) for x in r["direct"]],
         "proxy_p50_ms": [round(x, 3) for x in r["proxy"]],
         "hop_ms": round(statistics.median(p - d for p, d in zip(r["proxy"], r["direct"], strict=True)), 3),
+        "concurrency": a.concurrency,
+        "concurrent_calls": a.concurrent_calls,
+        "concurrent_calls_per_s": round(a.concurrent_calls / wall, 1),
+        "echo_cpu_us_per_call": round(echo_cpu / a.concurrent_calls * 1e6, 1),
+        "proxy_cpu_us_per_call": round(proxy_cpu / a.concurrent_calls * 1e6, 1),
     }
     print(json.dumps(res, sort_keys=True))
     return 0
