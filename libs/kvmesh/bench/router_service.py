@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from kvmesh.bench.cpu_cap import CpuCapError, CpuCaps
 from kvmesh.bench.router_compare import measure, run_http, start_third_party
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.launcher import ServiceProcess, free_port, start_service
@@ -111,6 +112,13 @@ def router_processes(router: ServiceProcess) -> int:
     return len(router.info.get("processes", [])) or 1
 
 
+def router_pids(router: ServiceProcess) -> list[int]:
+    """The processes that serve the router's requests: the one process, or the copies `--processes N` lists
+    in its ready file (not their supervisor, which serves none)."""
+    copies = [int(c["pid"]) for c in router.info.get("processes", [])]
+    return copies or [router.proc.pid]
+
+
 _CM_ARGS = ("--checkpoint-interval-s", "0", "--warm-interval-s", "0", "--log-level", "WARNING")
 
 
@@ -127,6 +135,13 @@ def main(argv: Sequence[str]) -> int:
     )
     ap.add_argument(
         "--router-processes", type=int, default=1, help="kvmesh router processes sharing its ports (--processes)"
+    )
+    ap.add_argument(
+        "--router-cpu-cap",
+        type=float,
+        default=0.0,
+        help="cap each kvmesh router process at this many cores (a cgroup each, kvmesh.bench.cpu_cap): the "
+        "routers are the limit, as where they have cores of their own; 0 = no cap",
     )
     ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
     ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
@@ -152,6 +167,13 @@ def main(argv: Sequence[str]) -> int:
         ap.error(f"--distinct-prompts must be >= 1, got {a.distinct_prompts}")
     if a.router_processes < 1:
         ap.error(f"--router-processes must be >= 1, got {a.router_processes}")
+    caps: CpuCaps | None = None
+    capped = 0
+    if a.router_cpu_cap:
+        try:
+            caps = CpuCaps(a.router_cpu_cap)
+        except (ValueError, CpuCapError) as exc:
+            ap.error(f"--router-cpu-cap: {exc}")
     compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
     max_len = int(max(sizes) * 1.05) + 64  # text prompts are only about P tokens
@@ -214,6 +236,10 @@ def main(argv: Sequence[str]) -> int:
                 *(["--cache-manager", cm.address, "--kv-pull-margin", "0"] if cm else []),
             )
             procs.append(router)
+            if caps is not None:
+                for pid in router_pids(router):
+                    caps.cap(pid)
+                capped = len(caps.groups)
             if a.api == "grpc":
                 res = asyncio.run(_run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests))
             else:
@@ -257,9 +283,11 @@ def main(argv: Sequence[str]) -> int:
                     sp.terminate(timeout=15)
                 except Exception:
                     sp.kill()
+            if caps is not None:
+                caps.close()
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
-        | {"router_processes": a.router_processes}
+        | {"router_processes": a.router_processes, "router_cpu_cap": a.router_cpu_cap, "router_cpu_capped": capped}
         | ({"distinct_prompts": a.distinct_prompts, "client_processes": a.client_processes} if a.api == "http" else {})
     )
     print(json.dumps(res, sort_keys=True))
