@@ -57,6 +57,7 @@ ROUTER_BENCH = [sys.executable, "-m", "kvmesh.bench", "router", "--workers", "2"
 
 def test_the_router_bench_caps_every_router_process_and_leaves_no_cgroup_behind() -> None:
     args = ["--requests", "40", "--c1-requests", "4", "--concurrency", "4", "--router-processes", "2"]
+    args += ["--router-connections", "2"]
     proc = subprocess.Popen(
         [*ROUTER_BENCH, *args, "--router-cpu-cap", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -65,6 +66,7 @@ def test_the_router_bench_caps_every_router_process_and_leaves_no_cgroup_behind(
     res = json.loads(out.decode().strip().splitlines()[-1])
     assert res["router_cpu_cap"] == 0.5 and res["router_processes"] == 2
     assert res["router_cpu_capped"] == 2  # both copies, not their supervisor
+    assert res["router_connections"] == 2
     assert res["router"]["64"]["c4_rps"] > 0
     base = CpuCaps(0.5).base
     assert not list(base.glob(f"kvmesh-bench-{proc.pid}-*"))
@@ -73,3 +75,9 @@ def test_the_router_bench_caps_every_router_process_and_leaves_no_cgroup_behind(
 def test_the_router_bench_refuses_a_cap_outside_the_cores() -> None:
     out = subprocess.run([*ROUTER_BENCH, "--router-cpu-cap", "-1"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--router-cpu-cap: cores must be in" in out.stderr
+
+
+def test_router_connections_apply_to_grpc_only_and_from_one() -> None:
+    for bad in (["--router-connections", "-1"], ["--api", "http", "--router-connections", "2"]):
+        out = subprocess.run([*ROUTER_BENCH, *bad], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--router-connections must be >= 1, and applies to --api grpc only" in out.stderr

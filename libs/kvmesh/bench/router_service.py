@@ -64,12 +64,14 @@ async def _run(
     requests: int,
     concurrency: int,
     c1_requests: int,
+    connections_per_process: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(0)
     out: dict[str, Any] = {"router": {}, "direct": {}, "overhead_p50_ms": {}}
     # one connection per router process would pin a process to a connection: with several processes, 8 own
     # connections each (the kernel spreads connections over the processes, not calls)
-    n_conns = 1 if router_processes(router) == 1 else 8 * router_processes(router)
+    n = router_processes(router)
+    n_conns = n * connections_per_process if connections_per_process else (1 if n == 1 else 8 * n)
     rchs = [
         grpc.aio.insecure_channel(router.address, options=[*OPTS, ("grpc.use_local_subchannel_pool", 1)])
         for _ in range(n_conns)
@@ -143,6 +145,12 @@ def main(argv: Sequence[str]) -> int:
         help="cap each kvmesh router process at this many cores (a cgroup each, kvmesh.bench.cpu_cap): the "
         "routers are the limit, as where they have cores of their own; 0 = no cap",
     )
+    ap.add_argument(
+        "--router-connections",
+        type=int,
+        default=0,
+        help="grpc only: the client's connections per router process (default: 1 for one process, else 8)",
+    )
     ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
     ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
     ap.add_argument(
@@ -167,6 +175,8 @@ def main(argv: Sequence[str]) -> int:
         ap.error(f"--distinct-prompts must be >= 1, got {a.distinct_prompts}")
     if a.router_processes < 1:
         ap.error(f"--router-processes must be >= 1, got {a.router_processes}")
+    if a.router_connections < 0 or (a.router_connections and a.api != "grpc"):
+        ap.error("--router-connections must be >= 1, and applies to --api grpc only")
     caps: CpuCaps | None = None
     capped = 0
     if a.router_cpu_cap:
@@ -241,7 +251,9 @@ def main(argv: Sequence[str]) -> int:
                     caps.cap(pid)
                 capped = len(caps.groups)
             if a.api == "grpc":
-                res = asyncio.run(_run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests))
+                res = asyncio.run(
+                    _run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests, a.router_connections)
+                )
             else:
                 wurls = [f"http://127.0.0.1:{w.http_port}" for w in workers]
                 targets = {"direct": wurls, "kvmesh": [f"http://127.0.0.1:{router.http_port}"]}
@@ -288,6 +300,7 @@ def main(argv: Sequence[str]) -> int:
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
         | {"router_processes": a.router_processes, "router_cpu_cap": a.router_cpu_cap, "router_cpu_capped": capped}
+        | ({"router_connections": a.router_connections} if a.router_connections else {})
         | ({"distinct_prompts": a.distinct_prompts, "client_processes": a.client_processes} if a.api == "http" else {})
     )
     print(json.dumps(res, sort_keys=True))
