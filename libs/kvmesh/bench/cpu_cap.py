@@ -65,6 +65,12 @@ class CpuCaps:
         else:
             self._write(group / "cpu.max", f"{quota} {PERIOD_US}")
         self._write(group / "cgroup.procs", str(pid))
+        try:
+            now_in = cgroup_of(pid)
+        except OSError as exc:
+            raise CpuCapError(f"process {pid} is gone: {exc.strerror}") from exc
+        if not now_in.endswith("/" + group.name):
+            raise CpuCapError(f"process {pid} is in cgroup {now_in}, not {group.name}")
         return group
 
     def close(self) -> None:
