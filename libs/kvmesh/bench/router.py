@@ -10,6 +10,11 @@ workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router โ
 run per request, and ``<path>.<P>.host_cpu_us_per_request``: the whole machine's busy CPU per request over the
 path's concurrency run (`kvmesh.bench.router_compare.host_busy_s`). On shared cores router รท direct requests/s
 is about the inverse ratio of the two paths' host CPU per request.
+``--router-processes N`` starts the router as ``kvmesh-router --processes N``; ``--router-cpu-cap C`` puts each
+of its serving processes in a cgroup of its own capped at C cores (`kvmesh.bench.cpu_cap`: the routers are the
+limit, as where they have their own cores; a copy the supervisor restarts mid-run is not capped);
+``--router-connections K`` sets the gRPC client's connections per router process (default 1 for one process,
+8 per process for several).
 The c1 samples of the two paths are taken in 4 interleaved rounds after a warm-up of both, so a slow spell of
 the shared machine cannot land on one path only. Every request is a prefix-cache miss on both paths (one of
 64 random token-id prompts with a per-request first token); the client is grpc.aio in this process.

@@ -247,8 +247,11 @@ def main(argv: Sequence[str]) -> int:
             )
             procs.append(router)
             if caps is not None:
-                for pid in router_pids(router):
-                    caps.cap(pid)
+                try:
+                    for pid in router_pids(router):
+                        caps.cap(pid)
+                except CpuCapError as exc:
+                    ap.error(f"--router-cpu-cap: {exc}")  # exits 2; the processes stop below
                 capped = len(caps.groups)
             if a.api == "grpc":
                 res = asyncio.run(
