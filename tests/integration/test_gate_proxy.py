@@ -53,11 +53,12 @@ async def served() -> AsyncIterator[tuple[grpc.aio.Server, _CountServer, str]]:
 
 
 @pytest.fixture
-def gate_for() -> Iterator[list[GateProxy]]:
-    made: list[GateProxy] = []
+def gate(served: tuple[grpc.aio.Server, _CountServer, str]) -> Iterator[GateProxy]:
+    """A gate in front of the server that stalls after m2 (the server is told of it, for b"wait-for-gate")."""
+    _, impl, address = served
+    impl.gate = made = GateProxy(address, lambda m: m == b"m2")
     yield made
-    for g in made:
-        g.close()
+    made.close()
 
 
 async def _call(
@@ -70,12 +71,7 @@ async def _call(
             three.set()
 
 
-async def test_an_unarmed_or_disarmed_gate_forwards_every_message(
-    served: tuple[grpc.aio.Server, _CountServer, str], gate_for: list[GateProxy]
-) -> None:
-    _, _, address = served
-    gate = GateProxy(address, lambda m: m == b"m2")
-    gate_for.append(gate)
+async def test_an_unarmed_or_disarmed_gate_forwards_every_message(gate: GateProxy) -> None:
     async with grpc.aio.insecure_channel(gate.address) as channel:
         first: list[bytes] = []
         await _call(channel, b"", first)
@@ -88,25 +84,20 @@ async def test_an_unarmed_or_disarmed_gate_forwards_every_message(
 
 
 async def test_an_armed_gate_stalls_after_the_chosen_message_and_closes_with_the_server(
-    served: tuple[grpc.aio.Server, _CountServer, str], gate_for: list[GateProxy]
+    served: tuple[grpc.aio.Server, _CountServer, str], gate: GateProxy
 ) -> None:
-    server, impl, address = served
-    gate = GateProxy(address, lambda m: m == b"m2")
-    gate_for.append(gate)
-    impl.gate = gate
+    server, impl, _ = served
     async with grpc.aio.insecure_channel(gate.address) as channel:
         await channel.channel_ready()  # the connection is open before the gate watches a stream
         gate.arm()
         got: list[bytes] = []
         three = asyncio.Event()
         call = asyncio.create_task(_call(channel, b"wait-for-gate", got, three))
-        await asyncio.wait_for(
-            impl.wrote_all.wait(), 30
-        )  # the server sent m3..m9 and its status: the gate dropped them
+        # the server sent m3..m9 and its status: the gate dropped them
+        await asyncio.wait_for(impl.wrote_all.wait(), 30)
         assert gate.stalled.is_set()
-        await asyncio.wait_for(
-            three.wait(), 30
-        )  # m0..m2 were forwarded; read them before the link goes (gRPC drops unread ones)
+        # m0..m2 were forwarded: read them before the link goes (a gRPC client drops the unread ones)
+        await asyncio.wait_for(three.wait(), 30)
         await server.stop(None)  # the server goes: its connection closes, and so does the client's
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await call

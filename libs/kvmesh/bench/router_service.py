@@ -111,7 +111,7 @@ async def _run(
 def router_processes(router: ServiceProcess) -> int:
     """How many processes serve the router's ports (`--processes N` lists them in its ready file); the CPU
     counted for the router is its process tree's, so theirs with it."""
-    return len(router.info.get("processes", [])) or 1
+    return len(router_pids(router))
 
 
 def router_pids(router: ServiceProcess) -> list[int]:
