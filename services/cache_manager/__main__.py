@@ -13,12 +13,13 @@ import yaml
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.publisher import PublishLimits
-from kvmesh.cachemgr.types import IngestResult
-from kvmesh.config import key_map
+from kvmesh.core.config import key_map
+from kvmesh.core.kvevents import KvEventBatch
 from kvmesh.discovery.model import REPLICATION_PENDING_META
 from kvmesh.discovery.registration import registry_from
 from kvmesh.discovery.watcher import DiscoveryWatcher
-from kvmesh.kvevents import KvEventBatch
+from kvmesh.index.types import IngestResult
+from kvmesh.ops.warming import Template, WarmingConfig, load_templates
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.server import BoundPorts, ServiceRunner, run_service
 from kvmesh.services.cache_manager import metrics as m
@@ -30,7 +31,6 @@ from kvmesh.services.cache_manager.zones import ZoneFollowers, parse_follow_zone
 from kvmesh.store.base import CheckpointStore
 from kvmesh.store.file import FileCheckpointStore
 from kvmesh.v1 import cache_manager_pb2_grpc
-from kvmesh.warming import Template, WarmingConfig, load_templates
 from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 
 log = logging.getLogger(__name__)

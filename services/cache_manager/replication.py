@@ -1,4 +1,4 @@
-"""Hot-prefix replication between zones, both ends (decisions in `kvmesh.warming.replicate`, pure).
+"""Hot-prefix replication between zones, both ends (decisions in `kvmesh.ops.warming.replicate`, pure).
 
 Replicating side (`Replicator`, on when `--replication-bytes-per-s` > 0): every `--replication-interval-s`,
 for each followed zone (`--follow-zone`: the same cache-managers, over the same kind of channel), the hot
@@ -32,8 +32,11 @@ from dataclasses import dataclass
 import grpc
 
 from kvmesh.cachemgr.core import CacheCore
-from kvmesh.cachemgr.follower import RECONNECT
-from kvmesh.errors import Unavailable
+from kvmesh.core.errors import Unavailable
+from kvmesh.ops.warming import WarmAction
+from kvmesh.ops.warming.decide import pick_workers
+from kvmesh.ops.warming.replicate import ByteBudget, Candidate, candidates, plan_round, unfinished
+from kvmesh.replica.follower import RECONNECT
 from kvmesh.rpc.channel import ZONE_LINK_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.rpc.validate import require
 from kvmesh.services.cache_manager import metrics as m
@@ -41,9 +44,6 @@ from kvmesh.services.cache_manager.warming import ANY_LOAD, Warmer
 from kvmesh.services.cache_manager.zones import ZoneFollowers
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2, worker_pb2, worker_pb2_grpc
-from kvmesh.warming import WarmAction
-from kvmesh.warming.decide import pick_workers
-from kvmesh.warming.replicate import ByteBudget, Candidate, candidates, plan_round, unfinished
 
 log = logging.getLogger(__name__)
 MAX_PREFIXES = 64  # per ReplicatePrefixes call

@@ -16,11 +16,11 @@ from kvmesh.cachemgr.ingest import Phase
 from kvmesh.cachemgr.journal import Entry
 from kvmesh.cachemgr.publisher import PublisherGuard, PublishLimits
 from kvmesh.cachemgr.routed import validate_report
-from kvmesh.cachemgr.types import IngestResult, Media, Stored
-from kvmesh.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument
+from kvmesh.index.types import IngestResult, Media, Stored
+from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import require
 from kvmesh.security.admin import no_unknown_fields
-from kvmesh.security.audit import audited
 from kvmesh.security.identity import current_identity
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.replication import ReplicaSink, Replicator, validate_replicate

@@ -1,6 +1,6 @@
 """Warming actions of the cache-manager: prefill-only `Generate` calls through the worker API.
 
-Decisions come from `kvmesh.warming` (pure); this module supplies their inputs and issues the requests:
+Decisions come from `kvmesh.ops.warming` (pure); this module supplies their inputs and issues the requests:
 
 * holders of a prefix = workers whose indexed blocks match all of its full blocks (under its tenant);
 * load(w) = indexed blocks of w / Σ indexed blocks of the registered workers (a worker holding at least
@@ -29,15 +29,15 @@ from dataclasses import replace
 import grpc
 
 from kvmesh.cachemgr.core import CacheCore
+from kvmesh.core.errors import Unavailable
 from kvmesh.discovery.model import CatalogSnapshot, Role
-from kvmesh.errors import Unavailable
+from kvmesh.ops.warming import HybridWarmSet, Template, WarmAction, WarmingConfig, plan_dynamic, plan_static
+from kvmesh.ops.warming.decide import pick_workers
+from kvmesh.ops.warming.stats import PrefixInfo
 from kvmesh.rpc.channel import ChannelSecurity, open_channel
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from kvmesh.warming import HybridWarmSet, Template, WarmAction, WarmingConfig, plan_dynamic, plan_static
-from kvmesh.warming.decide import pick_workers
-from kvmesh.warming.stats import PrefixInfo
 
 log = logging.getLogger(__name__)
 ANY_LOAD = 2.0  # above every load share: operator-requested warming (templates, WarmPrefixes) is not gated

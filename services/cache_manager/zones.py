@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmesh.cachemgr.core import CacheCore
-from kvmesh.cachemgr.follower import IndexFollower
-from kvmesh.config import key_map
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.config import key_map
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.replica.follower import IndexFollower
 from kvmesh.rpc.channel import ZONE_LINK_OPTIONS, ChannelSecurity
 from kvmesh.services.cache_manager import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb

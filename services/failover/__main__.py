@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.discovery.checks import ProbePolicy
 from kvmesh.discovery.consul import ConsulRegistry
 from kvmesh.discovery.lkg import LastKnownGood
@@ -27,9 +28,8 @@ from kvmesh.discovery.registry import CheckSpec
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.discovery.watcher import DiscoveryWatcher
 from kvmesh.discovery.zones import ZonePolicy
-from kvmesh.errors import InvalidArgument
-from kvmesh.rollout.canary import CanaryThresholds, probe_prompts
-from kvmesh.rollout.schedule import RolloutPlan, parse_steps
+from kvmesh.ops.rollout.canary import CanaryThresholds, probe_prompts
+from kvmesh.ops.rollout.schedule import RolloutPlan, parse_steps
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.rpc.server import ServiceRunner, run_service
 from kvmesh.services.failover.canary_probe import VersionProber

@@ -1,4 +1,4 @@
-"""Measures versions for the canary (the I/O half of `kvmesh.rollout.canary`): probes their workers over gRPC.
+"""Measures versions for the canary (the I/O half of `kvmesh.ops.rollout.canary`): probes their workers over gRPC.
 
 Per version, at each check: every worker's `GetInfo` (KV pool = kv_blocks_total × block_size tokens) and its
 first `StreamLoad` report (live error rate, median decode-step latency), averaged over the version's workers;
@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from kvmesh.discovery.model import ServiceInstance
-from kvmesh.rollout.canary import VersionSample
+from kvmesh.ops.rollout.canary import VersionSample
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)

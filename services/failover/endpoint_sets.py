@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvmesh.changes import ChangeCounter
+from kvmesh.core.changes import ChangeCounter
+from kvmesh.core.errors import FailedPrecondition
+from kvmesh.core.tasks import stop_task
 from kvmesh.discovery.model import Role
 from kvmesh.discovery.policy import Decision, FailoverPolicy
 from kvmesh.discovery.traffic import HISTORY_LIMIT, TrafficPlan, version_shares
 from kvmesh.discovery.watcher import DiscoveryWatcher
-from kvmesh.errors import FailedPrecondition
 from kvmesh.services.failover import metrics
-from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

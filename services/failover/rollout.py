@@ -1,4 +1,4 @@
-"""Rollout controller: drives `kvmesh.rollout.schedule` with verdicts of `kvmesh.rollout.canary`.
+"""Rollout controller: drives `kvmesh.ops.rollout.schedule` with verdicts of `kvmesh.ops.rollout.canary`.
 
 `start(new, old)` remembers the version weights in force, sets the first step and runs one task that, every
 check interval, measures both versions (`canary_probe.VersionProber`, workers of each version from the
@@ -15,13 +15,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvmesh.errors import FailedPrecondition
-from kvmesh.rollout.canary import CanaryThresholds, Verdict, analyse
-from kvmesh.rollout.schedule import Action, Phase, Rollout, RolloutPlan, abort, start, step
+from kvmesh.core.errors import FailedPrecondition
+from kvmesh.core.tasks import stop_task
+from kvmesh.ops.rollout.canary import CanaryThresholds, Verdict, analyse
+from kvmesh.ops.rollout.schedule import Action, Phase, Rollout, RolloutPlan, abort, start, step
 from kvmesh.services.failover import metrics
 from kvmesh.services.failover.canary_probe import VersionProber
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
-from kvmesh.tasks import stop_task
 from kvmesh.telemetry.logging import UNLIMITED
 
 log = logging.getLogger(__name__)

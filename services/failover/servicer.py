@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
 from kvmesh.discovery.traffic import normalise_weights
-from kvmesh.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from kvmesh.rollout.schedule import Phase, Rollout
+from kvmesh.ops.rollout.schedule import Phase, Rollout
+from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import in_range, non_empty
 from kvmesh.security.admin import no_unknown_fields
-from kvmesh.security.audit import audited
 from kvmesh.security.identity import CallerRole, current_identity
 from kvmesh.services.failover.endpoint_sets import EndpointSetPublisher
 from kvmesh.services.failover.rollout import RolloutController

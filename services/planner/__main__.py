@@ -1,6 +1,6 @@
 """Entry point: `python -m kvmesh.services.planner` / `kvmesh-planner`.
 
-Wiring: one :class:`~kvmesh.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
+Wiring: one :class:`~kvmesh.ops.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
 settings), the actuator (``--actuator dry-run|local|kubernetes``), the history checkpoint
 (``--history-file``, loaded at start), and the planning step every ``--interval-s`` on the service
 skeleton's background tasks. The planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the
@@ -14,9 +14,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kvmesh.errors import InvalidArgument
-from kvmesh.planner.sizing import SizingPolicy
-from kvmesh.planner.zone import PlannerConfig, ZonePlanner
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.ops.planner.sizing import SizingPolicy
+from kvmesh.ops.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.rpc.server import ServiceRunner, run_service
 from kvmesh.services.planner.actuators import make_actuator
 from kvmesh.services.planner.loop import PlannerLoop

@@ -19,12 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.discovery.static import StaticRegistry
-from kvmesh.errors import InvalidArgument
-from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.services.planner.kubernetes import KubeApi, KubernetesWorkers
 from kvmesh.services.planner.settings import PlannerSettings, zone_map
+from kvmesh.suite.launcher import ServiceProcess, start_service
 
 log = logging.getLogger(__name__)
 

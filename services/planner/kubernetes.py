@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from kvmesh.errors import InvalidArgument, KvmeshError
+from kvmesh.core.errors import InvalidArgument, KvmeshError
 
 log = logging.getLogger(__name__)
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

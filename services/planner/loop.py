@@ -1,8 +1,8 @@
-"""The planning step of every zone: read the router, decide, carry out (the I/O around kvmesh.planner).
+"""The planning step of every zone: read the router, decide, carry out (the I/O around kvmesh.ops.planner).
 
 Per zone, every ``interval_s``: ``ListWorkers`` on the zone's router gives each worker's request counter
 (``selections_total``, the history), its queue (``load.waiting``) and whether it serves; the zone's
-:class:`~kvmesh.planner.zone.ZonePlanner` decides; a scale-out starts workers in the background (they count
+:class:`~kvmesh.ops.planner.zone.ZonePlanner` decides; a scale-out starts workers in the background (they count
 as starting until the router lists them as passing); a scale-in drains the chosen workers through the
 router (``DrainWorker``) and stops each once the router has nothing in flight on it and its queue is empty
 (or after ``drain_timeout_s``), so no request is lost. The history is checkpointed after every step.
@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvmesh.config import ServerSettings
-from kvmesh.planner.history import LoadHistory
-from kvmesh.planner.sizing import WorkerLife
-from kvmesh.planner.zone import Decision, ZonePlanner
+from kvmesh.core.config import ServerSettings
+from kvmesh.ops.planner.history import LoadHistory
+from kvmesh.ops.planner.sizing import WorkerLife
+from kvmesh.ops.planner.zone import Decision, ZonePlanner
 from kvmesh.rpc.channel import open_channel
 from kvmesh.services.planner import metrics as m
 from kvmesh.services.planner.actuators import Actuator

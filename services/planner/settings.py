@@ -1,11 +1,11 @@
-"""Settings of the planner (flags and KVMESH_* env, see kvmesh.config)."""
+"""Settings of the planner (flags and KVMESH_* env, see kvmesh.core.config)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.config import ServerSettings, key_map, setting
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.config import ServerSettings, key_map, setting
+from kvmesh.core.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvmesh.config import load_settings
+from kvmesh.core.config import load_settings
 from kvmesh.index import NATIVE
 from kvmesh.index.shared import remove_files
-from kvmesh.processes import Supervisor, process_count
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
 from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import MessageBounds
+from kvmesh.rpc.processes import Supervisor, process_count
 from kvmesh.rpc.server import BoundPorts, ServerLimits, ServiceRunner, run_service
 from kvmesh.security.client_keys import ClientKeys
 from kvmesh.services.router import metrics as m

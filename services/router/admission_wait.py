@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvmesh.errors import ResourceExhausted
+from kvmesh.core.errors import ResourceExhausted
 from kvmesh.routing import Admission
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.errors import ResourceExhausted
+from kvmesh.core.errors import ResourceExhausted
 
 
 @dataclass(slots=True)

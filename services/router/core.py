@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from kvmesh.errors import InvalidArgument, KvmeshError, Unavailable
+from kvmesh.core.errors import InvalidArgument, KvmeshError, Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
+from kvmesh.core.tasks import stop_task
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.workers import WorkerPool
-from kvmesh.tasks import stop_task
 from kvmesh.v1 import common_pb2
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
-from kvmesh.engine.validation import check_penalties, check_temperature, check_top_k, check_top_p
-from kvmesh.errors import NotFound, PermissionDenied
+from kvmesh.core.errors import NotFound, PermissionDenied
+from kvmesh.core.sampling import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
 from kvmesh.security.client_keys import ClientKey, ClientKeys
@@ -80,7 +80,7 @@ class Frontend:
 
     def authenticate_admin(self, key: ClientKey | None, req: SignedRequest, action: str) -> Identity | None:
         """The caller of an admin operation: the identity the service skeleton authenticated (role token or
-        certificate, `kvmesh.security.grpc_auth`) when it is an admin, else the API key, which must have role
+        certificate, `kvmesh.rpc.auth`) when it is an admin, else the API key, which must have role
         admin (PermissionDenied naming the role and `action`). None: an open router (no keys, no table)."""
         ident = current_identity()
         if ident is not None and ident.role is CallerRole.ADMIN:

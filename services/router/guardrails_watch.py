@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.security.guardrails import (
     MAX_MATCH_CHARS_LIMIT,
     RuleError,

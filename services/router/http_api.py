@@ -10,7 +10,7 @@
 Admin routes (`kvmesh.security.admin`): bodies only as `Content-Type: application/json` (else 415: a browser
 form or text/plain POST, i.e. a CSRF, cannot reach them), typed fields (`"false"` is not a boolean: 400
 naming the field), unknown fields 400 naming them; every admin request is one line of the audit log
-(`kvmesh.security.audit`), refused ones included.
+(`kvmesh.rpc.audit`), refused ones included.
 
 Auth: `Authorization: Bearer <key>` (or `X-Api-Key`), signed requests with `X-Kvmesh-Signature` and
 `X-Kvmesh-Timestamp` (kvmesh.security.signing; the body is read before the signature is checked); tenant:
@@ -36,7 +36,7 @@ from typing import Any
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
-from kvmesh.errors import InvalidArgument, KvmeshError
+from kvmesh.core.errors import InvalidArgument, KvmeshError
 from kvmesh.openai.aio import (
     BODY_TIMEOUT_S,
     ClientGone,
@@ -48,8 +48,8 @@ from kvmesh.openai.aio import (
 )
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
+from kvmesh.rpc.audit import audited
 from kvmesh.security.admin import UnsupportedMediaType, require_json, typed_fields
-from kvmesh.security.audit import audited
 from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
 from kvmesh.security.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignedRequest

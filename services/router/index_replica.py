@@ -1,10 +1,10 @@
 """The router's replica of the cache-manager's prefix index, with a FindMatches fallback.
 
-The replica is a `kvmesh.cachemgr.replica.ReplicaIndex` kept by `kvmesh.cachemgr.follower.IndexFollower` (the
+The replica is a `kvmesh.replica.index.ReplicaIndex` kept by `kvmesh.replica.follower.IndexFollower` (the
 same follower a cache-manager uses for another zone's index): a snapshot, or after a break only the deltas it
 missed (a resumed stream), then live deltas, so `matches(hashes)` is a local, microsecond call. Deltas also
 carry the medium (`tier_only` / `on_gpu`): `lookup` splits each match into its GPU run and the tier part
-(`kvmesh.cachemgr.media`). While the stream is down or the snapshot incomplete the replica is *stale* and
+(`kvmesh.replica.media`). While the stream is down or the snapshot incomplete the replica is *stale* and
 `matches` asks the cache-manager with `FindMatches` (bounded by `fallback_timeout_s`; on failure routing
 continues without overlap). A resumed stream carries every missed revision and a gap reopens the stream,
 so a break can never leave the replica silently wrong. Before every stream the cache-manager's block size
@@ -15,7 +15,7 @@ to start against one. A prompt answered locally is reported to the cache-manager
 fallback's queries.
 
 Several router processes on one host (`kvmesh-router --processes N`) hold one replica between them
-(`shared_index`, `kvmesh.cachemgr.shared_replica`): process 0 follows the cache-manager into shared memory
+(`shared_index`, `kvmesh.replica.shared`): process 0 follows the cache-manager into shared memory
 and beats every `HEARTBEAT_S`; the others do not follow, they read that copy and use FindMatches while it is
 not fresh (no writer yet, a snapshot or break, a writer silent for `STALE_S`). `synced` is set in a reader
 once the writer's copy is first fresh.
@@ -32,18 +32,18 @@ from typing import Literal
 import grpc
 import numpy as np
 
-from kvmesh.cachemgr.follower import IndexFollower
-from kvmesh.cachemgr.media import PrefixMatches
-from kvmesh.cachemgr.replica import ReplicaIndex
-from kvmesh.cachemgr.shared_replica import SharedReplicaIndex, SharedReplicaView
-from kvmesh.config import ServerSettings
-from kvmesh.errors import FailedPrecondition
+from kvmesh.core.config import ServerSettings
+from kvmesh.core.errors import FailedPrecondition
+from kvmesh.core.tasks import stop_task
 from kvmesh.index import PrefixIndex
+from kvmesh.replica.follower import IndexFollower
+from kvmesh.replica.index import ReplicaIndex
+from kvmesh.replica.media import PrefixMatches
+from kvmesh.replica.shared import SharedReplicaIndex, SharedReplicaView
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.prefix_reports import PrefixReports
 from kvmesh.services.router.settings import RouterSettings
-from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ class IndexReplica:
         lora: str = "",
         token_ids: Sequence[int] | np.ndarray | None = None,
     ) -> PrefixMatches:
-        """Each worker's match and its leading GPU run (`kvmesh.cachemgr.media`); local when fresh, else
+        """Each worker's match and its leading GPU run (`kvmesh.replica.media`); local when fresh, else
         FindMatches (its `tier_blocks`), else empty. `hashes` are already salted with (model, lora, tenant);
         `tenant`/`lora` go to FindMatches for its per-tenant accounting; a local answer is reported."""
         if len(hashes) == 0:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 
 SIM_VOCAB_SIZE = 128256  # the simulated engine's vocabulary (`kvmesh.engine.sim.core.SimConfig.vocab_size`)
 

@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from kvmesh import hashing
-from kvmesh.cachemgr.media import PrefixMatches
-from kvmesh.errors import ResourceExhausted, Unavailable
+from kvmesh.core.errors import ResourceExhausted, Unavailable
+from kvmesh.index import hashing
+from kvmesh.replica.media import PrefixMatches
 from kvmesh.routing import InflightTracker, Profile, RoutingQuery
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN, PrefixPlan, plan_prefix, sources_of
 from kvmesh.routing.inflight import PendingPull, PendingPulls

@@ -14,7 +14,7 @@ warm or replicate it, it can copy only a prefix that a worker holds, and a promp
 prompt: a document, a new question) is never worth sending. A prefix becomes held on its second routing, when
 its first has cached it, so it carries its tokens from then on. They go only when the prefix they name (the
 chain hash at `hit_blocks`) has not carried them in the last `tokens_resend_s`: the cache-manager keeps a
-prefix's tokens from the first report that has them (`kvmesh.warming.stats.PrefixStats.observe_keys`), and
+prefix's tokens from the first report that has them (`kvmesh.ops.warming.stats.PrefixStats.observe_keys`), and
 building 1K ids into every entry of a hot prompt cost the router ~3 % of its CPU per request. The memory is
 bounded (`max_remembered`, oldest out) and forgotten on a failed send, so a lost report or a restarted
 cache-manager gets the tokens again within `tokens_resend_s`.
@@ -33,11 +33,11 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from kvmesh.cachemgr.media import Hashes
 from kvmesh.cachemgr.routed import MAX_ROUTED_PREFIXES, MAX_ROUTED_TOKENS
+from kvmesh.ops.warming.stats import checkpoint_keys
+from kvmesh.replica.media import Hashes
 from kvmesh.services.router import metrics as m
 from kvmesh.v1 import cache_manager_pb2 as pb
-from kvmesh.warming.stats import checkpoint_keys
 
 log = logging.getLogger(__name__)
 Send = Callable[[pb.ReportRoutedPrefixesRequest], Awaitable[object]]

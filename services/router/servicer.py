@@ -7,10 +7,9 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from kvmesh.protowire import field_payload
+from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.admin import no_unknown_fields
-from kvmesh.security.audit import audited
 from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
 from kvmesh.security.signing import GRPC_METHOD, SIGNATURE_METADATA, TIMESTAMP_METADATA, SignedRequest
@@ -19,6 +18,7 @@ from kvmesh.services.router.core import RouterRequest
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.telemetry.context import new_request_id, request_id_var
 from kvmesh.v1 import router_pb2, router_pb2_grpc
+from kvmesh.wire.protowire import field_payload
 
 SERVICE = "router"  # as the audit log names it
 _TOKEN_IDS_FIELD = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number

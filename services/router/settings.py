@@ -1,10 +1,10 @@
-"""Settings of the router service (flags and KVMESH_* env, see kvmesh.config)."""
+"""Settings of the router service (flags and KVMESH_* env, see kvmesh.core.config)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvmesh.config import ServerSettings, setting
+from kvmesh.core.config import ServerSettings, setting
 from kvmesh.security.guardrails import DEFAULT_MAX_MATCH_CHARS
 from kvmesh.services.router.limits import SIM_VOCAB_SIZE
 

@@ -15,10 +15,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.modelfiles import resolve_model_dir
 from kvmesh.engine.token_cache import TokenCache
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
-from kvmesh.errors import InvalidArgument
-from kvmesh.modelfiles import resolve_model_dir
 
 log = logging.getLogger(__name__)
 

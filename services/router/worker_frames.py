@@ -27,13 +27,13 @@ from typing import cast
 import grpc
 from google.protobuf.message import DecodeError
 
-from kvmesh.config import ServerSettings
-from kvmesh.protowire import length_delimited
+from kvmesh.core.config import ServerSettings
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.tls import client_ssl_context
 from kvmesh.services.router.worker_stream import _START, _STATUS_CODES, _TRACEPARENT, StreamedRequest, rpc_error
 from kvmesh.v1 import worker_pb2
 from kvmesh.wire.frames import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameDecoder, FrameTooLarge, encode_frame
+from kvmesh.wire.protowire import length_delimited
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from typing import Any, Protocol, TypeAlias
 import grpc
 from grpc.aio import Metadata
 
-from kvmesh.protowire import length_delimited
 from kvmesh.routing.attempts import Failure, NextAttempt
 from kvmesh.v1 import common_pb2, worker_pb2
+from kvmesh.wire.protowire import length_delimited
 
 log = logging.getLogger(__name__)
 

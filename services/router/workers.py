@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from kvmesh.config import ServerSettings
+from kvmesh.core.config import ServerSettings
 from kvmesh.routing import BreakerConfig, CircuitBreaker, InflightTracker, WorkerView
 from kvmesh.routing.stall import report_age_bound
 from kvmesh.routing.types import TransferCosts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kvmesh.cpus import parse_cpu_list, pin_process
+from kvmesh.core.cpus import parse_cpu_list, pin_process
 from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import DEFAULT_MAX_REQUEST_BYTES, BoundPorts, ServiceRunner, run_service

@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
-from kvmesh.engine.base import EngineRequest
+from kvmesh.core.generation import EngineRequest
 from kvmesh.engine.batching import BatchWindow, WindowConfig
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.settings import WorkerSettings

@@ -9,12 +9,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from kvmesh.core.errors import Unavailable
+from kvmesh.core.kvevents import AllBlocksCleared, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.tasks import stop_task
 from kvmesh.engine.base import Engine
-from kvmesh.errors import Unavailable
-from kvmesh.kvevents import AllBlocksCleared, KvEvent, KvEventBatch, LoadReport
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.kvlog import KvEventLog
-from kvmesh.tasks import stop_task
 
 if TYPE_CHECKING:
     from kvmesh.services.worker.admission import WindowGate

@@ -10,22 +10,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.modelfiles import resolve_model_dir
 from kvmesh.engine.base import Engine
 from kvmesh.engine.clock import Clock, RealClock, VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import PullTransport, SimEngine
 from kvmesh.engine.sim.tiers import DiskTier, HostTiers, sim_layout, tiny_block_bytes
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
-from kvmesh.errors import FailedPrecondition, InvalidArgument
-from kvmesh.kvsync.tier import TierRegion, region_name
-from kvmesh.modelfiles import resolve_model_dir
+from kvmesh.kvplane.kvsync.tier import TierRegion, region_name
 from kvmesh.services.worker.settings import WorkerSettings
 
 SIM_MODEL_NAME = "sim-llama-3.1-70b-fp8"
 
 
 def tiny_model_dir() -> Path:
-    """The tiny test model scripts/build_tiny_model.py built, where `kvmesh.modelfiles` finds it (as the
+    """The tiny test model scripts/build_tiny_model.py built, where `kvmesh.core.modelfiles` finds it (as the
     router does); where that script puts it by default when it is not built yet (the engine then says so)."""
     found = resolve_model_dir("")
     if found is not None:

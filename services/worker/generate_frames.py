@@ -23,10 +23,10 @@ from typing import cast
 
 from google.protobuf.message import DecodeError
 
-from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kvmesh.rpc.auth import Guard
 from kvmesh.rpc.errors import status_code_for
 from kvmesh.rpc.tls import server_ssl_context
-from kvmesh.security.grpc_auth import Guard
 from kvmesh.security.identity import identity_var
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.generate_stream import GenerateStreamSession, Outputs

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from opentelemetry import context as otel_context
 
-from kvmesh.errors import InvalidArgument, Unavailable
+from kvmesh.core.errors import InvalidArgument, Unavailable
 from kvmesh.rpc.errors import status_code_for, to_grpc_status
 from kvmesh.telemetry import tracing
 from kvmesh.telemetry.context import request_id_var

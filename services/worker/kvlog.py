@@ -12,8 +12,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
+from kvmesh.core.kvevents import BlockStored, KvEvent, KvEventBatch
 from kvmesh.engine.mirror import CacheMirror
-from kvmesh.kvevents import BlockStored, KvEvent, KvEventBatch
 
 
 @dataclass

@@ -26,21 +26,21 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from kvmesh.engine.base import EngineRequest
+from kvmesh.core.errors import NotFound
+from kvmesh.core.generation import EngineRequest
 from kvmesh.engine.sim.tiers import PullHint
-from kvmesh.errors import NotFound
-from kvmesh.kvsync.client import KvSyncClient, Lease, PullFailed, PullStats
-from kvmesh.kvsync.service import MAX_BLOCKS, REQUEST_BOUNDS, KvSyncServicer, add_to_server
-from kvmesh.kvsync.tier import RegionReader, Reservation, SlotRef, TierRegion, region_name
+from kvmesh.kvplane.kvsync.client import KvSyncClient, Lease, PullFailed, PullStats
+from kvmesh.kvplane.kvsync.service import MAX_BLOCKS, REQUEST_BOUNDS, KvSyncServicer, add_to_server
+from kvmesh.kvplane.kvsync.tier import RegionReader, Reservation, SlotRef, TierRegion, region_name
+from kvmesh.kvplane.vllm_connector.layout import KvLayout, block_digests
+from kvmesh.kvplane.vllm_connector.plan import PULL_KEY
+from kvmesh.rpc.auth import Guard
 from kvmesh.rpc.channel import open_channel
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
-from kvmesh.security.grpc_auth import Guard
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import worker_pb2
-from kvmesh.vllm_connector.layout import KvLayout, block_digests
-from kvmesh.vllm_connector.plan import PULL_KEY
 
 if TYPE_CHECKING:
     from kvmesh.engine.vllm_engine import VllmEngine
@@ -391,7 +391,7 @@ class VllmPulls:
 
     def _layout(self) -> KvLayout:
         if self._kv_layout is None:  # the front end's config: the same model, dtype and block size as the core's
-            from kvmesh.vllm_connector.connector import layout_of  # imports vLLM (seconds): only when needed
+            from kvmesh.kvplane.vllm_connector.connector import layout_of  # imports vLLM (seconds): only when needed
 
             self._kv_layout = layout_of(self.engine._llm.vllm_config)
         return self._kv_layout

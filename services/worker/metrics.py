@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from kvmesh.engine.base import Usage
-from kvmesh.errors import InvalidArgument
-from kvmesh.kvevents import LoadReport
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import Usage
+from kvmesh.core.kvevents import LoadReport
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

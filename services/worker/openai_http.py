@@ -15,8 +15,9 @@ from collections.abc import AsyncGenerator, Sequence
 
 from aiohttp import web
 
-from kvmesh.engine.base import Engine, EngineOutput, EngineRequest
-from kvmesh.errors import KvmeshError, Unavailable
+from kvmesh.core.errors import KvmeshError, Unavailable
+from kvmesh.core.generation import EngineOutput, EngineRequest
+from kvmesh.engine.base import Engine
 from kvmesh.openai.aio import ClientGone, SseWriter, client_gone, error_response, openai_errors, read_json
 from kvmesh.openai.protocol import Message, OpenAIRequest, parse_request
 from kvmesh.openai.responses import ResponseBuilder

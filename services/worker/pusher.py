@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 
-from kvmesh.config import ServerSettings
-from kvmesh.errors import Unavailable
+from kvmesh.core.config import ServerSettings
+from kvmesh.core.errors import Unavailable
+from kvmesh.core.tasks import stop_task
 from kvmesh.rpc.channel import open_channel
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.servicer import next_or_stop
-from kvmesh.tasks import stop_task
 from kvmesh.v1 import cache_manager_pb2 as cm
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from kvmesh.core.errors import PermissionDenied
+from kvmesh.core.sampling import check_temperature, check_top_p
 from kvmesh.engine.sim.driver import SimEngine
-from kvmesh.engine.validation import check_temperature, check_top_p
-from kvmesh.errors import PermissionDenied
 from kvmesh.routing.dataplane import transfer_costs, vllm_cpu_costs
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.identity import current_identity

@@ -16,8 +16,8 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
-from kvmesh.kvevents import KvEventBatch
-from kvmesh.tasks import stop_task
+from kvmesh.core.kvevents import KvEventBatch
+from kvmesh.core.tasks import stop_task
 from kvmesh.wire.vllm_events import END_SEQ, decode_seq, encode_payload, encode_seq
 
 log = logging.getLogger(__name__)

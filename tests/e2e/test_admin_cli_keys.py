@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration]

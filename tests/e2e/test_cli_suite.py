@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from kvmesh.client import Client
-from kvmesh.observe import gone
 from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.suite.observe import gone
 from kvmesh.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
@@ -268,7 +268,7 @@ def test_up_foreground_stops_every_service_on_ctrl_c(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {**os.environ, "KVMESH_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvmesh.cli", "up", "--ports", "auto", "--workers", "1"],
+        [sys.executable, "-m", "kvmesh.suite.cli", "up", "--ports", "auto", "--workers", "1"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

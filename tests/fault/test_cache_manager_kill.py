@@ -13,10 +13,10 @@ import pytest
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc
-from tests.integration.test_cache_manager_grpc import Publisher, index_via_watch, start_cm, workload
+from tests.integration.cache_manager.test_grpc import Publisher, index_via_watch, start_cm, workload
 from tests.support.procs import ServiceProcess
 from tests.support.redis_server import RedisServer, redis_server_fixture
-from tests.unit.test_ingest_state import ToyEngine
+from tests.unit.cachemgr.test_ingest_state import ToyEngine
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import grpc
 import httpx
 import pytest
 
-from kvmesh.launcher import ServiceProcess
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.fault

@@ -18,7 +18,7 @@ import pytest
 from kvmesh.bench import netns
 from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
-from kvmesh.launcher import ServiceProcess
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 from tests.consul_standin.launch import start_standin
 

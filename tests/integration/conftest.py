@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvmesh.launcher import ServiceProcess
+from kvmesh.suite.launcher import ServiceProcess
 from tests.support.sim_worker import start_sim_worker
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 def kvmesh_cli(
     home: Path, *args: str, timeout: float = 180.0, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m kvmesh.cli ARGS` with `KVMESH_HOME=home`, none of the caller's other ``KVMESH_*`` variables
+    """`python -m kvmesh.suite.cli ARGS` with `KVMESH_HOME=home`, none of the caller's other ``KVMESH_*`` variables
     (only `KVMESH_REQUIRE_NATIVE`) and `env` added; output captured as text, bounded by `timeout`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_") or k == "KVMESH_REQUIRE_NATIVE"}
     return subprocess.run(
-        [sys.executable, "-m", "kvmesh.cli", *args],
+        [sys.executable, "-m", "kvmesh.suite.cli", *args],
         env={**base, "KVMESH_HOME": str(home), **(env or {})},
         capture_output=True,
         text=True,

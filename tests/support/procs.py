@@ -1,11 +1,11 @@
-"""Real service processes for tests (see kvmesh.launcher): port 0, readiness without sleeps."""
+"""Real service processes for tests (see kvmesh.suite.launcher): port 0, readiness without sleeps."""
 
 import contextlib
 import os
 import signal
 import subprocess
 
-from kvmesh.launcher import SERVICES, ServiceProcess, start_service, wait_ready, wait_serving
+from kvmesh.suite.launcher import SERVICES, ServiceProcess, start_service, wait_ready, wait_serving
 
 __all__ = ["SERVICES", "ServiceProcess", "start_service", "stop_process_group", "wait_ready", "wait_serving"]
 

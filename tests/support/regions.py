@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from kvmesh.kvsync.tier import SHM_DIR, RegionReader, data_offset
+from kvmesh.kvplane.kvsync.tier import SHM_DIR, RegionReader, data_offset
 
 
 def corrupt_block(shm_name: str, digest: bytes) -> None:

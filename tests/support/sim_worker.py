@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, worker_pb2
 
 BS = 16  # tokens per KV block of these workers

@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 
-from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
-from kvmesh.modelfiles import resolve_model_dir
+from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 BLOCK_SIZE = 32
@@ -50,7 +50,7 @@ class BalanceSetup:
     seed: int = 0
     warmup: int = 2  # rounds of `concurrency` prompts sent to each worker directly before measuring
     # vLLM engines' cores: "own" (each worker's whole process, its engine's OpenMP threads included, pinned
-    # to disjoint cores: `kvmesh.cpus`) or "shared" (unpinned, cores / workers
+    # to disjoint cores: `kvmesh.core.cpus`) or "shared" (unpinned, cores / workers
     # threads each: the OS shares every core between the engines, the router, the client and the frontends)
     cores: str = "own"
 

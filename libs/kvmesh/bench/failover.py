@@ -61,7 +61,7 @@ from kvmesh.bench import netns
 from kvmesh.bench.zone_link import InterZoneLinks
 from kvmesh.client import AsyncClient
 from kvmesh.discovery.model import ServiceInstance
-from kvmesh.launcher import ServiceProcess
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc, router_pb2
 
 REPO = Path(kvmesh.__file__).resolve().parents[2]

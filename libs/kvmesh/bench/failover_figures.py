@@ -10,7 +10,7 @@ that served each request counted it). Zone A's sessions are the clients whose ow
   (and before A's restore); `post_switch_first_hit_ratio`: only each session's first request there;
 * `failback_hit_ratio`: those served by the restored zone A; `failback_first_hit_ratio`: only each session's
   first request there (the restored zone starts empty: what it holds then came from the other zone).
-`cross_zone_sync_ms`: a kv-sync peer (`kvmesh.kvsync.peer`, tiny-model blocks) in zone A's namespace, pulled
+`cross_zone_sync_ms`: a kv-sync peer (`kvmesh.kvplane.kvsync.peer`, tiny-model blocks) in zone A's namespace, pulled
 from the root namespace through a proxy with the inter-zone link's delay and cap, 32 blocks per pull, every
 block CRC32C-checked (`kvmesh.bench.kvsync.time_pulls`), before the traffic starts.
 """
@@ -28,8 +28,8 @@ from kvmesh.bench import kvsync as kvsync_bench
 from kvmesh.bench import netns
 from kvmesh.bench.delay_proxy import ProxyProcess
 from kvmesh.bench.zone_follow import quantile, scrape, total
-from kvmesh.kvsync.client import KvSyncClient
-from kvmesh.launcher import ServiceProcess
+from kvmesh.kvplane.kvsync.client import KvSyncClient
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 

@@ -37,7 +37,7 @@ from kvmesh.fleet.policies import make_policy
 from kvmesh.fleet.readers import read_trace
 from kvmesh.fleet.sim import FleetConfig, run_policy
 from kvmesh.fleet.trace import Trace
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 
 SUITE_MODEL = "sim-llama-3.1-70b-fp8"
 

@@ -54,10 +54,10 @@ from hypothesis.errors import HypothesisWarning
 
 from kvmesh.fuzzing.http import HttpCase, HttpRoute, http_cases
 from kvmesh.fuzzing.proto import GrpcCase, RpcMethod, grpc_cases, methods_of
-from kvmesh.launcher import ServiceProcess, start_service
 from kvmesh.security.authz import Policy, Rule
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision, read_own_token
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import cache_manager_pb2, failover_pb2, kvsync_pb2, router_pb2, worker_pb2, worker_pb2_grpc
 
 NAMES = ("router", "worker", "cache-manager", "failover")

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvmesh.hashing import compute_block_hashes, make_salt
 from kvmesh.index import NativePrefixIndex, NumpyPrefixIndex, PrefixIndex
+from kvmesh.index.hashing import compute_block_hashes, make_salt
 
 GROUPS = 32
 LENGTHS = (1024, 8192, 102400)

@@ -2,7 +2,7 @@
 
     python -m kvmesh.bench kvsync [--quick] [--budget-s S] [--delay-ms 0.5]
 
-A peer process (`kvmesh.kvsync.peer`) per block size holds 128 blocks in a tier region; this process pulls
+A peer process (`kvmesh.kvplane.kvsync.peer`) per block size holds 128 blocks in a tier region; this process pulls
 them with `KvSyncClient.pull` (one AcquireLease RPC, then the blocks; every block CRC32C-verified):
 - `shm`: the peer's region attached here (same host), one copy per block;
 - `grpc`: over 127.0.0.1 (ReadBlocks stream);
@@ -51,11 +51,11 @@ import grpc
 import numpy as np
 
 from kvmesh.bench import netns
-from kvmesh.kvsync.client import BlockAssembly, KvSyncClient, PullStats
-from kvmesh.kvsync.codec import Chunk, decode_chunks
-from kvmesh.kvsync.peer import LAYOUT, REGION, peer_digests
-from kvmesh.kvsync.service import SERVICE
-from kvmesh.kvsync.tier import RegionReader
+from kvmesh.kvplane.kvsync.client import BlockAssembly, KvSyncClient, PullStats
+from kvmesh.kvplane.kvsync.codec import Chunk, decode_chunks
+from kvmesh.kvplane.kvsync.peer import LAYOUT, REGION, peer_digests
+from kvmesh.kvplane.kvsync.service import SERVICE
+from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.v1 import kvsync_pb2
 
 BLOCKS = (1, 8, 32, 128)
@@ -113,7 +113,7 @@ class _Proc:
 
 
 def start_peer(block_bytes: int, host: str = "127.0.0.1", ns: str | None = None) -> _Proc:
-    cmd = [sys.executable, "-m", "kvmesh.kvsync.peer", "--block-bytes", str(block_bytes), "--blocks", "128"]
+    cmd = [sys.executable, "-m", "kvmesh.kvplane.kvsync.peer", "--block-bytes", str(block_bytes), "--blocks", "128"]
     cmd += ["--host", host]
     return _Proc(["ip", "netns", "exec", ns, *cmd] if ns else cmd)
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvmesh.launcher import SERVICES, ServiceProcess, wait_ready, wait_serving
+from kvmesh.suite.launcher import SERVICES, ServiceProcess, wait_ready, wait_serving
 
 IP_TIMEOUT_S = 10.0
 

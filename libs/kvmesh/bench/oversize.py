@@ -29,7 +29,7 @@ import httpx
 
 from kvmesh.bench.grpc_hop import METHOD as HOP_METHOD
 from kvmesh.bench.grpc_hop import start_echo_server
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 MB = 1_000_000

@@ -56,7 +56,7 @@ import aiohttp
 
 from kvmesh.bench.load_client import ProcessClients, completion_sender
 from kvmesh.engine.tokenizer import Tokenizer
-from kvmesh.launcher import free_port
+from kvmesh.suite.launcher import free_port
 
 DISTINCT = 64  # prompts per size, sent in turn (--distinct-prompts)
 

@@ -16,11 +16,11 @@ import grpc
 
 from kvmesh.bench.cpu_cap import CpuCapError, CpuCaps
 from kvmesh.bench.router_compare import measure, run_http, start_third_party
+from kvmesh.core.modelfiles import resolve_model_dir
 from kvmesh.engine.tokenizer import HfTokenizer
-from kvmesh.launcher import ServiceProcess, free_port, start_service
-from kvmesh.modelfiles import resolve_model_dir
-from kvmesh.protowire import length_delimited
+from kvmesh.suite.launcher import ServiceProcess, free_port, start_service
 from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
+from kvmesh.wire.protowire import length_delimited
 
 DISTINCT = 64
 OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]

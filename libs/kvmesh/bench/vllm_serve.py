@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kvmesh.launcher import ServiceProcess, start_service, vllm_core_env
-from kvmesh.modelfiles import resolve_model_dir
+from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
 
 ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 FIGURES = (

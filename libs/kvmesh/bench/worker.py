@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmesh.engine.base import EngineRequest, SamplingParams
+from kvmesh.core.generation import EngineRequest, SamplingParams
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 
 
@@ -139,7 +139,7 @@ async def run_service(
     """Starts a real worker and drives it over gRPC; arrivals are ignored (closed loop, `concurrency`)."""
     import grpc
 
-    from kvmesh.launcher import start_service
+    from kvmesh.suite.launcher import start_service
     from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
     args = [

@@ -32,7 +32,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.bench.delay_proxy import ProxyProcess
-from kvmesh.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
 from kvmesh.v1 import common_pb2

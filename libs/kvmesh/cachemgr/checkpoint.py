@@ -20,11 +20,11 @@ from typing import Any
 
 from kvmesh.cachemgr.enginemap import EngineHashMap
 from kvmesh.cachemgr.ingest import Ingestor, Phase, WorkerState
-from kvmesh.cachemgr.replica import ReplicaIndex
-from kvmesh.cachemgr.types import BlockHasher, IngestResult
 from kvmesh.index import PrefixIndex
+from kvmesh.index.types import BlockHasher, IngestResult
+from kvmesh.ops.warming.stats import PrefixStats
+from kvmesh.replica.index import ReplicaIndex
 from kvmesh.store.base import CheckpointStore
-from kvmesh.warming.stats import PrefixStats
 from kvmesh.wire import ingest_log as codec
 
 FORMAT = 1

@@ -26,13 +26,13 @@ from kvmesh.cachemgr.fanout import FanOut, Watcher
 from kvmesh.cachemgr.hasher import IndexHasher
 from kvmesh.cachemgr.ingest import Ingestor
 from kvmesh.cachemgr.journal import DeltaJournal, Entry
-from kvmesh.cachemgr.replica import ReplicaIndex
-from kvmesh.cachemgr.types import IngestResult, Media, Stored
+from kvmesh.core.kvevents import KvEvent, KvEventBatch
 from kvmesh.index import PrefixIndex
-from kvmesh.kvevents import KvEvent, KvEventBatch
+from kvmesh.index.types import IngestResult, Media, Stored
+from kvmesh.ops.warming import PrefixStats
+from kvmesh.ops.warming.stats import checkpoint_keys
+from kvmesh.replica.index import ReplicaIndex
 from kvmesh.store.base import CheckpointStore
-from kvmesh.warming import PrefixStats
-from kvmesh.warming.stats import checkpoint_keys
 from kvmesh.wire import ingest_log as codec
 
 

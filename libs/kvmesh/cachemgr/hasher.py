@@ -1,8 +1,8 @@
-"""Index-hash derivation for ingestion, on top of `kvmesh.hashing` (the same hashes routers query with).
+"""Index-hash derivation for ingestion, on top of `kvmesh.index.hashing` (the same hashes routers query with).
 
 `chain(parent, tokens, block_size, lora, tenant)` must equal the tail of `compute_block_hashes(prefix +
 tokens)` for the prefix whose last block hash is `parent`; the salt is `make_salt(model, lora, tenant)`.
-The salt enters only through a chain's root (`kvmesh.hashing`): a block chained after `parent` inherits
+The salt enters only through a chain's root (`kvmesh.index.hashing`): a block chained after `parent` inherits
 the parent's model, LoRA and tenant, whatever is passed for it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvmesh import hashing
+from kvmesh.index import hashing
 
 
 class IndexHasher:

@@ -41,7 +41,7 @@ Media. Events carry the medium a block is stored in ("GPU" for the engine's pool
 worker can load a tier block); beside it, per worker, a side map counts the non-GPU copies of each block
 and keeps the set of blocks the worker holds *only* in a tier (`tier_only`, small: a tier block that is
 also on the GPU is not in it). `gpu_run(worker, hashes, matched)` splits a match into its leading GPU run
-and the rest (loadable from the worker's tiers; `kvmesh.cachemgr.media`). Every event that changes a block's
+and the rest (loadable from the worker's tiers; `kvmesh.replica.media`). Every event that changes a block's
 tier-only state adds one `Media` delta after its Stored/Removed ones (blocks now tier-only, blocks back on the
 GPU), so a watching replica keeps the same set.
 """
@@ -53,9 +53,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvmesh.cachemgr import media
 from kvmesh.cachemgr.enginemap import EngineHashMap
-from kvmesh.cachemgr.types import (
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, is_tier
+from kvmesh.index.types import (
     BlockHasher,
     Cleared,
     IndexWriter,
@@ -65,7 +65,7 @@ from kvmesh.cachemgr.types import (
     ResyncRequest,
     Stored,
 )
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, is_tier
+from kvmesh.replica import media
 
 MASK64 = (1 << 64) - 1
 RETIRED_KEEP = 8  # instance ids of earlier incarnations remembered per worker (late batches ignored)
@@ -226,7 +226,7 @@ class Ingestor:
 
     def gpu_run(self, worker_id: str, hashes: Sequence[int], matched: int) -> int:
         """How many of the `matched` leading `hashes` of a worker's match are on its GPU (the rest: tiers;
-        `kvmesh.cachemgr.media.gpu_run`)."""
+        `kvmesh.replica.media.gpu_run`)."""
         st = self.workers.get(worker_id)
         return matched if st is None else media.gpu_run(hashes, matched, st.tier_only)
 

@@ -16,7 +16,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from kvmesh.cachemgr.types import IndexDelta
+from kvmesh.index.types import IndexDelta
 
 
 @dataclass(frozen=True, slots=True)

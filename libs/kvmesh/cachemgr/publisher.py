@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvmesh.errors import PermissionDenied, ResourceExhausted
+from kvmesh.core.errors import PermissionDenied, ResourceExhausted
 from kvmesh.security.identity import CallerRole, Identity
 
 

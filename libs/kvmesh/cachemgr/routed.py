@@ -3,16 +3,16 @@ cache-manager makes before counting a batch.
 
 A router that routes from a fresh index replica never asks FindMatches, so it reports each routed prompt
 instead, in the compact form the prefix statistics need: its block count, the index hashes at its checkpoints
-(`kvmesh.warming.stats.checkpoint_keys`: ⌈log₂ n⌉ + 1 hashes for n blocks), the best worker's match, the
+(`kvmesh.ops.warming.stats.checkpoint_keys`: ⌈log₂ n⌉ + 1 hashes for n blocks), the best worker's match, the
 tenant and, optionally, its leading token ids (kept for warming and replication). The whole batch is checked
 before any of it is counted.
 """
 
 from __future__ import annotations
 
+from kvmesh.ops.warming.stats import checkpoints
 from kvmesh.rpc.validate import max_len, require
 from kvmesh.v1 import cache_manager_pb2 as pb
-from kvmesh.warming.stats import checkpoints
 
 MAX_ROUTED_PREFIXES = 1024  # entries per ReportRoutedPrefixes request
 MAX_ROUTED_BLOCKS = 1 << 20  # blocks per entry (so at most 21 checkpoint hashes)

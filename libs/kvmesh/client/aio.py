@@ -33,8 +33,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvmesh.client.endpoints import EndpointSet
 from kvmesh.client.watch import EndpointWatcher
+from kvmesh.core.errors import DeadlineExceeded, Unavailable
 from kvmesh.discovery.model import ServiceInstance
-from kvmesh.errors import DeadlineExceeded, Unavailable
 from kvmesh.rpc.channel import LIVENESS_OPTIONS, ChannelSecurity, open_channel
 from kvmesh.security.signing import GRPC_METHOD, signing_headers
 from kvmesh.v1 import common_pb2, router_pb2

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from kvmesh.changes import ChangeCounter
 from kvmesh.client.endpoints import EndpointSet
+from kvmesh.core.changes import ChangeCounter
+from kvmesh.core.tasks import stop_task
 from kvmesh.rpc.channel import LIVENESS_OPTIONS, ChannelSecurity, open_channel
-from kvmesh.tasks import stop_task
 from kvmesh.v1 import failover_pb2, failover_pb2_grpc
 
 log = logging.getLogger(__name__)

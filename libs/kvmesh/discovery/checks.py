@@ -16,8 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.discovery.model import CatalogSnapshot, Health
-from kvmesh.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@
   parallel; the first one returning an index different from `i` (greater: a change; smaller: a
   reset, per Consul's guidance) ends the watch and a fresh snapshot is taken. Each HTTP call has a
   deadline of ``wait + wait/16`` (Consul's jitter) plus `request_timeout_s`.
-Unreachable agent, timeouts and 5xx answers raise `kvmesh.errors.Unavailable`.
+Unreachable agent, timeouts and 5xx answers raise `kvmesh.core.errors.Unavailable`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import consul
 import consul.aio
 import consul.exceptions as consul_errors
 
+from kvmesh.core.errors import InvalidArgument, NotFound, Unavailable
 from kvmesh.discovery.model import (
     KVMESH_TAG,
     SERVICE_PREFIX,
@@ -42,7 +43,6 @@ from kvmesh.discovery.model import (
     parse_labels,
 )
 from kvmesh.discovery.registry import CheckSpec, HealthProbe
-from kvmesh.errors import InvalidArgument, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvmesh.core.errors import KvmeshError
 from kvmesh.discovery.model import CatalogSnapshot
-from kvmesh.errors import KvmeshError
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 
 KVMESH_TAG = "kvmesh"
 REPLICATION_PENDING_META = "replication_pending"

@@ -19,12 +19,12 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvmesh.changes import ChangeCounter
+from kvmesh.core.changes import ChangeCounter
+from kvmesh.core.errors import KvmeshError
+from kvmesh.core.tasks import stop_task
 from kvmesh.discovery.checks import ProbePolicy, ProbeState, probed_snapshot, step_probe
 from kvmesh.discovery.model import CatalogSnapshot, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
-from kvmesh.errors import KvmeshError
-from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import logging
 import urllib.parse
 from collections.abc import Mapping
 
+from kvmesh.core.errors import InvalidArgument, KvmeshError
 from kvmesh.discovery.consul import ConsulRegistry
 from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.discovery.traffic import normalise_weights
-from kvmesh.errors import InvalidArgument, KvmeshError
 
 log = logging.getLogger(__name__)
 REGISTER_ATTEMPTS = 30

@@ -37,7 +37,7 @@ class Registry(Protocol):
     `watch(index, wait_s)` returns ``(new_index, snapshot)`` as soon as the registry's state index
     exceeds `index`, or after about `wait_s` seconds with an unchanged index (a return is no
     guarantee of a change). Index 0 returns at once. Failures to reach the backend raise
-    `kvmesh.errors.Unavailable`.
+    `kvmesh.core.errors.Unavailable`.
     """
 
     async def register(self, instance: ServiceInstance, check: CheckSpec, probe: HealthProbe | None = None) -> None: ...

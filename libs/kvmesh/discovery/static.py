@@ -29,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
+from kvmesh.core.errors import InvalidArgument, KvmeshError, NotFound
 from kvmesh.discovery.model import CatalogSnapshot, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe
-from kvmesh.errors import InvalidArgument, KvmeshError, NotFound
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvmesh.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument
 
 UPGRADE_STEPS_PCT: tuple[float, ...] = (5.0, 10.0, 50.0, 100.0)
 HISTORY_LIMIT = 32

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvmesh.changes import ChangeCounter
+from kvmesh.core.changes import ChangeCounter
+from kvmesh.core.errors import KvmeshError
+from kvmesh.core.tasks import stop_task
 from kvmesh.discovery.lkg import LastKnownGood, LkgRecord
 from kvmesh.discovery.model import CatalogSnapshot
 from kvmesh.discovery.registry import Registry
-from kvmesh.errors import KvmeshError
-from kvmesh.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.discovery.model import REPLICATION_PENDING_META, CatalogSnapshot, Health, Role, ServiceInstance
-from kvmesh.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

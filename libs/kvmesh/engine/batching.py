@@ -30,7 +30,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from kvmesh.errors import InvalidArgument, ResourceExhausted
+from kvmesh.core.errors import InvalidArgument, ResourceExhausted
 
 K = TypeVar("K", bound=Hashable)
 

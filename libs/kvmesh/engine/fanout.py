@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from kvmesh.errors import Unavailable
-from kvmesh.kvevents import KvEvent
+from kvmesh.core.errors import Unavailable
+from kvmesh.core.kvevents import KvEvent
 
 
 class _Sub:

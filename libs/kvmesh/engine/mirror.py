@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvmesh.kvevents import MEDIUM_GPU, BlockRemoved, BlockStored, KvEvent, medium_of
+from kvmesh.core.kvevents import MEDIUM_GPU, BlockRemoved, BlockStored, KvEvent, medium_of
 
 
 class CacheMirror:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmesh.engine.base import (
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from kvmesh.core.generation import (
     DEFAULT_MAX_TOKENS_LIMIT,
     FINISH_ABORT,
     FINISH_PREFILL_ONLY,
@@ -37,13 +38,12 @@ from kvmesh.engine.base import (
     SamplingParams,
     Usage,
 )
+from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
+from kvmesh.core.tasks import stop_task
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
-from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
-from kvmesh.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
-from kvmesh.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
-from kvmesh.kvsync.tier import region_name
-from kvmesh.tasks import stop_task
+from kvmesh.kvplane.kvsync.tier import region_name
 from kvmesh.wire.vllm_events import VllmTranslator
 from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 
@@ -73,7 +73,7 @@ class VllmEngineConfig:
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     worker_id: str = "vllm"
     latency_window: int = 512
-    kv_connector: bool = True  # kvmesh's KV connector (kvmesh.vllm_connector): a CPU tier, peer pulls
+    kv_connector: bool = True  # kvmesh's KV connector (kvmesh.kvplane.vllm_connector): a CPU tier, peer pulls
     kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
     kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<pid>-<worker_id>
 
@@ -86,7 +86,7 @@ class VllmEngineConfig:
         """vLLM's `--kv-transfer-config` loading kvmesh's connector (recompute on a failed load)."""
         return {
             "kv_connector": "KvmeshConnector",
-            "kv_connector_module_path": "kvmesh.vllm_connector.connector",
+            "kv_connector_module_path": "kvmesh.kvplane.vllm_connector.connector",
             "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"shm_name": self.tier_shm_name, "tier_bytes": self.kv_tier_bytes},

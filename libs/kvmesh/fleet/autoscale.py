@@ -3,7 +3,7 @@
 Every ``tick_s`` of simulated time the autoscaler does what ``kvmesh-planner`` does on a live fleet: it
 counts the arrivals of every bucket that has ended (it never sees the future), forecasts the next hour
 from them (after ``history``, the days before the simulated one), sizes the fleet
-(:class:`kvmesh.planner.sizing.SizingPolicy`) and applies :func:`kvmesh.planner.sizing.plan_step`. A
+(:class:`kvmesh.ops.planner.sizing.SizingPolicy`) and applies :func:`kvmesh.ops.planner.sizing.plan_step`. A
 started worker is billed from its start and routable after ``startup_s``, with an empty cache; a worker
 scaled in takes no new request, finishes what it holds, then stops (billing ends, its cache is gone).
 GPU-hours are the billed worker-seconds / 3600.
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from kvmesh.fleet.sim import FleetSim
-from kvmesh.planner.forecast import Forecaster
-from kvmesh.planner.sizing import ScaleAction, ScalerState, SizingPolicy, WorkerLife, plan_step
+from kvmesh.ops.planner.forecast import Forecaster
+from kvmesh.ops.planner.sizing import ScaleAction, ScalerState, SizingPolicy, WorkerLife, plan_step
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,8 @@ from kvmesh.fleet.ideal import servable_trace
 from kvmesh.fleet.policies import make_policy
 from kvmesh.fleet.sim import FleetConfig, FleetSim, HashCache, RunResult
 from kvmesh.fleet.trace import Trace
-from kvmesh.planner.forecast import LstmForecaster, compare, forecaster_named
-from kvmesh.planner.sizing import SizingPolicy
+from kvmesh.ops.planner.forecast import LstmForecaster, compare, forecaster_named
+from kvmesh.ops.planner.sizing import SizingPolicy
 
 DAY_BUCKETS = 288  # 5-minute buckets
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvmesh.core.errors import ResourceExhausted
 from kvmesh.engine.batching import BatchWindow, WindowConfig
-from kvmesh.errors import ResourceExhausted
 from kvmesh.routing.types import RoutingQuery
 
 if TYPE_CHECKING:

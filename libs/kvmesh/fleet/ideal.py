@@ -23,11 +23,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvmesh.engine.base import SamplingParams
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import SamplingParams
+from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.perf import PerfModel, chunked_prefill_time
-from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
-from kvmesh.errors import InvalidArgument
 from kvmesh.fleet.trace import Trace, TraceRequest
 
 INDICES_SHOWN = 50  # trace indices of unservable requests listed in results.json (the first ones)
@@ -40,7 +40,7 @@ def unservable_reason(input_len: int, output_len: int, engine: SimConfig) -> str
 
     Reasons: ``"empty_prompt"``, ``"max_tokens_limit"`` (output above the engine's limit), ``"context"``
     (prompt + output > ``max_model_len``), ``"kv_pool"`` (the prompt alone exceeds the KV admission limit of
-    an empty worker). The first two checks are the engine's own functions (``kvmesh.engine.validation``); the
+    an empty worker). The first two checks are the engine's own functions (``kvmesh.core.sampling``); the
     last repeats ``SimEngineCore.add_request``'s rule, and a test checks that the simulator agrees.
     """
     if input_len <= 0:

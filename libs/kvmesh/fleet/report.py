@@ -370,7 +370,7 @@ def render(ev: dict[str, Any]) -> str:
             "",
             f"Workload: `synthetic.shared_prefix_tenants` {w['workload']}. static = system prompts of the "
             "top 30 % tenants on 2 workers each at t=0; dynamic = prefixes seen ≥ 5×/min warmed onto "
-            "more workers (`kvmesh.warming`).",
+            "more workers (`kvmesh.ops.warming`).",
             "",
             "| warming | TTFT p50 | TTFT p90 | TTFT p99 | hit ratio | warm requests |",
             "|---|---:|---:|---:|---:|---:|",

@@ -11,7 +11,7 @@ Virtual clock, one heap of events ``(time, order, seq, kind, arg)``:
   ``clear``), its outputs timestamp first tokens and completions, and the engine starts its next step if it
   has work.
 
-The index is fed the engines' hashes: the simulated engine hashes tokens with ``kvmesh.hashing`` and the
+The index is fed the engines' hashes: the simulated engine hashes tokens with ``kvmesh.index.hashing`` and the
 same salt as the requests, so they equal the index hashes the cache-manager derives from token ids (a unit
 test checks this). Nothing reads a wall clock; the same seed gives the same run. Loops are bounded by
 ``max_events`` and, optionally, ``max_wall_s`` (a run cut short is flagged ``truncated``).
@@ -43,18 +43,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kvmesh.engine.base import EngineRequest, SamplingParams
+from kvmesh.core.errors import InvalidArgument, ResourceExhausted
+from kvmesh.core.generation import EngineRequest, SamplingParams
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvmesh.engine.batching import WindowConfig
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.sim.perf import block_bytes, chunked_prefill_time
-from kvmesh.errors import InvalidArgument, ResourceExhausted
 from kvmesh.fleet.batching import FleetWindows
 from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.tiers import DataPlane, WorkerTiers
 from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
-from kvmesh.hashing import compute_block_hashes
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvmesh.index.hashing import compute_block_hashes
 from kvmesh.routing.dataplane import load_pays, pull_pays
 from kvmesh.routing.types import RoutingQuery, WorkerView
 

@@ -2,7 +2,7 @@
 
 Blocks the GPU pool evicts are saved to the CPU tier; blocks the CPU tier evicts go to the disk tier (if
 any), and out of the worker when the last tier evicts them. Each tier keeps at most ``capacity`` blocks and
-evicts by the hybrid LFU+LRU score used elsewhere in kvmesh (LRFU, ``kvmesh.warming.policy``): a block's
+evicts by the hybrid LFU+LRU score used elsewhere in kvmesh (LRFU, ``kvmesh.ops.warming.policy``): a block's
 score is Σ 2^(−(now − t_i)/h) over its accesses t_i (saves and loads). Scores decay at the same rate, so
 their order never changes between accesses and a block's rank is the constant key
 

@@ -1,10 +1,10 @@
-"""Warming strategies in the fleet simulator, driving the real ``kvmesh.warming`` decisions.
+"""Warming strategies in the fleet simulator, driving the real ``kvmesh.ops.warming`` decisions.
 
 * none: nothing is preloaded.
 * static: at t = 0 the configured templates (the most common ~30 % of prefixes; for a tenant workload, the
   system prompts of the most frequent tenants) are prefilled on ``replicas`` workers each
-  (``kvmesh.warming.decide.plan_static``), as prefill-only requests that take real engine time.
-* dynamic: every arrival is counted in ``kvmesh.warming.stats.PrefixStats`` (60 s window); every
+  (``kvmesh.ops.warming.decide.plan_static``), as prefill-only requests that take real engine time.
+* dynamic: every arrival is counted in ``kvmesh.ops.warming.stats.PrefixStats`` (60 s window); every
   ``interval_s`` of virtual time ``plan_dynamic`` warms each prefix seen ≥ 5 times a minute onto
   ``target = min(max_replicas, 1 + ⌊rate/5⌋)`` workers (least loaded first), subject to the hybrid LFU+LRU
   warm set (``HybridWarmSet``, capacity ``warm_fraction`` of the fleet's KV blocks). Holders of a prefix are
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from kvmesh.fleet.trace import Trace, chunk_tokens
-from kvmesh.warming.decide import WarmingConfig, plan_dynamic, plan_static
-from kvmesh.warming.policy import HybridWarmSet
-from kvmesh.warming.stats import PrefixInfo, PrefixStats
-from kvmesh.warming.templates import Template
+from kvmesh.ops.warming.decide import WarmingConfig, plan_dynamic, plan_static
+from kvmesh.ops.warming.policy import HybridWarmSet
+from kvmesh.ops.warming.stats import PrefixInfo, PrefixStats
+from kvmesh.ops.warming.templates import Template
 
 if TYPE_CHECKING:
     from kvmesh.fleet.sim import FleetSim

@@ -30,7 +30,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, MethodDescri
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
-from kvmesh.protowire import length_delimited, varint
+from kvmesh.wire.protowire import length_delimited, varint
 
 MAX_DEPTH = 3  # nested messages below this depth are left empty
 MAX_LONG_REPEATED = 20_000

@@ -23,7 +23,7 @@
  *
  * Hashing: c_i = sum_k t[i,k] K_k; s_i = P s_{i-1} + c_i; h_i = F(s_i) with F(s) = y ^ (y >> 29),
  * y = M (s ^ (s >> 32)) (all mod 2^64). The caller passes K (per block size) and base = P * s_{-1}; this
- * is the sequential form of kvmesh.hashing's closed form (same outputs, asserted by the tests).
+ * is the sequential form of kvmesh.index.hashing's closed form (same outputs, asserted by the tests).
  *
  * The GIL is held throughout (no callbacks into Python code except dict/list operations on str/int).
  */

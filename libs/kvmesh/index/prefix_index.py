@@ -1,6 +1,6 @@
 """The global KV prefix index, numpy reference implementation (the fallback when the C core is not built).
 
-Representation. Block hashes are chained (``kvmesh.hashing``): a hash identifies its whole prefix, so a radix
+Representation. Block hashes are chained (``kvmesh.index.hashing``): a hash identifies its whole prefix, so a radix
 tree over block chains is equivalent to a flat map ``block hash -> set of workers``, with a worker's match for
 a query ``h_0..h_{k-1}`` defined exactly as a radix-tree walk would give it:
 

@@ -11,7 +11,7 @@ index, and only the writer follows the cache-manager.
 Worker names (the core's slot numbers) are published in `path.names` (JSON, replaced atomically) with
 their version in header word `NAMES_VERSION`; a reader reloads them when the version moves and discards a
 query during which it moved. Words 1 to 7 are the owner's (`word`, `set_word`; e.g. the state of a replica,
-`kvmesh.cachemgr.shared_replica`), 0 for each new writer.
+`kvmesh.replica.shared`), 0 for each new writer.
 """
 
 from __future__ import annotations

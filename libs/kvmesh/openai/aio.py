@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvmesh.errors import InvalidArgument, KvmeshError
+from kvmesh.core.errors import InvalidArgument, KvmeshError
 from kvmesh.openai.errors import http_error
 from kvmesh.openai.responses import SSE_DONE, SSE_HEADERS, sse_event
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kvmesh import errors
+from kvmesh.core import errors
 
 INTERNAL = (500, "server_error")
 

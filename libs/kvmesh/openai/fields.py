@@ -3,7 +3,7 @@ serves it, accepts it only with its "off" value, or refuses it, and why.
 
 `kvmesh.openai.protocol` enforces it (a field not in the table, or a refused / non-off value, is HTTP 400
 naming the field), docs/openai-compatibility.md is `render_markdown()`'s output (a unit test keeps them the
-same), and tests/integration/test_openai_compat_vllm.py sends each row's `example` to vLLM's own server and
+same), and tests/integration/openai/test_openai_compat_vllm.py sends each row's `example` to vLLM's own server and
 to the router. Nothing in a request is silently ignored.
 """
 

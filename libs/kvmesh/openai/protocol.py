@@ -6,7 +6,7 @@ false`, `response_format: {"type": "text"}`, null ...) and which are refused is 
 table (docs/openai-compatibility.md); any field outside it is refused with InvalidArgument naming it (a typo
 or a feature the client relies on is never silently ignored). Chat content is a string or parts of type
 `text` (another part type is refused naming `messages[i].content[j].type`). The sampling bounds are
-`kvmesh.engine.validation`'s, the same as gRPC's. Text must be valid Unicode (a lone surrogate such as
+`kvmesh.core.sampling`'s, the same as gRPC's. Text must be valid Unicode (a lone surrogate such as
 "\\ud800", which JSON can carry but UTF-8 cannot, is refused); token ids are integers, never booleans.
 """
 
@@ -16,9 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvmesh.engine.base import SamplingParams
-from kvmesh.engine.validation import validate_sampling
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import SamplingParams
+from kvmesh.core.sampling import validate_sampling
 from kvmesh.openai.fields import fields_of
 
 SEED_MAX = 2**63 - 1  # int64 in vLLM, uint64 on kvmesh's wire: [0, 2**63) fits both

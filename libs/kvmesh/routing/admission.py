@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from kvmesh.errors import InvalidArgument, ResourceExhausted
+from kvmesh.core.errors import InvalidArgument, ResourceExhausted
 
 
 @dataclass(frozen=True, slots=True)

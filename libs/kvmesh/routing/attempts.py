@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from kvmesh.errors import InvalidArgument, KvmeshError, Unavailable
+from kvmesh.core.errors import InvalidArgument, KvmeshError, Unavailable
 
 
 class Action(enum.Enum):

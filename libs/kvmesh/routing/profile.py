@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 from kvmesh.routing import filters as _filters  # noqa: F401  (registers the filters)
 from kvmesh.routing import pickers as _pickers  # noqa: F401
 from kvmesh.routing import scorers as _scorers  # noqa: F401

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kvmesh.kvevents import LoadReport
+from kvmesh.core.kvevents import LoadReport
 
 DEFAULT_PULL_MARGIN = 2.0  # a pull must beat recomputing its blocks by this factor (kvmesh.routing.dataplane)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.errors import FailedPrecondition
+from kvmesh.core.errors import FailedPrecondition
 
 
 @dataclass(frozen=True)

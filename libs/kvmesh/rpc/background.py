@@ -3,7 +3,7 @@
 `BackgroundTasks.every(interval_s, fn)` awaits `fn()` every `interval_s` seconds; an exception is logged and
 counted (`failures[name]`) and the loop carries on. `BackgroundTasks.supervise(coro_fn)` runs `coro_fn()` and,
 when it crashes, runs it again after a bounded exponential back-off (`restarts[name]` counts them); returning
-normally ends it. `stop()` sets `stopping` and stops the tasks with `kvmesh.tasks.stop_task`, last started
+normally ends it. `stop()` sets `stopping` and stops the tasks with `kvmesh.core.tasks.stop_task`, last started
 first, so a task never outlives one it depends on.
 """
 
@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
-from kvmesh.tasks import stop_task
+from kvmesh.core.tasks import stop_task
 
 log = logging.getLogger(__name__)
 

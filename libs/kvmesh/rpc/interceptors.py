@@ -14,7 +14,7 @@ For each call it
   naming `request`, instead of grpc's UNKNOWN "Unexpected <class DecodeError>";
 - refuses a request message over the method's byte bound before decoding it (INVALID_ARGUMENT naming
   `request`, with both sizes): bounds per method (`MessageBounds`), checked on the received bytes;
-- with a `Guard` (`kvmesh.security.grpc_auth`), resolves the caller's identity, refuses the call
+- with a `Guard` (`kvmesh.rpc.auth`), resolves the caller's identity, refuses the call
   (UNAUTHENTICATED / PERMISSION_DENIED naming role and method) unless the authorisation table allows it,
   and sets `kvmesh.security.identity.identity_var` for the handler.
 """
@@ -33,9 +33,9 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.rpc.auth import Guard, guarded_handler
 from kvmesh.rpc.errors import status_code_for, to_grpc_status
-from kvmesh.security.grpc_auth import Guard, guarded_handler
 from kvmesh.security.identity import identity_var
 from kvmesh.telemetry import metrics, tracing
 from kvmesh.telemetry.context import REQUEST_ID_HEADER, deadline_var, new_request_id, request_id_var

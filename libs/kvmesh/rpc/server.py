@@ -48,17 +48,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from kvmesh.config import EVENT_LOOPS, ServerSettings, load_settings
+from kvmesh.core.config import EVENT_LOOPS, ServerSettings, load_settings
+from kvmesh.core.errors import KvmeshError
+from kvmesh.core.tasks import stop_task
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registration import register_until_done, registry_from, self_instance
 from kvmesh.discovery.registry import CheckSpec, HealthProbe, Registry
-from kvmesh.errors import KvmeshError
+from kvmesh.rpc.auth import Guard, GuardedServer
 from kvmesh.rpc.background import BackgroundTasks, Job
+from kvmesh.rpc.http_auth import http_guard
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
-from kvmesh.security.grpc_auth import Guard, GuardedServer
-from kvmesh.security.http_auth import http_guard
-from kvmesh.tasks import stop_task
 from kvmesh.telemetry import metrics
 from kvmesh.telemetry.logging import setup_logging
 from kvmesh.telemetry.tracing import setup_tracing

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-from kvmesh.errors import FailedPrecondition
+from kvmesh.core.errors import FailedPrecondition
 
 
 def _read(path: str, what: str) -> bytes:

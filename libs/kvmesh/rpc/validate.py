@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sized
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 
 
 def require(condition: bool, field: str, message: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
-from kvmesh.errors import InvalidArgument
+from kvmesh.core.errors import InvalidArgument
 
 JSON_TYPE = "application/json"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvmesh.errors import PermissionDenied, Unauthenticated
+from kvmesh.core.errors import PermissionDenied, Unauthenticated
 from kvmesh.security.identity import CallerRole, Identity
 
 R = CallerRole

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from kvmesh.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from kvmesh.core.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from kvmesh.security.identity import CallerRole, Identity, parse_spiffe_id
 from kvmesh.security.signing import (
     DEFAULT_WINDOW_S,

@@ -25,7 +25,7 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvmesh.errors import Unauthenticated
+from kvmesh.core.errors import Unauthenticated
 
 SIGNATURE_HEADER = "X-Kvmesh-Signature"
 TIMESTAMP_HEADER = "X-Kvmesh-Timestamp"

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from kvmesh.errors import FailedPrecondition
+from kvmesh.core.errors import FailedPrecondition
 from kvmesh.security.identity import Identity, parse_spiffe_id
 
 BEARER = "bearer "

@@ -8,7 +8,7 @@ preceded by one line ``suppressed N similar records in W s: <template>`` at the 
 Defaults 5 per 60 s; services set them from `ServerSettings.log_repeat_limit` / `log_repeat_window_s` (flags
 ``--log-repeat-limit`` / ``--log-repeat-window-s``, or ``KVMESH_LOG_REPEAT_LIMIT`` / ``KVMESH_LOG_REPEAT_WINDOW_S``;
 limit 0: no limit). A record logged with ``extra={UNLIMITED: True}`` is never limited (the audit log: every
-admin action must have its line, `kvmesh.security.audit`).
+admin action must have its line, `kvmesh.rpc.audit`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch
 
 MASK64 = (1 << 64) - 1
 _enc = msgspec.msgpack.Encoder()

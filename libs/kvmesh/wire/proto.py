@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from kvmesh.cachemgr.types import Cleared, IndexDelta, Media, Removed, Stored
-from kvmesh.engine.base import EngineOutput, EngineRequest, SamplingParams
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.index.types import Cleared, IndexDelta, Media, Removed, Stored
 from kvmesh.v1 import cache_manager_pb2, common_pb2, worker_pb2
 
 FINISH = {

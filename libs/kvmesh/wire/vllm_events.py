@@ -7,7 +7,7 @@ is importable its own msgspec classes may decode the payload; otherwise the equi
 (unknown fields are ignored, so newer vLLM fields do not break it). Engine hashes may be bytes (sha256) or
 ints; bytes become `int.from_bytes(b, "big") mod 2^64`, exactly vLLM's own int conversion. Only KV-cache
 group `kv_group` is kept (other groups of hybrid models use other block sizes). The tenant of a chain is the
-`cache_salt` in its first block's `extra_keys` (see `kvmesh.kvevents.cache_salt_of`); continuations carry
+`cache_salt` in its first block's `extra_keys` (see `kvmesh.core.kvevents.cache_salt_of`); continuations carry
 none and inherit it through their parent.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, cache_salt_of
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, cache_salt_of
 
 MASK64 = (1 << 64) - 1
 ExternalBlockHash = bytes | int

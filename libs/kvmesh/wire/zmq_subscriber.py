@@ -23,7 +23,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from kvmesh.kvevents import KvEventBatch
+from kvmesh.core.kvevents import KvEventBatch
 from kvmesh.wire.vllm_events import END_SEQ, VllmTranslator, encode_seq
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Resync(Protocol):
 
 
 class Applied(Protocol):
-    """The sink's answer to one batch (`kvmesh.cachemgr.types.IngestResult` satisfies it)."""
+    """The sink's answer to one batch (`kvmesh.index.types.IngestResult` satisfies it)."""
 
     @property
     def resync(self) -> Resync | None: ...

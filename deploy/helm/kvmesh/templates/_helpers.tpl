@@ -51,7 +51,7 @@ kvmesh.io/version: {{ .root.Values.version }}
 {{- if .Values.redis.enabled -}}redis://{{ .Release.Name }}-redis-master:6379/0{{- else -}}{{ required "redis.url is required when redis.enabled=false" .Values.redis.url }}{{- end -}}
 {{- end -}}
 
-{{/* Environment shared by every service (read as KVMESH_* settings, kvmesh.config). Args: root, zone, name. */}}
+{{/* Environment shared by every service (read as KVMESH_* settings, kvmesh.core.config). Args: root, zone, name. */}}
 {{- define "kvmesh.commonEnv" -}}
 {{- $v := .root.Values }}
 {{- $c := index (include "kvmesh.components" . | fromYaml) .name }}

@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvmesh.engine.base import (
+from kvmesh.core.errors import InvalidArgument, ResourceExhausted
+from kvmesh.core.generation import (
     DEFAULT_MAX_TOKENS_LIMIT,
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -50,13 +51,12 @@ from kvmesh.engine.base import (
     KvBlockData,
     Usage,
 )
+from kvmesh.core.kvevents import MEDIUM_GPU, BlockStored, KvEvent, LoadReport
+from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, PerfModel, chunked_prefill_time, kv_load_time, step_time
 from kvmesh.engine.sim.pool import BlockPool, CachedBlock
 from kvmesh.engine.sim.tiers import block_digests, salt_bytes
-from kvmesh.engine.validation import resolve_max_tokens, validate_sampling
-from kvmesh.errors import InvalidArgument, ResourceExhausted
-from kvmesh.hashing import compute_block_hashes, make_salt
-from kvmesh.kvevents import MEDIUM_GPU, BlockStored, KvEvent, LoadReport
+from kvmesh.index.hashing import compute_block_hashes, make_salt
 
 if TYPE_CHECKING:
     from kvmesh.engine.sim.tiers import HostTiers

@@ -30,7 +30,10 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
-from kvmesh.engine.base import EngineOutput, EngineRequest, KvBlockData
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.generation import EngineOutput, EngineRequest, KvBlockData
+from kvmesh.core.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.core.tasks import stop_task
 from kvmesh.engine.clock import Clock, RealClock
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
@@ -38,10 +41,7 @@ from kvmesh.engine.sim.perf import kv_pull_time
 from kvmesh.engine.sim.pool import CachedBlock
 from kvmesh.engine.sim.tiers import HostTiers, PullHint
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
-from kvmesh.errors import FailedPrecondition, InvalidArgument
-from kvmesh.kvevents import BlockStored, KvEvent, LoadReport
-from kvmesh.kvsync.client import PullFailed
-from kvmesh.tasks import stop_task
+from kvmesh.kvplane.kvsync.client import PullFailed
 
 log = logging.getLogger(__name__)
 MAX_LAG_S = 0.25  # simulated seconds the driver may run behind its step deadlines before time slips

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvmesh.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ peer) is checked byte for byte against what this engine would have computed. The
 are demoted to the disk tier when there is one. Every change is a KV event with its medium: a block leaving
 the GPU pool is `BlockRemoved(medium="GPU")` (the pool's) followed by `BlockStored(medium="CPU")` (here).
 
-Identity: `block_digests(tokens, block_size, salt_bytes)` = `kvmesh.hashing.sha256_block_ids`, where the
+Identity: `block_digests(tokens, block_size, salt_bytes)` = `kvmesh.index.hashing.sha256_block_ids`, where the
 salt bytes cover the region's layout (model, dtype, block size, bytes per block) and the chain's salt
 (LoRA adapter, tenant): two engines exchange a block only when every one of them matches.
 """
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 import crc32c
 
+from kvmesh.core.kvevents import MEDIUM_CPU, MEDIUM_DISK, BlockRemoved, BlockStored, KvEvent
 from kvmesh.engine.sim.pool import CachedBlock
-from kvmesh.hashing import sha256_block_ids
-from kvmesh.kvevents import MEDIUM_CPU, MEDIUM_DISK, BlockRemoved, BlockStored, KvEvent
+from kvmesh.index.hashing import sha256_block_ids
 
 if TYPE_CHECKING:
-    from kvmesh.kvsync.tier import TierRegion
+    from kvmesh.kvplane.kvsync.tier import TierRegion
 
 # K and V · layers · KV heads · head_dim · 2 bytes (bf16): the tiny model of scripts/build_tiny_model.py
 TINY_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2

@@ -1,0 +1,86 @@
+"""The domain types of one generation request as every layer sees it: sampling, the request an engine
+receives, its streamed outputs and usage, and a KV block moved between workers. Pure dataclasses, below the
+wire codecs (`kvmesh.wire.proto` converts them) and the engines (`kvmesh.engine.base.Engine` takes them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_TOKENS_LIMIT = 8192
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+FINISH_PREFILL_ONLY = "prefill_only"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling parameters (vLLM semantics). `max_tokens=None` means up to the guard / context limit."""
+
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One generation request: token ids (preferred) or text, sampling, and flags.
+
+    `prefill_only` computes and caches the prompt's KV blocks and finishes without sampling (warming).
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prefill_only: bool = False
+    lora_name: str | None = None
+    tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token accounting of one request: `cached_tokens` of the prompt were served from the prefix cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    """A streamed delta: new token ids (and text where the engine detokenises); `usage` on every output."""
+
+    request_id: str
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    time_s: float | None = None  # engine-clock time it became available (sim: virtual now + step duration)
+
+
+@dataclass(frozen=True, slots=True)
+class KvBlockData:
+    """One KV block moved by kv-sync: identity (engine hash, parent, tokens) and its bytes.
+
+    `digest` is SHA-256 over `data`, checked on import; `nominal_bytes` is the size the block would have
+    on the modelled hardware (the simulated engine ships a small stand-in payload).
+    """
+
+    block_hash: int
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    data: bytes
+    digest: bytes
+    nominal_bytes: int

@@ -1,0 +1,209 @@
+"""The connector's scheduler-side decisions and the metadata it hands to the worker side (pure).
+
+- `parse_pull_hint`: the router's hint in a request's `kv_transfer_params["kvmesh_pull"]`.
+- `plan_loads`: which leading blocks beyond vLLM's own prefix hit can be loaded now, and from where
+  (the worker's own tier first, else the hinted peer's region), from slot lookups already made.
+- `RequestTracker`: per request, the block identities, vLLM block ids and how far its newly computed blocks
+  were saved; `ConnectorMetadata` carries `LoadOp`s and `SaveOp`s for one engine step.
+- `BlockKey`: how vLLM's own KV events name a block (its hash, parent, tokens, extra keys, LoRA); it rides
+  in the ops that put a block in the own tier, so the tier's events use vLLM's names (`events.py`).
+Time enters as `now_ns`; nothing here touches shared memory, vLLM or torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kvmesh.index.hashing import sha256_block_ids
+
+PULL_KEY = "kvmesh_pull"
+OWN = ""  # LoadOp.source of the worker's own tier
+LEASE_MARGIN_NS = 50_000_000  # a lease ending within 50 ms is treated as expired: the copy would race it
+
+
+class SlotLike(Protocol):
+    """`kvmesh.kvplane.kvsync.tier.SlotRef`: a slot and the generation it had when it was located."""
+
+    @property
+    def slot(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class PullHint:
+    """A peer's region to pull from: its shm name, the digests it offers (None = any) and the end of the
+    lease its lessor holds on them (`time.monotonic_ns()`, the host-wide clock every region user shares)."""
+
+    shm_name: str
+    lease_until_ns: int
+    digests: frozenset[bytes] | None = None
+
+    def usable(self, now_ns: int) -> bool:
+        """Whether the lease still covers a copy started now."""
+        return self.lease_until_ns > now_ns + LEASE_MARGIN_NS
+
+    def offers(self, digest: bytes) -> bool:
+        return self.digests is None or digest in self.digests
+
+
+def parse_pull_hint(params: Mapping[str, Any] | None) -> PullHint | None:
+    """The hint in `kv_transfer_params`, or None when absent or malformed (a bad hint is a cache miss,
+    never an error: the request is computed as if there were none)."""
+    if not params:
+        return None
+    raw = params.get(PULL_KEY)
+    if not isinstance(raw, Mapping):
+        return None
+    name, until = raw.get("shm_name"), raw.get("lease_until_ns")
+    if not isinstance(name, str) or not name or not isinstance(until, int) or isinstance(until, bool):
+        return None
+    digests = raw.get("digests")
+    if digests is None:
+        return PullHint(name, until)
+    if not isinstance(digests, list | tuple):
+        return None
+    try:
+        parsed = frozenset(bytes.fromhex(d) if isinstance(d, str) else bytes(d) for d in digests)
+    except (ValueError, TypeError):
+        return None
+    return PullHint(name, until, parsed)
+
+
+@dataclass(frozen=True)
+class BlockSource:
+    """Where block `index` of a request's prompt is loaded from."""
+
+    index: int
+    source: str  # OWN or a peer's shm name
+    slot: int
+    generation: int
+
+
+def loadable_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks of a request's tokens that may be loaded: vLLM must compute at least the last token."""
+    return max(num_tokens - 1, 0) // block_size
+
+
+def plan_loads(
+    start: int,
+    own: Sequence[SlotLike | None],
+    peer: Sequence[SlotLike | None],
+    peer_name: str,
+) -> list[BlockSource]:
+    """The leading run of blocks `start, start+1, ...` held by the own tier (preferred) or the peer.
+
+    `own[i]` / `peer[i]` are the slot lookups of block `start + i` (a shorter `peer` means the peer offers
+    nothing further); the run stops at the first block neither holds.
+    """
+    out: list[BlockSource] = []
+    for i, ref in enumerate(own):
+        src = OWN
+        if ref is None:
+            ref = peer[i] if i < len(peer) else None
+            src = peer_name
+        if ref is None:
+            break
+        out.append(BlockSource(start + i, src, ref.slot, ref.generation))
+    return out
+
+
+@dataclass(frozen=True)
+class BlockKey:
+    """Block `index` of a request as vLLM's KV events name it: its hash and its parent's (vLLM's external
+    form, bytes or int), its token ids, its untagged `extra_keys` entry (LoRA name, cache salt, ...) and
+    its LoRA adapter (name, id)."""
+
+    block_hash: Any
+    parent_hash: Any
+    token_ids: tuple[int, ...]
+    extra_keys: tuple[Any, ...] | None = None
+    lora_name: str | None = None
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadOp:
+    """Copy the block `digest` (block `index` of the request) from `source` slot (`slot`, `generation`)
+    into vLLM block `block_id`; `key` names it in the tier's events when it is kept in the own tier."""
+
+    req_id: str
+    block_id: int
+    digest: bytes
+    source: str
+    slot: int
+    generation: int
+    index: int = -1
+    key: BlockKey | None = None
+
+
+@dataclass(frozen=True)
+class SaveOp:
+    """Store vLLM block `block_id` (just computed; block `index` of its request) in the own tier under
+    `digest`; `key` names it in the tier's events (None: no events)."""
+
+    block_id: int
+    digest: bytes
+    index: int = -1
+    key: BlockKey | None = None
+
+
+@dataclass
+class ConnectorMetadata:
+    """One step's work for the worker side (picklable: it may cross to a worker process)."""
+
+    loads: list[LoadOp] = field(default_factory=list)
+    saves: list[SaveOp] = field(default_factory=list)
+
+
+@dataclass
+class RequestTracker:
+    """What the scheduler side knows of one request: its tokens (a live view: it grows as the request
+    decodes) and identity salt, the identities of its full blocks so far, the vLLM block ids allocated to it,
+    the loads planned for it and the first block not yet saved."""
+
+    tokens: Sequence[int]
+    salt: bytes
+    block_size: int
+    digests: list[bytes] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    planned: list[BlockSource] = field(default_factory=list)
+    saved_upto: int = -1  # -1: not scheduled yet
+
+    def digests_upto(self, n: int) -> list[bytes]:
+        """The identities of the first `n` blocks, or of as many as are full of known tokens."""
+        bs = self.block_size
+        n = min(n, len(self.tokens) // bs)
+        if n > len(self.digests):
+            self.digests = sha256_block_ids(list(self.tokens[: n * bs]), bs, self.salt)
+        return self.digests[:n]
+
+    def loads(self, req_id: str) -> list[LoadOp]:
+        """The planned loads as ops on the allocated vLLM blocks (consumed: a plan is executed once)."""
+        ops = [
+            LoadOp(req_id, self.block_ids[s.index], self.digests[s.index], s.source, s.slot, s.generation, s.index)
+            for s in self.planned
+            if s.index < len(self.block_ids)
+        ]
+        self.planned = []
+        return ops
+
+    def step(self, num_computed: int, num_scheduled: int) -> list[SaveOp]:
+        """Saves for the full blocks (prompt or generated) whose KV this step completes.
+
+        `num_computed` is the tokens computed before the step (vLLM's prefix hit plus the loaded blocks on
+        the first step); blocks below it were computed elsewhere and are not saved again, except after a load
+        failure made vLLM recompute them (`num_computed` then drops below `saved_upto`). A block whose last
+        tokens are not known here yet (asynchronous scheduling) is saved by a later step.
+        """
+        first = num_computed // self.block_size
+        if self.saved_upto < 0 or first < self.saved_upto:
+            self.saved_upto = first
+        want = min((num_computed + num_scheduled) // self.block_size, len(self.block_ids))
+        done = len(self.digests_upto(want))
+        ops = [SaveOp(self.block_ids[i], self.digests[i], i) for i in range(self.saved_upto, done)]
+        self.saved_upto = max(self.saved_upto, done)
+        return ops

@@ -1,0 +1,102 @@
+"""One zone's planning step: history → forecast → desired workers → a scaling action (pure).
+
+The forecaster it trusts is the best of :func:`kvmesh.ops.planner.forecast.compare` on the last day of history,
+refitted every ``retrain_s`` once ``min_train_days`` + 1 days are recorded; before that, the moving average
+over the last ``average_window_s`` (an hour; no model can be judged without a held-out day, so the planner
+says ``moving_average``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvmesh.ops.planner.forecast import Comparison, Forecaster, LstmForecaster, MovingAverage, compare, forecaster_named
+from kvmesh.ops.planner.history import DAY_S, LoadHistory
+from kvmesh.ops.planner.sizing import ScaleAction, ScalerState, SizingPolicy, WorkerLife, plan_step
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """How a zone is planned."""
+
+    sizing: SizingPolicy
+    bucket_s: float = 300.0
+    horizon_buckets: int = 12
+    retrain_s: float = 6 * 3600.0
+    min_train_days: int = 2
+    lstm_epochs: int = 150
+    average_window_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one step decided, for actuators, metrics and logs."""
+
+    action: ScaleAction
+    desired: int
+    forecast_rps: float
+    forecaster: str
+
+
+@dataclass
+class ZonePlanner:
+    """The planner's state for one zone (history, scaler state and the trusted forecaster)."""
+
+    config: PlannerConfig
+    history: LoadHistory
+    state: ScalerState = field(default_factory=ScalerState)
+    comparison: Comparison | None = None
+    last_train_s: float = -math.inf
+    _forecaster: Forecaster | None = None
+
+    @classmethod
+    def create(cls, config: PlannerConfig) -> ZonePlanner:
+        return cls(config, LoadHistory(bucket_s=config.bucket_s))
+
+    @property
+    def buckets_per_day(self) -> int:
+        return max(int(DAY_S // self.config.bucket_s), 1)
+
+    @property
+    def hour_buckets(self) -> int:
+        return max(int(3600 // self.config.bucket_s), 1)
+
+    def forecaster(self) -> Forecaster:
+        window = max(int(self.config.average_window_s // self.config.bucket_s), 1)
+        return self._forecaster or MovingAverage(window)
+
+    def maybe_retrain(self, now_s: float) -> bool:
+        """Refits and re-judges the forecasters when due and a held-out day exists; True if it did."""
+        series = self.history.completed(now_s)
+        day = self.buckets_per_day
+        if series.size < (self.config.min_train_days + 1) * day or now_s - self.last_train_s < self.config.retrain_s:
+            return False
+        lstm = LstmForecaster(period=day, horizon=self.config.horizon_buckets, epochs=self.config.lstm_epochs)
+        self.comparison = compare(series, series.size - day, day, self.hour_buckets, lstm)
+        if self.comparison.chosen == "lstm":
+            lstm.fit(series, self.history.start_bucket)  # refit on everything, the held-out day included
+        self._forecaster = forecaster_named(self.comparison.chosen, day, self.hour_buckets, lstm)
+        self.last_train_s = now_s
+        return True
+
+    def step(
+        self,
+        now_s: float,
+        serving: Sequence[WorkerLife],
+        starting: int,
+        queued: int,
+        removable: Collection[str] | None = None,
+    ) -> Decision:
+        """Forecast the next ``horizon`` buckets, size the zone for the first ``lead_s`` of them, decide (see
+        :func:`plan_step`)."""
+        series = self.history.completed(now_s)
+        f = self.forecaster()
+        pred = f.predict(series, self.history.start_bucket, self.config.horizon_buckets) if series.size else np.zeros(0)
+        rps = self.config.sizing.sized_rate(pred, self.config.bucket_s)
+        desired = self.config.sizing.desired(rps)
+        action = plan_step(self.config.sizing, self.state, now_s, desired, serving, starting, queued, removable)
+        return Decision(action, desired, rps, f.name)

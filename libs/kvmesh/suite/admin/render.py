@@ -1,0 +1,222 @@
+"""Text views of the admin CLI's documents (`kvmesh.suite.admin.views`): pure functions of the data, so what an
+operator reads is unit-tested. Times are arguments (`now`, seconds since the epoch); nothing here reads a
+clock or a terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: a `kvmesh top` frame on a terminal
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns padded to their widest cell, numbers right-aligned, two spaces apart; no trailing spaces."""
+    cells = [[str(h) for h in headers], *[[_cell(v) for v in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(r[i]) for r in rows) and bool(rows) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric, strict=True)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _cell(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def ago(since: float, now: float) -> str:
+    """``42s``, ``7m``, ``3h``, ``2d`` since `since`; ``-`` when unknown (0)."""
+    if since <= 0:
+        return "-"
+    s = max(0.0, now - since)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit}"
+    return f"{int(s)}s"
+
+
+def workers(doc: Mapping[str, Any]) -> str:
+    head = (
+        f"router {doc['router']}  prefill weight {doc['prefill_weight']:.2f}  "
+        f"decode weight {doc['decode_weight']:.2f}  workers {len(doc['workers'])}"
+    )
+    rows = [
+        [
+            w["id"],
+            w["zone"],
+            w["state"],
+            w["circuit"],
+            w["running"],
+            w["waiting"],
+            f"{pct(w['kv_usage'])} {w['kv_blocks_used']}/{w['kv_blocks_total']}",
+            w["in_flight"],
+            w["selections_total"],
+            w["decode_latency_p95_ms"],
+            pct(w["prefix_hit_rate"]),
+        ]
+        for w in doc["workers"]
+    ]
+    headers = ["WORKER", "ZONE", "STATE", "CIRCUIT", "RUN", "WAIT", "KV USE", "IN-FLIGHT", "SELECTED"]
+    return head + "\n" + table([*headers, "P95 MS", "HIT"], rows)
+
+
+def weights(doc: Mapping[str, Any]) -> str:
+    rows = [["zone", k, v] for k, v in doc["zone_weights"].items()]
+    rows += [["version", k, v] for k, v in doc["version_weights"].items()]
+    if not rows:
+        return "no traffic weights set"
+    return table(["KIND", "NAME", "WEIGHT"], [[k, n, f"{w:.3f}"] for k, n, w in rows])
+
+
+def zones(doc: Mapping[str, Any], now: float) -> str:
+    head = f"failover {doc['failover']}  registry {'reachable' if doc['registry_reachable'] else 'UNREACHABLE'}"
+    rows = [
+        [
+            z["zone"],
+            _zone_state(z),
+            "-" if z["weight"] is None else f"{z['weight']:.3f}",
+            z["routers"],
+            z["cache_managers"],
+            z["workers"],
+            ago(z["since"], now),
+            z["reason"] or _pending(z) or "-",
+        ]
+        for z in doc["zones"]
+    ]
+    text = table(["ZONE", "STATE", "WEIGHT", "ROUTERS", "CACHE-MGRS", "WORKERS", "FOR", "REASON"], rows)
+    versions = ", ".join(f"{v} {w:.3f}" for v, w in doc["version_weights"].items()) or "-"
+    return f"{head}\n{text}\nversion weights: {versions}"
+
+
+def _zone_state(z: Mapping[str, Any]) -> str:
+    """healthy, UNHEALTHY, or re-warming (restored, held at the ramp floor until other zones re-warm it)."""
+    if not z["healthy"]:
+        return "UNHEALTHY"
+    return "re-warming" if z.get("rewarm_hold") else "healthy"
+
+
+def _pending(z: Mapping[str, Any]) -> str:
+    pending = z.get("rewarm_pending_from") or []
+    return f"re-warm pending from {', '.join(pending)}" if pending else ""
+
+
+def rollout(doc: Mapping[str, Any], now: float) -> str:
+    r = doc["rollout"]
+    if r is None:
+        return f"failover {doc['failover']}: no rollout was ever started"
+    head = (
+        f"rollout {r['old_version']} -> {r['new_version']}: {r['phase']}, new version at {pct(r['new_share'])} "
+        f"(at most {pct(r['max_new_share'])})"
+    )
+    checked = r["consistency"] > 0 or r["failed_checks"]  # a check always measures consistency or fails it
+    checks = (
+        "last check: none yet"
+        if not checked
+        else (
+            f"last check: consistency {r['consistency']:.4f}, latency {r['latency_regression']:+.1%}, "
+            f"memory {r['memory_diff']:+.1%}, failed: {', '.join(r['failed_checks']) or '-'}"
+        )
+    )
+    rows = [[ago(e["at"], now), e["kind"], e["message"]] for e in r["events"]]
+    standby = f"\nold version on standby for {ago(now, r['standby_until'])}" if r["standby_until"] > now else ""
+    return f"{head}\n{checks}{standby}\n" + table(["AGO", "EVENT", "MESSAGE"], rows)
+
+
+def index(doc: Mapping[str, Any]) -> str:
+    p = doc["warming_policy"]
+    lines = [
+        f"cache-manager {doc['cache_manager']}  model {doc['model'] or '-'}  block size {doc['block_size']}",
+        table(
+            ["WORKERS", "BLOCKS", "PAIRS", "HIT RATIO", "BATCHES", "GAPS", "RESYNCS", "WARMINGS"],
+            [
+                [
+                    doc["workers"],
+                    doc["blocks"],
+                    doc["pairs"],
+                    pct(doc["hit_ratio"]),
+                    doc["batches_total"],
+                    doc["gaps_total"],
+                    doc["resyncs_total"],
+                    doc["warming_actions_total"],
+                ]
+            ],
+        ),
+        f"warming: hot at {p['hot_threshold']} hits in {p['window_s']:g}s, up to {p['max_replicas']} replicas, "
+        f"{p['capacity']} prefixes kept warm, LFU weight {p['lfu_weight']:.2f}",
+    ]
+    top = doc["top_prefixes"]
+    if top:
+        rows = [[t["key"], t["blocks"], t["tokens"], t["window_count"], t["total"], t["tenant"] or "-"] for t in top]
+        lines.append(f"top {len(top)} prefixes in the last {p['window_s']:g}s:")
+        lines.append(table(["PREFIX", "BLOCKS", "TOKENS", "IN WINDOW", "TOTAL", "TENANT"], rows))
+    else:
+        lines.append(f"no prefix queried in the last {p['window_s']:g}s")
+    followed = doc.get("followed_zones") or []
+    if followed:
+        rows = [
+            [
+                z["zone"],
+                z["address"],
+                "yes" if z["connected"] else "no",
+                z["revision"],
+                f"{z['lag_s'] * 1e3:.1f}",
+                z["blocks"],
+                z["snapshots"],
+                z["resumes"],
+            ]
+            for z in followed
+        ]
+        lines.append(f"zones followed by zone {doc['zone'] or '-'}:")
+        head = ["ZONE", "ADDRESS", "CONNECTED", "REVISION", "LAG MS", "BLOCKS", "SNAPSHOTS", "RESUMES"]
+        lines.append(table(head, rows))
+    return "\n".join(lines)
+
+
+def _part(frame: Mapping[str, Any], key: str) -> Mapping[str, Any] | str | None:
+    """A frame's part, or its error text, or None when the part was not asked for."""
+    part = frame.get(key)
+    if isinstance(part, Mapping) and "error" in part:
+        return f"{key}: {part['error']}"
+    return part
+
+
+def top_frame(frame: Mapping[str, Any], number: int, of: int | None) -> str:
+    """One `kvmesh top` frame: the header, the workers table, the zones and the index summary; a part that
+    failed shows its error in its place (the view goes on)."""
+    now = float(frame["time"])
+    stamp = time.strftime("%H:%M:%S", time.gmtime(now))
+    out = [f"kvmesh top  {stamp} UTC  frame {number}" + (f"/{of}" if of else "")]
+    w = _part(frame, "workers")
+    out.append(w if isinstance(w, str) else workers(w) if w else "workers: no router")
+    z = _part(frame, "zones")
+    if isinstance(z, str):
+        out.append(z)
+    elif z:
+        out.append(zones(z, now))
+    i = _part(frame, "index")
+    if isinstance(i, str):
+        out.append(i)
+    elif i:
+        out.append(
+            f"index: {i['workers']} workers, {i['blocks']} blocks, {i['pairs']} pairs, hit ratio "
+            f"{pct(i['hit_ratio'])}, {i['gaps_total']} gaps, {i['resyncs_total']} resyncs"
+        )
+    return "\n".join(out) + "\n"

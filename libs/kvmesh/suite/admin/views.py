@@ -1,0 +1,166 @@
+"""The admin CLI's data: replies of the admin RPCs as plain JSON-able dicts (the `--json` documents' parts).
+
+One function per reply, pure (no I/O): every field the operator reads, with its proto name, enum values as
+lower-case words (``passing``, ``half_open``), so that the text views (`kvmesh.suite.admin.render`) and the
+JSON output show the same thing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, router_pb2
+
+
+def _health(value: common_pb2.HealthState.ValueType) -> str:
+    return common_pb2.HealthState.Name(value).removeprefix("HEALTH_STATE_").lower()
+
+
+def worker(st: router_pb2.WorkerStatus) -> dict[str, Any]:
+    """One worker as a router sees it; `state` is ``draining`` while drained, else its health."""
+    load = st.load
+    return {
+        "id": st.endpoint.id,
+        "address": st.endpoint.address,
+        "zone": st.endpoint.zone,
+        "version": st.endpoint.version,
+        "health": _health(st.endpoint.health),
+        "state": "draining" if st.draining else _health(st.endpoint.health),
+        "circuit": st.circuit,
+        "draining": st.draining,
+        "in_flight": st.in_flight,
+        "selections_total": st.selections_total,
+        "running": load.running,
+        "waiting": load.waiting,
+        "max_queue": load.max_queue,
+        "kv_usage": load.kv_usage,
+        "kv_blocks_used": load.kv_blocks_used,
+        "kv_blocks_total": load.kv_blocks_total,
+        "prefill_tokens_queued": load.prefill_tokens_queued,
+        "decode_tokens_active": load.decode_tokens_active,
+        "decode_latency_p95_ms": load.decode_latency_p95_ms,
+        "prefix_hit_rate": load.prefix_hit_rate,
+        "error_rate": load.error_rate,
+    }
+
+
+def workers(reply: router_pb2.ListWorkersResponse, router: str) -> dict[str, Any]:
+    return {
+        "router": router,
+        "prefill_weight": reply.prefill_weight,
+        "decode_weight": reply.decode_weight,
+        "workers": [worker(w) for w in reply.workers],
+    }
+
+
+def traffic_weights(w: failover_pb2.TrafficWeights) -> dict[str, dict[str, float]]:
+    return {
+        "zone_weights": dict(sorted(w.zone_weights.items())),
+        "version_weights": dict(sorted(w.version_weights.items())),
+    }
+
+
+def zones(
+    health: failover_pb2.GetZoneHealthResponse, weights: failover_pb2.TrafficWeights, failover: str
+) -> dict[str, Any]:
+    """Zone health joined with the zone weights in force (`weight` None for a zone the weights do not name)."""
+    zw = dict(weights.zone_weights)
+    return {
+        "failover": failover,
+        "registry_reachable": health.registry_reachable,
+        "zones": [
+            {
+                "zone": z.zone,
+                "healthy": z.healthy,
+                "reason": z.reason,
+                "weight": zw.get(z.zone),
+                "routers": z.routers,
+                "cache_managers": z.cache_managers,
+                "workers": z.workers,
+                "since": z.since,
+                "rewarm_hold": z.rewarm_hold,
+                "rewarm_pending_from": list(z.rewarm_pending_from),
+            }
+            for z in health.zones
+        ],
+        **traffic_weights(weights),
+    }
+
+
+def warming_policy(p: cache_manager_pb2.WarmingPolicy) -> dict[str, Any]:
+    return {
+        "hot_threshold": p.hot_threshold,
+        "window_s": p.window_s,
+        "max_replicas": p.max_replicas,
+        "capacity": p.capacity,
+        "lfu_weight": p.lfu_weight,
+    }
+
+
+def index(
+    stats: cache_manager_pb2.GetStatsResponse, policy: cache_manager_pb2.WarmingPolicy, cache_manager: str
+) -> dict[str, Any]:
+    """The cache-manager's statistics, its most-queried prefixes (as many as asked for), its warming policy and
+    the zones whose indexes it follows."""
+    return {
+        "cache_manager": cache_manager,
+        "workers": stats.workers,
+        "blocks": stats.blocks,
+        "pairs": stats.pairs,
+        "batches_total": stats.batches_total,
+        "gaps_total": stats.gaps_total,
+        "resyncs_total": stats.resyncs_total,
+        "hit_ratio": stats.hit_ratio,
+        "warming_actions_total": stats.warming_actions_total,
+        "block_size": stats.block_size,
+        "model": stats.model,
+        "warming_policy": warming_policy(policy),
+        "top_prefixes": [
+            {
+                "key": f"{p.key:016x}",
+                "blocks": p.blocks,
+                "tokens": p.blocks * stats.block_size,
+                "window_count": p.window_count,
+                "total": p.total,
+                "last_seen": p.last_seen,
+                "tenant": p.tenant,
+            }
+            for p in stats.top_prefixes
+        ],
+        "zone": stats.zone,
+        "followed_zones": [
+            {
+                "zone": z.zone,
+                "address": z.address,
+                "connected": z.connected,
+                "revision": z.revision,
+                "lag_s": z.lag_s,
+                "blocks": z.blocks,
+                "snapshots": z.snapshots,
+                "resumes": z.resumes,
+            }
+            for z in stats.followed_zones
+        ],
+    }
+
+
+def rollout(reply: failover_pb2.Rollout | None, failover: str) -> dict[str, Any]:
+    """The current or last rollout (``rollout`` None when none was ever started); phase as a lower-case word."""
+    if reply is None:
+        return {"failover": failover, "rollout": None}
+    return {
+        "failover": failover,
+        "rollout": {
+            "new_version": reply.new_version,
+            "old_version": reply.old_version,
+            "phase": failover_pb2.RolloutPhase.Name(reply.phase).removeprefix("ROLLOUT_PHASE_").lower(),
+            "new_share": reply.new_share,
+            "max_new_share": reply.max_new_share,
+            "standby_until": reply.standby_until,
+            "failed_checks": list(reply.failed_checks),
+            "consistency": reply.consistency,
+            "latency_regression": reply.latency_regression,
+            "memory_diff": reply.memory_diff,
+            "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in reply.events],
+        },
+    }

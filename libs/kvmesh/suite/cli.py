@@ -1,0 +1,368 @@
+"""`kvmesh`: the umbrella command.
+
+    kvmesh up [--config FILE] [--set K=V] [--ports auto] [--workers N] [--engine sim|vllm] [--detach] ...
+                                                                       start the whole suite locally
+    kvmesh status                                                      health of every service of the suite
+    kvmesh demo [--prompt TEXT]                                        one real request through the router
+    kvmesh down                                                        stop a detached suite
+    kvmesh certs DIR [--zone Z] [--workers N]                          a development CA and certificates
+    kvmesh bench <index|worker|router|fleet|failover> ...              benchmarks (python -m kvmesh.bench)
+
+`up` starts each service as its own process with embedded defaults: a static registry file instead of Consul
+(the failover service probes its instances' gRPC health: a killed service leaves the endpoint sets in seconds),
+file checkpoints instead of Redis (unless --redis), simulated workers unless --engine vllm (real vLLM on the
+CPU with the tiny local model). State lives in `$KVMESH_HOME/run` (default `./var/run`). Its ports, zones
+and the rest: `kvmesh up --help` and `kvmesh.suite.config` (the router's OpenAI API is on port 8000).
+
+`up` is least-privilege by default: it provisions an identity per service (a random bearer token in
+`run/auth/`, mode 0600, readable by this user only) and starts every service with the authorisation table
+enforced, so an anonymous caller reaches only the router's client API, the endpoint watch and health.
+`run/auth/admin-operator.token` is the operator's admin token. `--tls` also makes a development CA
+(`run/pki/`, as `kvmesh certs` does) and runs every connection over mTLS, identities from the certificates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvmesh.core.errors import FailedPrecondition
+from kvmesh.rpc.tls import channel_credentials
+from kvmesh.security.certs import make_dev_pki
+from kvmesh.suite import admin as admin_cli
+from kvmesh.suite import config as suite_config
+from kvmesh.suite import local as suite
+from kvmesh.suite import observe
+from kvmesh.suite.local import run_dir, state_path, suite_identities
+
+_Raw = argparse.RawDescriptionHelpFormatter
+UP_HELP = """Start the whole suite locally: per zone a cache-manager, workers, a router and a failover service.
+
+Ports (fixed by default; zone k adds 100 k, worker i adds i; --ports auto: every one picks a free port):
+  service         gRPC    HTTP                                  key of --config / --set
+  router          50051   8000 (OpenAI API, /metrics)           router.grpcPort, router.httpPort
+  cache-manager   50052   51052 (/metrics)                      cacheManager.grpcPort, .httpPort
+  failover        50053   51053 (/metrics)                      failover.grpcPort, .httpPort
+  worker i        50060+i 51060+i (/metrics, OpenAI API)        worker.grpcPort, .httpPort
+  worker i kv-sync 52060+i                                      worker.kvSyncPort
+  redis-server    50050   (with --redis)                        redis.port
+A port in use stops `up` before anything starts, naming the port and the flag that moves it.
+
+--config FILE: the suite in one YAML file, in the Helm values' shape (docs/examples/); --set KEY=VALUE
+changes one of its keys; the named flags win over both."""
+
+
+def _credentials(auth: dict[str, Any] | None, name: str) -> grpc.ChannelCredentials | None:
+    """mTLS credentials of `name` (admin or client) from a suite's auth state; None for a plaintext suite."""
+    tls = (auth or {}).get("tls")
+    if not tls:
+        return None
+    cert, key = tls[name]
+    return channel_credentials(tls["ca"], cert, key)
+
+
+def _suite_channel(address: str, auth: dict[str, Any] | None, name: str) -> grpc.Channel:
+    creds = _credentials(auth, name)
+    return grpc.secure_channel(address, creds) if creds else grpc.insecure_channel(address)
+
+
+def up(args: argparse.Namespace) -> int:
+    try:
+        settings = suite_config.load(args.config, args.set, _flag_overrides(args))
+    except suite_config.ConfigError as err:
+        where = f"{args.config}: " if args.config else ""
+        print(f"kvmesh up: {where}{err}", file=sys.stderr)
+        return 2
+    rd = run_dir()
+    if state_path().exists() and _alive(json.loads(state_path().read_text())):
+        print(f"a suite is already running (state in {state_path()}); `kvmesh down` first", file=sys.stderr)
+        return 1
+    if args.observe:
+        try:
+            observe.check_port(args.prometheus_port)
+        except FailedPrecondition as err:
+            print(f"kvmesh up: nothing started: --observe: {err}", file=sys.stderr)
+            return 1
+    rd.mkdir(parents=True, exist_ok=True)
+    try:
+        started = suite.start(settings, rd)
+    except suite.PortsInUse as err:
+        print(f"kvmesh up: nothing started:\n{err}", file=sys.stderr)
+        return 1
+    except (RuntimeError, TimeoutError) as err:  # a service that did not start: the others were stopped
+        print(f"kvmesh up: {err}\nkvmesh up: every service it had started was stopped", file=sys.stderr)
+        return 1
+    auth = started.auth
+    state: dict[str, Any] = {
+        "services": [
+            {
+                "name": p.name,
+                "id": p.info["id"],
+                "pid": p.proc.pid,
+                "grpc": p.address,
+                "http_port": p.info["http_port"],
+                "zone": p.info.get("zone", ""),
+                "log": str(p.log_path),
+            }
+            | ({"processes": p.info["processes"]} if "processes" in p.info else {})
+            for p in started.services
+        ],
+        "redis_pid": started.redis.pid if started.redis else None,
+        "auth": auth.state(),
+    }
+    prom: observe.Prometheus | None = None
+    if args.observe:  # a real Prometheus scraping the suite, deploy/'s alert rules loaded (kvmesh.suite.observe)
+        try:
+            prom = observe.start(rd / "prometheus", state, port=args.prometheus_port)
+            state["prometheus"] = vars(prom)
+        except FailedPrecondition as err:
+            print(f"--observe: {err}", file=sys.stderr)
+            _stop_state(state)
+            return 1
+    state_path().write_text(json.dumps(state, indent=1))
+    _print_endpoints(state)
+    if prom is not None:
+        print(f"  prometheus     {prom.url}  (config {prom.config})")
+    admin_token = auth.state()["tokens"]["admin"]
+    print(f"  admin token    {admin_token}" + ("  (mTLS: certificates in run/pki)" if settings.tls.enabled else ""))
+    for z in settings.zones:
+        http = next(x["http_port"] for x in state["services"] if x["name"] == "router" and x["zone"] == z.name)
+        print(f"  OpenAI API     http://127.0.0.1:{http}/v1  (zone {z.name})")
+    if args.detach:
+        print("suite running in the background; `kvmesh status`, `kvmesh demo`, `kvmesh down`")
+        return 0
+    # Handlers, not a signal mask: gRPC's threads would take a process-directed signal that only the main
+    # thread blocks. Installed before announcing Ctrl-C, so a signal right after the line is never lost.
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print("press Ctrl-C to stop", flush=True)
+    procs = started.services
+    while not stop.is_set() and all(p.proc.poll() is None for p in procs):
+        stop.wait(1.0)  # the timeout only serves to notice a dead service
+    dead = [p.info.get("id", p.name) for p in procs if p.proc.poll() is not None]
+    if dead:
+        print(f"stopping: {', '.join(dead)} exited", file=sys.stderr)
+    return _stop_state(state)
+
+
+def _print_endpoints(state: dict[str, Any]) -> None:
+    for s in state["services"]:
+        print(f"  {s['name']:<14} {s['id']:<28} grpc {s['grpc']:<17} http 127.0.0.1:{s['http_port']}")
+
+
+def _alive(state: dict[str, Any]) -> bool:
+    for s in state.get("services", []):
+        try:
+            os.kill(int(s["pid"]), 0)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _stop_state(state: dict[str, Any]) -> int:
+    """SIGTERM every service in reverse start order and wait for each (bounded), then SIGKILL stragglers."""
+    worst = 0
+    if state.get("prometheus"):
+        observe.stop(int(state["prometheus"]["pid"]))
+    pids = [int(s["pid"]) for s in reversed(state["services"])]
+    if state.get("redis_pid"):
+        pids.append(int(state["redis_pid"]))
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child (detached suite): poll for existence
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+                continue
+            if done:
+                worst = max(worst, os.waitstatus_to_exitcode(status))
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            worst = max(worst, 1)
+    state_path().unlink(missing_ok=True)
+    print("suite stopped" + ("" if worst == 0 else f" (a service exited with {worst})"))
+    return 0 if worst == 0 else 1
+
+
+def status(_args: argparse.Namespace) -> int:
+    if not state_path().exists():
+        print("no suite is running (kvmesh up)")
+        return 1
+    state = json.loads(state_path().read_text())
+    ok = True
+    for s in state["services"]:
+        try:
+            with _suite_channel(s["grpc"], state.get("auth"), "admin") as ch:
+                reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+            text = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.RpcError as err:
+            text = f"UNREACHABLE ({err.code().name})"
+        ok &= text == "SERVING"
+        print(f"  {s['name']:<14} {s['id']:<28} {s['grpc']:<22} {text}")
+    return 0 if ok else 1
+
+
+def down(_args: argparse.Namespace) -> int:
+    if not state_path().exists():
+        print("no suite is running")
+        return 0
+    return _stop_state(json.loads(state_path().read_text()))
+
+
+def demo(args: argparse.Namespace) -> int:
+    from kvmesh.v1 import router_pb2, router_pb2_grpc
+
+    if not state_path().exists():
+        print("no suite is running (kvmesh up --detach)", file=sys.stderr)
+        return 1
+    state = json.loads(state_path().read_text())
+    router = next(s for s in state["services"] if s["name"] == "router")
+    req = router_pb2.RouterServiceGenerateRequest(text=args.prompt, session_id="demo")
+    req.sampling.max_tokens = args.max_tokens
+    started = time.perf_counter()
+    first: float | None = None
+    pieces: list[str] = []
+    final = None
+    with _suite_channel(router["grpc"], state.get("auth"), "client") as ch:
+        for msg in router_pb2_grpc.RouterServiceStub(ch).Generate(req, timeout=120):
+            first = first if first is not None else time.perf_counter()
+            pieces.append(msg.text)
+            final = msg
+    assert final is not None
+    print(f"prompt: {args.prompt!r}")
+    print(f"completion ({final.worker_id}): {''.join(pieces)!r}")
+    print(
+        f"usage: prompt={final.usage.prompt_tokens} cached={final.usage.cached_tokens} "
+        f"completion={final.usage.completion_tokens}; ttft {1000 * ((first or started) - started):.1f} ms, "
+        f"total {1000 * (time.perf_counter() - started):.1f} ms"
+    )
+    return 0
+
+
+def certs(args: argparse.Namespace) -> int:
+    """`kvmesh certs DIR`: the CA and one pair per identity `kvmesh up` would use (docs/security.md)."""
+    hosts = ("localhost", "127.0.0.1", *args.host)
+    pki = make_dev_pki(args.directory, list(suite_identities(args.zone, args.workers).values()), hosts)
+    print(f"CA: {pki.ca} (key {pki.ca.with_suffix('.key')}, mode 0600)")
+    for ident, pair in pki.pairs.items():
+        print(f"  {ident.spiffe_id:<44} {pair.cert}  {pair.key}")
+    return 0
+
+
+# `kvmesh up`'s flags that name one setting of kvmesh.suite.config (flag dest -> key path); None = not given
+UP_FLAGS = {
+    "workers": "worker.replicas",
+    "engine": "worker.engine",
+    "model": "model.path",
+    "block_size": "model.blockSize",
+    "salt_model": "model.salt",
+    "zone": "zone",
+    "redis": "redis.enabled",
+    "tls": "tls.enabled",
+    "log_level": "logLevel",
+    "http_port": "router.httpPort",
+    "grpc_port": "router.grpcPort",
+}
+
+
+def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = {key: getattr(args, dest) for dest, key in UP_FLAGS.items()}
+    out["ports.auto"] = None if args.ports is None else args.ports == "auto"
+    return out
+
+
+def add_up_parser(sub: Any) -> argparse.ArgumentParser:
+    """`kvmesh up`: every flag defaults to None (not given), so that the config file's value stands."""
+    p = sub.add_parser("up", help="start the whole suite locally", description=UP_HELP, formatter_class=_Raw)
+    p.add_argument("--config", type=Path, help="the suite in one YAML file (docs/examples/, Helm values' shape)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one setting of the file, e.g. --set zones[1].worker.replicas=3 (a YAML value); flags below win over it",
+    )
+    p.add_argument(
+        "--ports",
+        choices=("fixed", "auto"),
+        help="fixed: the documented ports (default); "
+        "auto: every service picks a free port (suites side by side, tests)",
+    )
+    p.add_argument("--http-port", type=int, help="the router's OpenAI HTTP port (default 8000; zone k: + 100 k)")
+    p.add_argument("--grpc-port", type=int, help="the router's gRPC port (default 50051; zone k: + 100 k)")
+    p.add_argument("--workers", type=int, help="workers per zone (default 2)")
+    p.add_argument("--engine", choices=("sim", "vllm"), help="worker engine (default sim)")
+    p.add_argument("--model", help="model folder (default: the tiny local model)")
+    p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")
+    p.add_argument(
+        "--salt-model",
+        help="model string of the KV index hash salt, given to the cache-manager "
+        "(--model) and the router (--salt-model) alike (default '')",
+    )
+    p.add_argument("--zone", help="name of the one zone (default local)")
+    p.add_argument("--redis", action="store_const", const=True, help="checkpoints in a local redis-server")
+    p.add_argument("--tls", action="store_const", const=True, help="mTLS everywhere, identities from a dev CA")
+    p.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument("--detach", action="store_true", help="leave the suite running and return")
+    p.add_argument("--observe", action="store_true", help="also start a local Prometheus scraping the suite")
+    p.add_argument("--prometheus-port", type=int, default=observe.DEFAULT_PORT, help="--observe's Prometheus")
+    p.set_defaults(func=up)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # the benchmarks are a tool, not part of the suite: run as their own program, never imported here
+        os.execv(sys.executable, [sys.executable, "-m", "kvmesh.bench", *argv[1:]])
+    parser = argparse.ArgumentParser(prog="kvmesh", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_up_parser(sub)
+    sub.add_parser("status", help="health of the running suite").set_defaults(func=status)
+    sub.add_parser("down", help="stop a detached suite").set_defaults(func=down)
+    p_demo = sub.add_parser("demo", help="send one real request through the router")
+    p_demo.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog. Tell me a story")
+    p_demo.add_argument("--max-tokens", type=int, default=24)
+    p_demo.set_defaults(func=demo)
+    p_certs = sub.add_parser("certs", help="a development CA and a certificate per service and role")
+    p_certs.add_argument("directory", type=Path)
+    p_certs.add_argument("--zone", default="local")
+    p_certs.add_argument("--workers", type=int, default=2)
+    p_certs.add_argument("--host", action="append", default=[], help="extra DNS name / IP of the servers")
+    p_certs.set_defaults(func=certs)
+    sub.add_parser("bench", help="benchmarks: kvmesh bench <index|worker|router|fleet|failover> ...")
+    admin_cli.register(sub)  # workers, rebalance, drain, undrain, zones, weights, index, top
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Service processes: check ports are free, start (on given ports, or 0: a free one), wait for readiness
+(ready file + gRPC health), stop.
+
+Used by `kvmesh up` and by the tests.
+
+Readiness is event-driven: the service writes its ready file only once it serves, and we then confirm with
+a `grpc.health.v1` check. Every wait is bounded by a deadline; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvmesh.core.cpus import core_shares
+from kvmesh.suite.shm_leftovers import mapped_by_group, unlink_unmapped
+
+SERVICES = {
+    "router": "kvmesh.services.router",
+    "worker": "kvmesh.services.worker",
+    "cache-manager": "kvmesh.services.cache_manager",
+    "failover": "kvmesh.services.failover",
+    "planner": "kvmesh.services.planner",
+}
+
+
+@dataclass
+class ServiceProcess:
+    """A started service process and where it listens."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready_file: Path
+    log_path: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["grpc"])
+
+    @property
+    def http_port(self) -> int:
+        return int(self.info["http_port"])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills after `timeout`). Leftover children (e.g. vLLM's
+        engine-core process) are killed with the process group."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            self._kill_group()
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) of the service and every process of its group (it runs in its own session), as a
+        machine or container dying would: no orphaned engine process survives it."""
+        self._kill_group()
+        self.proc.wait(timeout=10)
+
+    def _kill_group(self) -> None:
+        """SIGKILL the group, then remove the shared memory it leaves that nothing maps any more."""
+        segments = mapped_by_group(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if segments:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)  # the leader's mappings end with it (the rest die with the signal)
+            unlink_unmapped(segments)
+
+
+def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:
+    """The environment of each of `n` vLLM workers started on this host: each engine pinned to its own cores,
+    or (`pinned=False`) unpinned with an equal share of the cores as its thread count, so that the OS
+    scheduler shares every core fairly between the engines and whatever else runs on the host."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if pinned:  # the engine's OpenMP threads, and the whole worker process (`kvmesh.core.cpus`)
+        return [{"VLLM_CPU_OMP_THREADS_BIND": c, "KVMESH_WORKER_CPU_AFFINITY": c} for c in core_shares(cpus, n)]
+    threads = str(max(1, len(cpus) // max(n, 1)))
+    return [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": threads}] * n
+
+
+_STARTS = itertools.count()  # with the clock, a unique ready-file name when threads start services together
+
+
+def start_service(
+    name: str,
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+    wait_healthy: bool = True,
+    port: int = 0,
+    http_port: int = 0,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> ServiceProcess:
+    """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves (its
+    health checked over TLS with `credentials` when given)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ready = tmp / f"{name}-{time.monotonic_ns()}-{next(_STARTS)}.ready.json"
+    log_path = ready.with_suffix(".log")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [
+        sys.executable,
+        "-m",
+        SERVICES[name],
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--ready-file",
+        str(ready),
+        *args,
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    sp = ServiceProcess(name, proc, ready, log_path)
+    wait_ready(sp, timeout)
+    if wait_healthy:
+        wait_serving(sp.address, timeout, credentials=credentials)
+    return sp
+
+
+def wait_ready(sp: ServiceProcess, timeout: float) -> None:
+    """Waits for the ready file (inotify-free: a bounded poll of the file system, not of the service's state)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sp.proc.poll() is not None:
+            raise RuntimeError(f"{sp.name} exited with {sp.proc.returncode}:\n{sp.log()[-4000:]}")
+        if sp.ready_file.exists():
+            sp.info = json.loads(sp.ready_file.read_text())
+            return
+        time.sleep(0.02)
+    sp.kill()
+    raise TimeoutError(f"{sp.name} not ready within {timeout}s:\n{sp.log()[-4000:]}")
+
+
+def wait_serving(
+    address: str, timeout: float, service: str = "", credentials: grpc.ChannelCredentials | None = None
+) -> None:
+    """Blocks until grpc.health.v1 reports SERVING (wait_for_ready, bounded by `timeout`)."""
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    with channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout, wait_for_ready=True)
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            raise RuntimeError(f"{address} is {reply.status}")
+
+
+def ports_in_use(ports: Sequence[int], host: str = "127.0.0.1") -> list[int]:
+    """Those of `ports` that a listening socket holds on `host` already (a bind test, SO_REUSEADDR so that
+    TIME_WAIT leftovers do not count: the services' own servers bind the same way)."""
+    busy = []
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process: never the same one twice
+_FREE_PORT_SPAN = 16384  # how far below the ephemeral range free_port looks
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The ports the kernel gives sockets bound to port 0 (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(x) for x in Path(path).read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1", consecutive: int = 1) -> int:
+    """A port free on `host` now, for a process that cannot pick its own (redis-server, a ZMQ endpoint, a
+    third-party router), or the first of `consecutive` free ports in a row (a service given a first port
+    and taking the next ones: `--processes N --process-http-port P`). It comes from below the kernel's
+    ephemeral range: a port picked from inside it could be taken by any socket bound to port 0 (every kvmesh
+    service started with port 0) before its process binds it, which made runs fail with "Address already in
+    use"."""
+    low, _ = ephemeral_range()
+    first = max(1024, low - _FREE_PORT_SPAN)
+    start = random.randrange(first, low - consecutive + 1) if low - consecutive + 1 > first else first
+    for port in [*range(start, low - consecutive + 1), *range(first, start)]:
+        run = range(port, port + consecutive)
+        if any(p in _HANDED_OUT for p in run) or not all(_bindable(host, p) for p in run):
+            continue
+        _HANDED_OUT.update(run)
+        return port
+    if consecutive > 1:
+        raise OSError(f"no {consecutive} consecutive free ports below {low} on {host}")
+    with socket.socket() as s:  # nothing free below the range: the kernel's pick, as before
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

