@@ -1,4 +1,4 @@
-"""The length-aware batching window in the fleet simulator against no window (issue 18).
+"""The length-aware batching window in the fleet simulator against no window (the batching-window study).
 
     python scripts/batching_eval.py --trace /work/shared/traces/mooncake_conversation_trace.jsonl \\
         --window 0:900 --scale 0.241 --windows off,50/100,100/200,200/200

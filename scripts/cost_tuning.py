@@ -71,7 +71,7 @@ WORKLOADS: dict[str, tuple[str, Callable[[], Trace]]] = {
 
 # name -> cost-scorer params over the default profile's (alpha = prefill/(prefill+decode))
 CANDIDATES: dict[str, dict[str, float]] = {
-    "a0.9-g10-k8-e0.25": {"interference_floor": 0},  # the default before this study (issue 6)
+    "a0.9-g10-k8-e0.25": {"interference_floor": 0},  # the default before this study (the fleet evaluation)
     "a0.9-g10-k8-e0": {"interference_weight": 0.0},
     "a0.9-g20-k8-e0": {"interference_weight": 0.0, "itl_weight": 20},
     "a0.8-g20-k8-e0": {"interference_weight": 0.0, "itl_weight": 20, "prefill_weight": 0.8, "decode_weight": 0.2},

@@ -51,6 +51,7 @@ def make_policy(s: FailoverSettings) -> FailoverPolicy:
         min_dwell_s=s.min_dwell_s,
         ramp_s=s.ramp_s,
         rewarm_timeout_s=s.rewarm_timeout_s,
+        start_grace_s=s.start_grace_s,
     )
     if s.zone_weights:
         zw, default = parse_weights("zone_weights", s.zone_weights), 0.0

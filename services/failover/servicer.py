@@ -11,6 +11,7 @@ from kvmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, Pe
 from kvmesh.discovery.model import Health, Role, ServiceInstance
 from kvmesh.discovery.registry import CheckSpec, Registry
 from kvmesh.discovery.traffic import normalise_weights
+from kvmesh.discovery.zones import zone_reason
 from kvmesh.ops.rollout.schedule import Phase, Rollout
 from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import in_range, non_empty
@@ -238,13 +239,14 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             failover_pb2.ZoneHealth(
                 zone=z,
                 healthy=d.states[z].healthy,
-                reason="; ".join(v.reasons),
+                reason=zone_reason(d.states[z], v),
                 routers=len(v.routers),
                 cache_managers=len(v.cache_managers),
                 workers=len(v.workers),
                 since=d.states[z].since,
                 rewarm_hold=d.states[z].rewarm_hold,
                 rewarm_pending_from=list(v.rewarm_from),
+                starting=d.states[z].starting,
             )
             for z, v in sorted(d.views.items())
         ]

@@ -25,6 +25,9 @@ class FailoverSettings(ServerSettings):
     rewarm_timeout_s: float = setting(
         60.0, "longest a restored zone is held at the ramp floor while other zones re-warm it (0: no hold)"
     )
+    start_grace_s: float = setting(
+        600.0, "longest a zone not yet healthy since this service started is shown as starting, not unhealthy"
+    )
     watch_wait_s: float = setting(5.0, "blocking-query wait of registry watches")
     registry_timeout_s: float = setting(2.0, "timeout of one registry request (beyond the blocking wait)")
     advertise_host: str = setting("", "host others use to reach this instance (default: --host)")

@@ -15,11 +15,13 @@ from kvmesh.security.client_keys import ClientKey, ClientKeys
 from kvmesh.security.identity import CallerRole, Identity, current_identity, identity_var
 from kvmesh.security.signing import SignedRequest
 from kvmesh.services.router.auth import RateLimiter
-from kvmesh.services.router.core import Chunk, RouterCore, RouterRequest
+from kvmesh.services.router.core import Chunk, RouterCore
 from kvmesh.services.router.guarded import OutputGuard
-from kvmesh.services.router.limits import check_chat_size, check_text_size, check_token_ids
+from kvmesh.services.router.limits import CoreLimits, check_chat_size, check_text_size
+from kvmesh.services.router.request import RouterRequest
 from kvmesh.services.router.tokenize import RouterTokenizer
 from kvmesh.v1 import common_pb2, router_pb2
+from kvmesh.wire.token_ids import TokenIdArray
 
 _INLINE_CHARS = 4096  # shorter texts are tokenised inline (a thread hop costs more than encoding them)
 
@@ -51,7 +53,7 @@ class Frontend:
         chunks = self.core.generate(req)
         if self.guard.rules is None:
             return chunks
-        return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt.ids))
+        return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt))
 
     def caller_key(self, presented: str | None) -> ClientKey | None:
         """The API key presented (`ClientKeys.lookup`); None when the service skeleton already authenticated the
@@ -118,36 +120,38 @@ class Frontend:
             raise NotFound(f"unknown model {model!r}: serving {serving}")
         return model
 
-    async def tokenize_text(self, text: str, tenant: str) -> common_pb2.TokenIds:
+    async def tokenize_text(self, text: str, tenant: str) -> TokenIdArray:
         """Token ids of `text` (InvalidArgument, before any work, when it is longer than any prompt within the
-        token limit can be), a new message the caller owns; a text `tenant` had tokenised before comes from the
-        cache, long texts are encoded on a worker thread (HF tokenizers releases the GIL), so the event loop
-        keeps serving and several long prompts tokenise in parallel."""
-        check_text_size(text, self.core.limits.max_prompt_chars, "prompt")
+        token limit can be), with their wire bytes; a text `tenant` had tokenised before comes from the cache
+        (the bytes it keeps are those a worker request splices in), long texts are encoded on a worker thread
+        (HF tokenizers releases the GIL), so the event loop keeps serving and several long prompts tokenise in
+        parallel."""
+        check_text_size(text, self.limits.max_prompt_chars, "prompt")
         cache = self.tokenizer.cache
         packed = cache.get(text, tenant)
         if packed is not None:
-            return common_pb2.TokenIds.FromString(packed)
+            return TokenIdArray.from_wire(packed)
         if len(text) < _INLINE_CHARS:
             ids = self.tokenizer.encode(text)
         else:
             ids = await asyncio.to_thread(self.tokenizer.encode, text)
-        msg = common_pb2.TokenIds(ids=ids)
+        prompt = TokenIdArray.of(ids)
         if cache.max_bytes:
-            cache.put(text, msg.SerializeToString(), tenant)
-        return msg
+            cache.put(text, prompt.wire, tenant)
+        return prompt
 
-    async def tokenize_chat(self, messages: Sequence[tuple[str, str]], tenant: str) -> common_pb2.TokenIds:
+    async def tokenize_chat(self, messages: Sequence[tuple[str, str]], tenant: str) -> TokenIdArray:
         """Token ids of a rendered chat; its message count and total size are checked before rendering."""
         require(len(messages) > 0, "messages", "must not be empty")
-        check_chat_size(messages, self.core.limits.max_chat_messages, self.core.limits.max_prompt_chars)
+        check_chat_size(messages, self.limits.max_chat_messages, self.limits.max_prompt_chars)
         for role, _ in messages:
             require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
         return await self.tokenize_text(self.tokenizer.render_chat(messages), tenant)
 
-    def check_token_ids(self, ids: Sequence[int], field: str) -> None:
-        """Token ids a client sent, against the served model's vocabulary (before they go on the wire)."""
-        check_token_ids(ids, self.core.limits.vocab_size, field)
+    @property
+    def limits(self) -> CoreLimits:
+        """The router's request limits: what a door's parser bounds, and what `RouterRequest.checked` applies."""
+        return self.core.limits
 
     # ---- admin -------------------------------------------------------------------------------------
     @property

@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -54,10 +54,11 @@ from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
 from kvmesh.security.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignedRequest
 from kvmesh.services.router import metrics as m
-from kvmesh.services.router.core import Chunk, RouterRequest
+from kvmesh.services.router.core import Chunk
 from kvmesh.services.router.frontend import Frontend
+from kvmesh.services.router.request import RouterRequest
 from kvmesh.v1 import common_pb2
-from kvmesh.wire.proto import sampling_to_proto
+from kvmesh.wire.token_ids import TokenIdArray
 
 TENANT_HEADER = "X-Kvmesh-Tenant"
 _FINISH = {
@@ -140,22 +141,23 @@ class HttpApi:
         tenant = bind_tenant(ident, _header(request, TENANT_HEADER) or "")
         body = parse_json_object(raw)
         lora = self.front.lora_for(parse_model(body), "")
-        limit = self.front.core.limits.max_tokens_limit
-        parsed = parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None)
-        self.front.check_token_ids(parsed.sampling.stop_token_ids, "stop_token_ids")
-        return parsed, lora, tenant
+        limit = self.front.limits.max_tokens_limit
+        return parse_request(body, chat, max_tokens_limit=limit, default_max_tokens=None), lora, tenant
 
     def _gen_request(
-        self, request: web.Request, parsed: OpenAIRequest, prompt: common_pb2.TokenIds, lora: str, tenant: str
+        self,
+        request: web.Request,
+        parsed: OpenAIRequest,
+        prompt: TokenIdArray | Sequence[int],
+        lora: str,
+        tenant: str,
     ) -> RouterRequest:
+        """The parsed request within the router's limits (a client's token ids are checked before they become
+        uint32)."""
         session = _header(request, "X-Session-Id") or parsed.user
-        return RouterRequest(
-            f"http-{uuid.uuid4().hex}",
-            prompt,
-            sampling_to_proto(parsed.sampling),
-            session_id=session,
-            tenant=tenant,
-            lora=lora,
+        rid = f"http-{uuid.uuid4().hex}"
+        return RouterRequest.checked(
+            self.front.limits, rid, prompt, parsed.sampling, session_id=session, tenant=tenant, lora=lora
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
@@ -168,12 +170,9 @@ class HttpApi:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=False)
+        prompt: TokenIdArray | Sequence[int] = parsed.prompt_ids or ()
         if parsed.prompt_text is not None:
             prompt = await self.front.tokenize_text(parsed.prompt_text, tenant)
-        else:
-            ids = list(parsed.prompt_ids or ())
-            self.front.check_token_ids(ids, "prompt")  # before the wire's uint32 sees them
-            prompt = common_pb2.TokenIds(ids=ids)
         return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -184,7 +183,6 @@ class HttpApi:
     async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:
         api = "chat" if parsed.chat else "completions"
         build = ResponseBuilder(req.request_id, parsed.chat, int(time.time()), req.lora or self.front.model_name)
-        self.front.core.check(req)
         if not parsed.stream:
             return await self._whole(api, build, req)
         # SSE: the first chunk is awaited before the headers go out, so early errors get a real status code

@@ -11,10 +11,11 @@ decision is timed and traced). The query carries, per worker w (`kvmesh.routing.
 
 so the cost prices, for every candidate with transfer costs (its GetInfo), GPU hits, tier loads, a peer pull
 and the recompute in one unit. The chosen worker's `PrefixPlan` is the one pricer of the pull hint: when it
-pulls, the worker gets a `KvPullHint` for the prompt's leading `min(covered, (P − 1) // block_size)` blocks
-from the plan's source (the block holding the last token is always computed). A hinted pull is remembered
-(`PendingPulls`) until its hint expires: the next request for that prefix on that worker sees the blocks as
-the worker's own tier and gets the same hint again, so the worker joins the running pull (it pulls once).
+pulls, the decision (`Routed`) carries a `KvPull` (kvmesh.core.pull) for the prompt's leading
+`min(covered, (P − 1) // block_size)` blocks from the plan's source (the block holding the last token is
+always computed). A hinted pull is remembered (`PendingPulls`) until its hint expires: the next request for
+that prefix on that worker sees the blocks as the worker's own tier and gets the same hint again, so the
+worker joins the running pull (it pulls once).
 Every term of the plan is logged with the decision (`Decision.prefix`) and counted in the router's metrics.
 """
 
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvmesh.core.errors import ResourceExhausted, Unavailable
+from kvmesh.core.pull import KvPull
 from kvmesh.index import hashing
 from kvmesh.replica.media import PrefixMatches
 from kvmesh.routing import InflightTracker, Profile, RoutingQuery
@@ -35,7 +38,6 @@ from kvmesh.routing.types import CircuitState, WorkerView
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.observe import record_decision, record_prefix, record_routed
 from kvmesh.services.router.workers import WorkerPool
-from kvmesh.v1 import worker_pb2
 
 log = logging.getLogger(__name__)
 PULL_HINT_TTL_MS = 5_000  # a hint older than this is not followed (the index may have moved on)
@@ -44,6 +46,16 @@ PULL_HINT_TTL_MS = 5_000  # a hint older than this is not followed (the index ma
 def _serves_pulls(v: WorkerView) -> bool:
     """A peer may be pulled from: it serves its tier and is healthy with its circuit not open (draining is fine)."""
     return bool(v.kvsync_address) and v.healthy and v.circuit is not CircuitState.OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Placement's decision for one attempt: the worker, the prompt tokens it need not compute (GPU hit,
+    tier load, pull), and the pull it is told to make, if any."""
+
+    worker_id: str
+    overlap: int
+    pull: KvPull | None = None
 
 
 def plan_terms(plan: PrefixPlan) -> dict[str, object]:
@@ -76,7 +88,6 @@ class Placement:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
         self.block_size, self.salt_model = block_size, salt_model
         self.pull_margin = pull_margin  # 0: never hint a pull
-        self.last_hint: worker_pb2.KvPullHint | None = None
         self.pending = PendingPulls()
         self._salts: dict[tuple[str, str], int] = {}
 
@@ -99,11 +110,9 @@ class Placement:
         tenant: str = "",
         lora: str = "",
         max_tokens: int = 256,
-    ) -> tuple[str, int]:
-        """Picks a worker for `prompt` (uint32 token ids); returns (worker id, prompt tokens it need not compute:
-        GPU hit, tier load, pull) and leaves the pull hint for it, if any, in `last_hint` (read it before the
-        next await). Hashes are salted with `make_salt(salt_model, lora, tenant)`: one tenant never matches
-        another's blocks."""
+    ) -> Routed:
+        """Picks a worker for `prompt` (uint32 token ids) and the pull it makes, if any. Hashes are salted
+        with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks."""
         hashes = hashing.compute_block_hashes(prompt, self.block_size, self.salt_of(lora, tenant))
         found = await self.index.lookup(hashes, tenant=tenant, lora=lora, token_ids=prompt)
         t0 = time.perf_counter()
@@ -121,18 +130,14 @@ class Placement:
             raise Unavailable(f"no worker available (rejected by {d.rejected_by})")
         view = next(v for v in views if v.id == d.worker_id)
         plan = plan_prefix(rr, view, sources_of(rr))
-        self.last_hint, outcome = self._hint(rr, plan, views, found, now)
-        d.prefix = {
-            **plan_terms(plan),
-            "hint": outcome,
-            "hint_blocks": self.last_hint.num_blocks if self.last_hint else 0,
-        }
+        pull, outcome = self._hint(rr, plan, views, found, now)
+        d.prefix = {**plan_terms(plan), "hint": outcome, "hint_blocks": pull.num_blocks if pull else 0}
         record_decision(rid, d, time.perf_counter() - t0)
         record_prefix(plan, outcome)
         log.debug("request %s on %s: %s", rid, d.worker_id, d.prefix)
         overlap = min(plan.covered_blocks * self.block_size, len(prompt))
         record_routed(d.worker_id, len(prompt), overlap)
-        return d.worker_id, overlap
+        return Routed(d.worker_id, overlap, pull)
 
     def query(
         self,
@@ -173,7 +178,7 @@ class Placement:
 
     def _hint(
         self, rr: RoutingQuery, plan: PrefixPlan, views: list[WorkerView], found: PrefixMatches, now: float
-    ) -> tuple[worker_pb2.KvPullHint | None, str]:
+    ) -> tuple[KvPull | None, str]:
         """(hint, "sent") for the plan's pull; (the running pull's hint, "joined") when the plan counts on a
         pull already hinted to the worker; (None, "") otherwise."""
         by_id = {v.id: v for v in views}
@@ -195,13 +200,13 @@ class Placement:
         return None, ""
 
     @staticmethod
-    def _hint_msg(src: WorkerView, blocks: int, expires_unix_ms: int) -> worker_pb2.KvPullHint:
-        """The hint for the prompt's `blocks` leading blocks from `src`, void at `expires_unix_ms`."""
-        return worker_pb2.KvPullHint(
-            source_worker_id=src.id,
+    def _hint_msg(src: WorkerView, blocks: int, expires_unix_ms: int) -> KvPull:
+        """The pull of the prompt's `blocks` leading blocks from `src`, void at `expires_unix_ms`."""
+        return KvPull(
             source_address=src.kvsync_address,
             region=src.tier_region,
-            region_shm_name=src.tier_shm_name,
             num_blocks=blocks,
+            source_worker_id=src.id,
+            shm_name=src.tier_shm_name,
             expires_unix_ms=expires_unix_ms,
         )

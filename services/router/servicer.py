@@ -14,11 +14,13 @@ from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
 from kvmesh.security.signing import GRPC_METHOD, SIGNATURE_METADATA, TIMESTAMP_METADATA, SignedRequest
 from kvmesh.services.router import metrics as m
-from kvmesh.services.router.core import RouterRequest
 from kvmesh.services.router.frontend import Frontend
+from kvmesh.services.router.request import RouterRequest
 from kvmesh.telemetry.context import new_request_id, request_id_var
 from kvmesh.v1 import router_pb2, router_pb2_grpc
+from kvmesh.wire.proto import sampling_from_proto
 from kvmesh.wire.protowire import field_payload
+from kvmesh.wire.token_ids import TokenIdArray
 
 SERVICE = "router"  # as the audit log names it
 _TOKEN_IDS_FIELD = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
@@ -97,26 +99,24 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             require(which is not None, "prompt", "one of text, token_ids or chat is required")
             f.check_sampling(request.sampling)
             lora = f.lora_for(request.model, request.lora_name)
-            prompt_bytes = None
             if which == "text":
                 prompt = await f.tokenize_text(request.text, tenant)
-            elif which == "token_ids":
-                prompt = request.token_ids
+            elif which == "token_ids":  # forwarded as the bytes it arrived in
                 prompt_bytes = field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
+                prompt = TokenIdArray.from_message(request.token_ids, prompt_bytes)
             else:
                 messages = [(msg.role, msg.content) for msg in request.chat.messages]
                 prompt = await f.tokenize_chat(messages, tenant)
-            non_empty(prompt.ids, "prompt")
             rid = request.request_id or request_id_var.get() or new_request_id()
-            req = RouterRequest(
+            req = RouterRequest.checked(
+                f.limits,
                 rid,
                 prompt,
-                request.sampling,
-                request.session_id,
-                tenant,
-                list(request.resume_token_ids),
+                sampling_from_proto(request.sampling),
+                session_id=request.session_id,
+                tenant=tenant,
+                resume_ids=request.resume_token_ids,
                 lora=lora,
-                prompt_bytes=prompt_bytes,
             )
             async for c in f.generate(req):
                 resp = router_pb2.RouterServiceGenerateResponse(

@@ -74,10 +74,11 @@ class RouterSettings(ServerSettings):
     max_retries: int = setting(3, "times one request may be re-sent before its first token")
     max_migrations: int = setting(3, "times one request may move to another worker")
     worker_transport: str = setting(
-        "frames",
-        "router → worker requests: frames (GenerateStream's messages on one plain TCP/TLS connection per worker,"
-        " where the worker offers it; else as stream), stream (all on one GenerateStream per worker, where the"
-        " worker offers it; else a call each) or call (a Generate call per request)",
+        "stream",
+        "router → worker requests: stream (all on one gRPC GenerateStream per worker, a call a service mesh sees,"
+        " authorises and measures) or frames (opt-in fast path: GenerateStream's messages on one plain TCP/TLS"
+        " connection to each worker's --frames-port, where the worker offers it, else as stream; less router CPU"
+        " per request, but opaque to a service mesh: docs/operations.md)",
     )
     load_interval_ms: int = setting(200, "load-report interval asked from workers")
     kv_pull_margin: float = setting(

@@ -1,5 +1,10 @@
-"""The router's transport to a worker over generate frames (`kvmesh.wire.frames`): `GenerateStream`'s messages
-on one plain TCP (or TLS) connection per worker, without HTTP/2 and grpc's completion queue.
+"""The router's opt-in transport to a worker over generate frames (`kvmesh.wire.frames`): `GenerateStream`'s
+messages on one plain TCP (or TLS) connection per worker, without HTTP/2 and grpc's completion queue.
+
+It saves router CPU on every request (docs/benchmarks.md) at a price: the connection is no gRPC call, so a
+service mesh can neither see, authorise, retry nor measure it per method; it is only TCP (or TLS) bytes to
+the worker's `--frames-port`. Hence `--worker-transport stream` is the default and this is chosen, on the
+router and the workers, where the router's hop matters more than the mesh's view (docs/operations.md).
 
 `FramedWorkerStream` is a drop-in for `WorkerStream`: `start` returns the same `StreamedRequest`, so a request
 iterates, fails (`grpc.aio.AioRpcError` with the code a `Generate` call would have ended with), cancels,
@@ -30,10 +35,15 @@ from google.protobuf.message import DecodeError
 from kvmesh.core.config import ServerSettings
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.tls import client_ssl_context
-from kvmesh.services.router.worker_stream import _START, _STATUS_CODES, _TRACEPARENT, StreamedRequest, rpc_error
+from kvmesh.services.router.stream_requests import (
+    StreamedRequest,
+    cancel_message,
+    rpc_error,
+    start_message,
+    status_code,
+)
 from kvmesh.v1 import worker_pb2
 from kvmesh.wire.frames import DEFAULT_MAX_FRAME_BYTES, PROTOCOL_VERSION, FrameDecoder, FrameTooLarge, encode_frame
-from kvmesh.wire.protowire import length_delimited
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +129,7 @@ class FramedWorkerStream:
                 raise conn.error
         req = self._pending[request_id] = StreamedRequest(self, request_id, conn)
         self._idle.clear()
-        msg = length_delimited(_START, request_bytes)
-        if traceparent:
-            msg += length_delimited(_TRACEPARENT, traceparent.encode())
-        conn.write(msg)
+        conn.write(start_message(request_bytes, traceparent))
         if not conn.writable.is_set():
             try:
                 await conn.writable.wait()  # the worker reads slower than we send: hold the caller here
@@ -176,7 +183,7 @@ class FramedWorkerStream:
             if req is not None:
                 req.deliver(msg)
         elif msg.error_code:  # the worker fails the whole connection, then closes it
-            code = _STATUS_CODES.get(msg.error_code, grpc.StatusCode.UNKNOWN)
+            code = status_code(msg.error_code)
             log.warning("worker %s refused generate frames: %s %s", self.address, code.name, msg.error_message)
             self.failed(conn, code, msg.error_message)
 
@@ -206,7 +213,7 @@ class FramedWorkerStream:
     def send_cancel(self, request_id: str) -> None:
         conn = self._conn
         if conn is not None and not conn.lost:
-            conn.write(worker_pb2.GenerateStreamRequest(cancel_request_id=request_id).SerializeToString())
+            conn.write(cancel_message(request_id))
 
     def reset(self, reason: str) -> None:
         """Drops the connection now, failing its requests (the worker's load stream broke: a frozen worker

@@ -1,22 +1,18 @@
-"""The router's transport to a worker: every request on one long-lived `WorkerService.GenerateStream`.
+"""The router's default transport to a worker: every request on one long-lived `WorkerService.GenerateStream`.
 
 A `Generate` call per request costs a new HTTP/2 stream, headers, trailers and a call object on both sides;
 on loopback that is ~0.25 ms of a ~0.6 ms Python gRPC hop (`python -m kvmesh.bench router` figures in
 docs/benchmarks.md). `WorkerStream` opens the stream on first use, writes each request's `start` (its wire
 bytes pre-built, in order, one write at a time) and hands the responses, matched by request id, to a
-`StreamedRequest` that the router's request path uses exactly like a unary-stream call:
-
-- iterating yields the worker's `GenerateResponse` steps and stops after the final one;
-- a worker error for that request (`error_code`) or the stream breaking (the worker died, restarted or shut
-  down) raises `grpc.aio.AioRpcError` with the status code a `Generate` call would have ended with, so
-  retries, migrations and breaker accounting are the same on both transports;
-- `cancel()` sends `cancel_request_id` (the worker aborts the request).
+`StreamedRequest` (`stream_requests`) that the router's request path uses exactly like a unary-stream call.
+It stays a gRPC call, so a service mesh sees, authorises and measures it per method (the opt-in generate
+frames of `worker_frames` carry the same messages past the mesh, unseen).
 
 A broken stream fails every request pending on it at once and is reopened by the next request.
 
 Both transports share the per-attempt helpers at the end: the request's wire bytes (`worker_request_bytes`,
 `attempt_request_bytes`: the prompt is serialised once and spliced in), `classify` (a worker's status code
-as a `kvmesh.routing.attempts.Failure`) and `close_call` (cancel now, or after a finished call's grace).
+as a `kvmesh.routing.attempts.Failure`) and `close_call` (cancel an attempt that did not finish).
 """
 
 from __future__ import annotations
@@ -24,91 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any, Protocol, TypeAlias
+from collections.abc import Coroutine
+from typing import Any, TypeAlias
 
 import grpc
-from grpc.aio import Metadata
 
 from kvmesh.routing.attempts import Failure, NextAttempt
+from kvmesh.services.router.stream_requests import StreamedRequest, cancel_message, rpc_error, start_message
 from kvmesh.v1 import common_pb2, worker_pb2
 from kvmesh.wire.protowire import length_delimited
 
 log = logging.getLogger(__name__)
 
 GENERATE_STREAM_METHOD = "/kvmesh.v1.WorkerService/GenerateStream"
-_FIELDS = worker_pb2.GenerateStreamRequest.DESCRIPTOR.fields_by_name
-_START = _FIELDS["start"].number
-_TRACEPARENT = _FIELDS["traceparent"].number
-_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}  # error_code on the wire -> grpc code
 _TOKEN_IDS_FIELD = worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
-
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error a `Generate` call would have raised."""
-    return grpc.aio.AioRpcError(code, Metadata(), Metadata(), details=details)
-
-
-class RequestCarrier(Protocol):
-    """What a `StreamedRequest` was sent on: a `WorkerStream` or a `FramedWorkerStream`."""
-
-    def forget(self, request_id: str, req: StreamedRequest) -> None: ...
-
-    def send_cancel(self, request_id: str) -> None: ...
-
-
-class StreamedRequest:
-    """One request on a `WorkerStream` (or on generate frames), used like a grpc.aio unary-stream call (see
-    the module docstring)."""
-
-    __slots__ = ("_cancelled", "_done", "_queue", "_stream", "call", "request_id")
-
-    def __init__(self, stream: RequestCarrier, request_id: str, call: object) -> None:
-        self._stream = stream
-        self.request_id = request_id
-        self.call = call  # the stream call (or frames connection) it was sent on: a break fails its requests
-        self._queue: asyncio.Queue[worker_pb2.GenerateStreamResponse | grpc.aio.AioRpcError] = asyncio.Queue()
-        self._done = False
-        self._cancelled = False
-
-    def __aiter__(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        return self._steps()
-
-    async def _steps(self) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        while not self._done:
-            item = await self._queue.get()
-            if isinstance(item, grpc.aio.AioRpcError):
-                self._finish()
-                raise item
-            if item.error_code:
-                self._finish()
-                raise rpc_error(_STATUS_CODES.get(item.error_code, grpc.StatusCode.UNKNOWN), item.error_message)
-            step = item.response
-            if step.finish_reason:
-                self._finish()  # done before the final step is handed out: the caller may stop iterating there
-            yield step
-
-    def deliver(self, item: worker_pb2.GenerateStreamResponse | grpc.aio.AioRpcError) -> None:
-        self._queue.put_nowait(item)
-
-    def _finish(self) -> None:
-        self._done = True
-        self._stream.forget(self.request_id, self)
-
-    def done(self) -> bool:
-        return self._done
-
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def cancel(self) -> bool:
-        """Aborts the request on the worker; False if it had already ended."""
-        if self._done:
-            return False
-        self._cancelled = True
-        self._finish()
-        self._stream.send_cancel(self.request_id)
-        return True
 
 
 class WorkerStream:
@@ -139,12 +64,9 @@ class WorkerStream:
             call = self._call = self._open()
             self._spawn(self._read(call))
         req = self._pending[request_id] = StreamedRequest(self, request_id, call)
-        msg = length_delimited(_START, request_bytes)
-        if traceparent:
-            msg += length_delimited(_TRACEPARENT, traceparent.encode())
         try:
             async with self._write_lock:
-                await call.write(msg)
+                await call.write(start_message(request_bytes, traceparent))
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as e:
             self._pending.pop(request_id, None)
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"generate stream to {self.address} broke: {e}") from None
@@ -162,8 +84,7 @@ class WorkerStream:
         call = self._call
         if call is None or call.done():
             return  # the stream is gone, and with it the request
-        msg = worker_pb2.GenerateStreamRequest(cancel_request_id=request_id).SerializeToString()
-        self._spawn(self._write_quietly(call, msg))
+        self._spawn(self._write_quietly(call, cancel_message(request_id)))
 
     async def _write_quietly(self, call: grpc.aio.StreamStreamCall, msg: bytes) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
@@ -212,9 +133,7 @@ class WorkerStream:
 
 # Worker errors that say "this request is wrong", not "this worker is broken": passed to the client.
 _CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.FAILED_PRECONDITION}
-TRAILERS_GRACE_S = 5.0  # after a worker's final message, how long its call may take to end on its own
-
-WorkerCall: TypeAlias = grpc.aio.UnaryStreamCall | StreamedRequest  # what `WorkerHandle.generate` returns
+WorkerCall: TypeAlias = StreamedRequest  # what `WorkerHandle.generate` returns, on either transport
 
 
 def worker_request_bytes(head: worker_pb2.GenerateRequest, token_ids: bytes) -> bytes:
@@ -255,16 +174,7 @@ def classify(e: grpc.aio.AioRpcError, call: WorkerCall | None) -> Failure:
 
 
 def close_call(call: WorkerCall | None, finished: bool) -> None:
-    """Ends an attempt's call: a finished one gets `TRAILERS_GRACE_S` to end on its own (its trailers are on
-    their way: no abort, and none on the client's critical path); any other is cancelled now."""
-    if call is None or call.done():
-        return
-    if finished:
-        asyncio.get_running_loop().call_later(TRAILERS_GRACE_S, _cancel_if_pending, call)
-    else:
-        call.cancel()
-
-
-def _cancel_if_pending(call: WorkerCall) -> None:
-    if not call.done():
+    """Ends an attempt's request: a finished one has ended on the worker already (its final step was read);
+    any other is cancelled there now."""
+    if call is not None and not finished and not call.done():
         call.cancel()

@@ -12,8 +12,13 @@ bound is `kvmesh.routing.stall.report_age_bound`: `report_age_intervals` (5) rep
 over 2 s, and every request then got 503) and at most `max_report_age_s` (10 s), so 5 s at the default 200 ms
 interval. A frozen worker leaves rotation sooner through its breaker (a stalled stream trips it).
 The task reconnects with bounded exponential back-off until the pool stops. A worker whose `GetInfo` block
-size differs from the router's (`block_size`) is logged as an error naming both values and never routed to
-(no id, no load stream) until it reports the same block size.
+size differs from the router's (`block_size`), or that does not offer `GenerateStream` (a version older than
+the stream transport), is logged as an error saying why and never routed to (no id, no load stream) until it
+agrees.
+
+Requests go to a worker on its `GenerateStream` (`transport="stream"`, the default: a gRPC call a service
+mesh sees), or, opted into with `transport="frames"`, on generate frames where its `GetInfo` offers them and
+its frames port answers, else on the stream.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from kvmesh.routing.types import TransferCosts
 from kvmesh.rpc.agreement import Agreed, disagreements
 from kvmesh.rpc.channel import CHANNEL_OPTIONS, open_channel
 from kvmesh.services.router import metrics as m
+from kvmesh.services.router.stream_requests import StreamedRequest
 from kvmesh.services.router.worker_frames import ConnectFailed, FramedWorkerStream
-from kvmesh.services.router.worker_stream import StreamedRequest, WorkerStream
+from kvmesh.services.router.worker_stream import WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.proto import load_from_proto
 
@@ -63,36 +69,31 @@ class WorkerHandle:
     address: str
     channel: grpc.aio.Channel
     stub: worker_pb2_grpc.WorkerServiceStub
+    stream: WorkerStream  # GenerateStream transport (always: the fallback of frames)
     breaker: CircuitBreaker
     view: WorkerView
     model: str = ""
     last_report_rx: float = float("-inf")
     selections_total: int = 0
     last_report: common_pb2.LoadReport = field(default_factory=common_pb2.LoadReport)
-    generate_raw: grpc.aio.UnaryStreamMultiCallable | None = None  # Generate taking a pre-serialised request
-    stream: WorkerStream | None = None  # GenerateStream transport (transport "stream")
-    stream_offered: bool = False  # the worker's GetInfo says it serves GenerateStream
     frames: FramedWorkerStream | None = None  # generate frames (transport "frames", where the worker offers it)
     frames_off_until: float = float("-inf")  # monotonic: its listener did not answer, use the gRPC stream
     disagreement: str = ""  # why the worker is not routed to: its settings disagree with the router's
 
-    async def generate(
-        self, request_id: str, request_bytes: bytes, carrier: dict[str, str]
-    ) -> grpc.aio.UnaryStreamCall | StreamedRequest:
-        """Sends a serialised GenerateRequest; returns a call-like handle of its response steps. Generate
-        frames first where offered; a worker whose frames port does not answer gets its requests on the gRPC
-        stream for `FRAMES_RETRY_S` (a firewall that lets gRPC through and not the frames port)."""
+    async def generate(self, request_id: str, request_bytes: bytes, carrier: dict[str, str]) -> StreamedRequest:
+        """Sends a serialised GenerateRequest; returns a call-like handle of its response steps. On generate
+        frames where the router opted in and the worker offers them; a worker whose frames port does not
+        answer gets its requests on the gRPC stream for `FRAMES_RETRY_S` (a firewall that lets gRPC through
+        and not the frames port); otherwise on the gRPC stream."""
+        traceparent = carrier.get("traceparent", "")
         if self.frames is not None and self.frames_off_until < time.monotonic():
             try:
-                return await self.frames.start(request_id, request_bytes, carrier.get("traceparent", ""))
+                return await self.frames.start(request_id, request_bytes, traceparent)
             except ConnectFailed as exc:
                 self.frames_off_until = time.monotonic() + FRAMES_RETRY_S
                 m.WORKER_FRAMES_UNREACHABLE.inc()
                 log.warning("worker %s: %s; using its gRPC stream for %.0f s", self.address, exc, FRAMES_RETRY_S)
-        if self.stream is not None and self.stream_offered:
-            return await self.stream.start(request_id, request_bytes, carrier.get("traceparent", ""))
-        assert self.generate_raw is not None
-        return self.generate_raw(request_bytes, metadata=tuple(carrier.items()))
+        return await self.stream.start(request_id, request_bytes, traceparent)
 
 
 def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:
@@ -100,9 +101,8 @@ def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:
     return TransferCosts(t.prefill_s_per_token, t.block_load_s, t.block_pull_s, t.pull_rtt_s)
 
 
-GENERATE_METHOD = "/kvmesh.v1.WorkerService/Generate"
 FRAMES_RETRY_S = 30.0
-TRANSPORTS = ("frames", "stream", "call")
+TRANSPORTS = ("stream", "frames")  # the default first: every request on a gRPC call a service mesh sees
 
 
 class _Disagrees(Exception):
@@ -120,7 +120,7 @@ class WorkerPool:
         breaker: BreakerConfig | None = None,
         load_interval_ms: int = 200,
         max_report_age_s: float = 10.0,
-        transport: str = "frames",
+        transport: str = "stream",
         block_size: int = 0,
         report_age_intervals: float = 5.0,
         report_age_floor_s: float = 5.0,
@@ -156,12 +156,9 @@ class WorkerPool:
             address=address,
             channel=ch,
             stub=worker_pb2_grpc.WorkerServiceStub(ch),
+            stream=WorkerStream(ch, address),
             breaker=CircuitBreaker(self._breaker_cfg),
             view=WorkerView(id="", healthy=False),
-            generate_raw=ch.unary_stream(  # no request serializer: the caller passes the request's wire bytes
-                GENERATE_METHOD, request_serializer=None, response_deserializer=worker_pb2.GenerateResponse.FromString
-            ),
-            stream=WorkerStream(ch, address) if self.transport != "call" else None,
         )
         self.handles.append(h)
         if self._started:
@@ -182,7 +179,6 @@ class WorkerPool:
         task = self._tasks.pop(address, None)
         if task is not None:
             task.cancel()
-        h.stream_offered = False  # new requests to it (none are routed) would open a call; pending ones finish
         if h.frames is not None:  # its requests finish on the connection; then it closes
             fut_frames = asyncio.ensure_future(h.frames.close(grace_s))
             self._closing.add(fut_frames)
@@ -216,8 +212,7 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         for h in self.handles:
-            if h.stream is not None:
-                await h.stream.close()
+            await h.stream.close()
             if h.frames is not None:
                 await h.frames.close()
             await h.channel.close()
@@ -283,10 +278,13 @@ class WorkerPool:
             backoff = min(backoff * 2, 2.0)
 
     def _agrees(self, h: WorkerHandle, info: worker_pb2.GetInfoResponse) -> bool:
-        """False (logged once per new reason) if the worker's block size differs from the router's."""
+        """False (logged once per new reason) if the worker's block size differs from the router's, or it does
+        not serve `GenerateStream` (older than the router's transports: it would get no request)."""
         unknown = not (self.block_size and info.block_size)  # 0: no check asked, or an older worker
         peer = f"worker {info.worker_id or h.address} ({h.address})"
         problems = disagreements(peer, [Agreed("--block-size", self.block_size, info.block_size, unknown=unknown)])
+        if not info.generate_stream:
+            problems.append(f"{peer} does not serve GenerateStream, the router's transport: upgrade the worker")
         reason = "; ".join(problems)
         if reason and reason != h.disagreement:
             log.error("not routing to the worker: %s", reason)
@@ -303,7 +301,6 @@ class WorkerPool:
         h.view.version = info.version
         h.view.kv_blocks_total = info.kv_blocks_total
         h.model = info.model
-        h.stream_offered = info.generate_stream
         self._use_frames(h, info.generate_frames_address)
         h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
         h.view.tier_shm_name = info.tier_shm_name

@@ -6,22 +6,13 @@ import sys
 from collections.abc import Sequence
 
 from kvmesh.core.cpus import parse_cpu_list, pin_process
-from kvmesh.engine.sim.driver import SimEngine
-from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.rpc.server import DEFAULT_MAX_REQUEST_BYTES, BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.admission import WindowGate, window_config
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.engine_factory import build_engine, model_name
 from kvmesh.services.worker.generate_frames import FramesListener
-from kvmesh.services.worker.kvpull import (
-    TIER_REGION,
-    KvSyncServer,
-    PeerPulls,
-    PullStaging,
-    VllmPulls,
-    vllm_tier_server,
-)
+from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, peer_pulls
 from kvmesh.services.worker.openai_http import OpenAIApi
 from kvmesh.services.worker.pusher import CacheManagerPusher
 from kvmesh.services.worker.servicer import WorkerServicer
@@ -38,17 +29,13 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     window = window_config(settings)
     if settings.cpu_affinity:
         pin_process(parse_cpu_list(settings.cpu_affinity))
-    pulls = PeerPulls(settings)
-    engine = build_engine(settings, pull_transport=pulls)
+    pulls = peer_pulls(settings)
+    engine = build_engine(settings, peers=pulls)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
     app.gate = WindowGate(window) if window is not None else None
-    tiers = engine.core.tiers if isinstance(engine, SimEngine) else None
-    kvsync = KvSyncServer(tiers.cpu, settings) if tiers is not None and tiers.cpu is not None else None
-    if isinstance(engine, VllmEngine) and engine.config.kv_connector:
-        kvsync = vllm_tier_server(engine.config.tier_shm_name, settings)
-        app.vllm_pulls = VllmPulls(engine, pulls, PullStaging(int(settings.pull_staging_mb * (1 << 20))))
-        app.vllm_pulls.warm()
+    region = engine.served_tier()
+    kvsync = KvSyncServer(region, settings) if region is not None else None
     if kvsync is not None:
         app.kvsync_address = await kvsync.start()
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
@@ -90,8 +77,6 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         if kvsync is not None:
             await kvsync.stop()
         await pulls.close()
-        if app.vllm_pulls is not None:
-            app.vllm_pulls.close()
         for pub in zpub:
             await pub.close()
         await engine.stop()

@@ -18,7 +18,6 @@ from kvmesh.services.worker.kvlog import KvEventLog
 
 if TYPE_CHECKING:
     from kvmesh.services.worker.admission import WindowGate
-    from kvmesh.services.worker.kvpull import VllmPulls
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,6 @@ class WorkerApp:
         self.tier_shm_name = ""
         self.tier_blocks_total = 0
         self.tier_block_bytes = 0
-        self.vllm_pulls: VllmPulls | None = None  # a vLLM worker's pull hints -> its KV connector
         self.gate: WindowGate | None = None  # the batching window requests wait in (None: off)
         self._pump_task: asyncio.Task[None] | None = None
 

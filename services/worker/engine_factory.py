@@ -15,10 +15,11 @@ from kvmesh.core.modelfiles import resolve_model_dir
 from kvmesh.engine.base import Engine
 from kvmesh.engine.clock import Clock, RealClock, VirtualClock
 from kvmesh.engine.sim.core import SimConfig
-from kvmesh.engine.sim.driver import PullTransport, SimEngine
+from kvmesh.engine.sim.driver import SimEngine
 from kvmesh.engine.sim.tiers import DiskTier, HostTiers, sim_layout, tiny_block_bytes
 from kvmesh.engine.tokenizer import ByteTokenizer, HfTokenizer, Tokenizer
 from kvmesh.kvplane.kvsync.tier import TierRegion, region_name
+from kvmesh.kvplane.pulls import PeerPulls
 from kvmesh.services.worker.settings import WorkerSettings
 
 SIM_MODEL_NAME = "sim-llama-3.1-70b-fp8"
@@ -55,12 +56,19 @@ def build_tiers(s: WorkerSettings) -> HostTiers | None:
 
 def vllm_tier_fields(s: WorkerSettings) -> dict[str, Any]:
     """VllmEngineConfig's KV connector fields: its CPU tier of `--cpu-tier-mb` (0 turns the connector off:
-    it would otherwise keep a one-slot tier) under shm name `kvmesh-<worker id>-<pid>`."""
+    it would otherwise keep a one-slot tier) under shm name `kvmesh-<worker id>-<pid>`, and the staging region
+    of its pulls from other hosts (`--pull-staging-mb`)."""
     tier_bytes = int(s.cpu_tier_mb * (1 << 20))
-    return {"worker_id": s.service_id or "worker", "kv_connector": tier_bytes > 0, "kv_tier_bytes": tier_bytes}
+    return {
+        "worker_id": s.service_id or "worker",
+        "kv_connector": tier_bytes > 0,
+        "kv_tier_bytes": tier_bytes,
+        "pull_staging_bytes": int(s.pull_staging_mb * (1 << 20)),
+    }
 
 
-def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None) -> Engine:
+def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
+    """The engine of `--engine`; `peers` is where it pulls prefixes from (None: it pulls nothing)."""
     if s.engine == "sim":
         if not 0 <= s.sim_extra_step_ms < math.inf:
             raise InvalidArgument("sim_extra_step_ms", f"must be a finite number of ms >= 0, got {s.sim_extra_step_ms}")
@@ -86,7 +94,7 @@ def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None)
             clock=clock,
             tokenizer=tok,
             tiers=build_tiers(s),
-            pull_transport=pull_transport,
+            pull_transport=peers,
         )
     if s.engine == "vllm":
         from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
@@ -103,6 +111,7 @@ def build_engine(s: WorkerSettings, pull_transport: PullTransport | None = None)
                 extra_args=tuple(shlex.split(s.vllm_args)),
                 cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
                 **vllm_tier_fields(s),
-            )
+            ),
+            peers=peers,
         )
     raise InvalidArgument("engine", f"unknown engine {s.engine!r} (sim or vllm)")

@@ -2,7 +2,9 @@
 
 One connection is one `GenerateStreamSession`, exactly as one `GenerateStream` call is: the same requests,
 responses, cancels, errors and shutdown behaviour, without HTTP/2 and grpc's completion queue between the
-socket and the event loop (the router's hot hop; figures in docs/benchmarks.md).
+socket and the event loop (the router's hot hop; figures in docs/benchmarks.md). Off unless `--frames-port`
+is set (for routers run with `--worker-transport frames`): a service mesh sees only TCP bytes here, where it
+sees, authorises and measures the gRPC `GenerateStream` per method.
 
 A connection starts with the router's `GenerateFramesHello`. The caller is authorised as a `GenerateStream`
 caller by the worker's own guard (the same table, identities and `kvmesh_authz_denied_total`): its mTLS

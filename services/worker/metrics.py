@@ -7,6 +7,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import Usage
 from kvmesh.core.kvevents import LoadReport
+from kvmesh.core.pull import PullOutcome
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -26,7 +27,8 @@ KV_EVENT_SEQ = Gauge("kvmesh_worker_kv_event_sequence", "Last KV event batch seq
 KV_PULL_HINTS = Counter("kvmesh_worker_kv_pull_hints_total", "Pull hints followed, by whether blocks came", ["pulled"])
 KV_PULL_OUTCOMES = Counter(
     "kvmesh_worker_kv_pull_outcomes_total",
-    "vLLM worker: pull hints by outcome (leased, remote, remote_partial, missing, failed, expired, remote_unsupported)",
+    "Pull hints by outcome (vLLM: leased, remote, remote_partial, missing, failed, expired, remote_unsupported;"
+    " sim: pulled, held, missing, mismatch, void, failed, timeout, unsupported)",
     ["outcome"],
 )
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
@@ -43,7 +45,7 @@ BATCHING_RELEASE = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 GENERATE_FRAMES_CONNECTIONS = Gauge(
-    "kvmesh_worker_generate_frames_connections", "Open generate-frames connections (routers' worker transport)"
+    "kvmesh_worker_generate_frames_connections", "Open generate-frames connections (the routers' opt-in transport)"
 )
 GENERATE_FRAMES_REFUSED = Counter(
     "kvmesh_worker_generate_frames_refused_total",
@@ -86,8 +88,9 @@ def observe_load(r: LoadReport) -> None:
         TIER_PULLED_BLOCKS.set(r.extra.get("tier_pulled_blocks_total", 0.0))
 
 
-def observe_pull(blocks: int) -> None:
-    KV_PULL_HINTS.labels("true" if blocks else "false").inc()
+def observe_pull(p: PullOutcome) -> None:
+    KV_PULL_HINTS.labels("true" if p.blocks else "false").inc()
+    KV_PULL_OUTCOMES.labels(p.outcome).inc()
 
 
 class StreamTimer:

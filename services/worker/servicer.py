@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -11,15 +12,12 @@ import grpc
 
 from kvmesh.core.errors import PermissionDenied
 from kvmesh.core.sampling import check_temperature, check_top_p
-from kvmesh.engine.sim.driver import SimEngine
-from kvmesh.routing.dataplane import transfer_costs, vllm_cpu_costs
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.identity import current_identity
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.generate_stream import GenerateStreamSession
 from kvmesh.services.worker.kvlog import Cursor
-from kvmesh.services.worker.kvpull import hint_from_proto
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.proto import (
@@ -27,6 +25,7 @@ from kvmesh.wire.proto import (
     dump_messages,
     load_to_proto,
     output_to_proto,
+    pull_from_proto,
     request_from_proto,
 )
 
@@ -92,16 +91,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         req = request_from_proto(request)
         timer = m.StreamTimer(time.monotonic())
         engine = self.app.engine
-        vllm = self.app.vllm_pulls
-        params = None
-        if request.HasField("kv_pull") and isinstance(engine, SimEngine):
-            m.observe_pull(await engine.pull_prefix(req, hint_from_proto(request.kv_pull)))  # a miss computes
-        elif request.HasField("kv_pull") and vllm is not None:
-            params = await vllm.params(req, hint_from_proto(request.kv_pull))  # None: computed
+        if request.HasField("kv_pull"):  # a pull that fails is no pull: those blocks are computed
+            pulled = await engine.pull_prefix(req, pull_from_proto(request.kv_pull))
+            m.observe_pull(pulled)
+            if pulled.load is not None:
+                req = dataclasses.replace(req, kv_pull=pulled.load)
         if self.app.gate is not None:  # the batching window: enter the engine in its release order
             await self.app.gate.admit(req)
         owner = self._own(request.request_id)
-        stream = engine.generate(req) if vllm is None or params is None else vllm.engine.generate(req, params)
+        stream = engine.generate(req)
         try:
             async for out in stream:
                 timer.tokens(time.monotonic(), len(out.token_ids))
@@ -220,15 +218,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         )
 
     def _transfer(self) -> worker_pb2.KvTransferCosts | None:
-        """The KV transfer costs the router prices this worker with; None without a served tier (no data
-        plane: it neither loads nor pulls). Sim: its perf model; vLLM: `dataplane.vllm_cpu_costs`."""
+        """The KV transfer costs the router prices this worker with (its engine's); None without a served tier
+        (no data plane: it neither loads nor pulls)."""
         if not self.app.kvsync_address:
             return None
-        eng = self.app.engine
-        if isinstance(eng, SimEngine):
-            c = transfer_costs(eng.block_size, eng.core.config.perf)
-        else:
-            c = vllm_cpu_costs(eng.block_size)
+        c = self.app.engine.transfer_costs()
         return worker_pb2.KvTransferCosts(
             prefill_s_per_token=c.prefill_s_per_token,
             block_load_s=c.block_load_s,

@@ -40,9 +40,10 @@ class WorkerSettings(ServerSettings):
     tier_block_bytes: int = setting(0, "sim engine: bytes per KV block in the tiers (0 = the tiny model's size)")
     kvsync_port: int = setting(0, "port of the worker's KvSyncService server (0 = any free port)")
     frames_port: int = setting(
-        0,
-        "port of the worker's generate-frames listener, the routers' worker transport (GenerateStream's messages"
-        " over plain TCP, TLS as the gRPC server); 0 = any free port, -1 = off",
+        -1,
+        "port of the worker's generate-frames listener, for routers run with --worker-transport frames (opt-in"
+        " fast path: GenerateStream's messages over plain TCP, TLS as the gRPC server; opaque to a service mesh,"
+        " docs/operations.md); -1 = off (the default: routers use the gRPC GenerateStream), 0 = any free port",
     )
     pull_timeout_ms: int = setting(2000, "deadline of a peer pull, milliseconds (a hint may give a shorter one)")
     pull_lease_ms: int = setting(5000, "lease a peer pull asks for, milliseconds")

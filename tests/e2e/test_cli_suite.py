@@ -129,7 +129,7 @@ def _code(call: Callable[[], object]) -> grpc.StatusCode:
 
 
 def _internal_rpcs(state: dict[str, Any], channel: Callable[[str], grpc.Channel], metadata: Any = ()) -> dict[str, Any]:
-    """The status of internal RPCs of the suite made on `channel`s, each an attack of issue 16: KV events
+    """The status of internal RPCs of the suite made on `channel`s, each an attack of the security review: KV events
     published (forged) and read, an index query, a checkpoint, free generation and an abort on a worker, a
     forged router registration, traffic weights, a drain."""
     cm, worker, router = (_address(state, n) for n in ("cache-manager", "worker", "router"))

@@ -1,5 +1,5 @@
-"""``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES` (index, worker, router, grpc-hop, fleet,
-fleet-live, failover, oversize, balance, kvsync, fuzz, vllm-serve, zone-follow, autoscale, shared-index).
+"""``python -m kvmesh.bench <name> [args...]``, name one of `BENCHES`; ``--help`` lists them. What each measures,
+its command and its figures: the index at the top of docs/benchmarks.md (a unit test keeps it complete).
 
 Each prints one JSON line.
 
@@ -28,13 +28,19 @@ BENCHES = (
     "zone-follow",
     "autoscale",
     "shared-index",
+    "recovery",
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    usage = f"usage: python -m kvmesh.bench <{'|'.join(BENCHES)}> [args...]"
+    if args[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\nEach benchmark prints one JSON line; `python -m kvmesh.bench NAME --help` gives its flags.")
+        print("What each measures, its command and its figures: docs/benchmarks.md (the index at the top).")
+        return 0
     if not args or args[0] not in BENCHES:
-        print(f"usage: python -m kvmesh.bench <{'|'.join(BENCHES)}> [args...]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     name = f"kvmesh.bench.{args[0].replace('-', '_')}"
     try:

@@ -1,5 +1,5 @@
 """``python -m kvmesh.bench fuzz --cases N [--services router,worker,cache-manager,failover]``: fuzzes running
-services (issue 16) and prints one JSON line
+services (the security review) and prints one JSON line
 ``{"services": {NAME: {"cases", "crashes", "internal", "http_5xx", "healthy_after"}}}``.
 
 Starts a real suite on loopback (cache-manager, a sim worker pushing to it, a router over both, a failover

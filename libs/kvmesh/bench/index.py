@@ -1,6 +1,6 @@
 """Prefix-index benchmark: ``python -m kvmesh.bench index --workers W --block-size B --blocks-per-worker N``.
 
-Workload (issue 3): 32 prefix groups, each with a random master prefix. A sequence of ``L`` tokens
+Workload (the prefix-index work): 32 prefix groups, each with a random master prefix. A sequence of ``L`` tokens
 (``L`` in 1024 / 8192 / 102400 with weights 0.6 / 0.3 / 0.1) is the first ``L/2`` tokens of its group's master
 prefix followed by ``L/2`` unique random tokens. Sequences are drawn for each worker until it holds about
 ``N`` blocks; a worker stores only the blocks it does not hold yet (its leading master blocks are shared), in

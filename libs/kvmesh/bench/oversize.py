@@ -1,4 +1,4 @@
-"""``python -m kvmesh.bench oversize``: what an oversize prompt costs the router (issue 13, limits before work).
+"""``python -m kvmesh.bench oversize``: what an oversize prompt costs the router (input hardening: limits before work).
 
 Starts a real sim worker and router (default limits: 131072 prompt tokens, 8 MiB HTTP bodies) and sends
 - HTTP: a 7.8 MB text prompt (under the body cap, far over what 131072 tokens can cover);

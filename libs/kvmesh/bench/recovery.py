@@ -1,4 +1,4 @@
-"""Recovery benchmark: `python -m kvmesh.bench.recovery --pairs 1000000 --store file|redis`.
+"""Recovery benchmark: `python -m kvmesh.bench recovery --pairs 1000000 --store file|redis`.
 
 Builds a cache-manager state of about `--pairs` (worker, block) pairs through the real ingestion path
 (BlockStored events of 32 blocks, token ids hashed into index hashes, 50 % shared group prefixes), writes a
@@ -158,7 +158,7 @@ async def run(args: argparse.Namespace, store: CheckpointStore) -> dict[str, obj
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--pairs", type=int, default=1_000_000)
     p.add_argument("--workers", type=int, default=64)
@@ -167,7 +167,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", choices=["file", "redis"], default="file")
     p.add_argument("--redis-url", default="")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvmesh-bench-") as tmp:
         proc = None
         if args.store == "file":

@@ -14,7 +14,9 @@ is about the inverse ratio of the two paths' host CPU per request.
 of its serving processes in a cgroup of its own capped at C cores (`kvmesh.bench.cpu_cap`: the routers are the
 limit, as where they have their own cores; a copy the supervisor restarts mid-run is not capped);
 ``--router-connections K`` sets the gRPC client's connections per router process (default 1 for one process,
-8 per process for several).
+8 per process for several); ``--worker-transport frames`` sends the router's requests to the workers on generate
+frames (opt-in, opaque to a service mesh) instead of the default gRPC ``GenerateStream``: the same run with each
+shows what the fast path saves.
 The c1 samples of the two paths are taken in 4 interleaved rounds after a warm-up of both, so a slow spell of
 the shared machine cannot land on one path only. Every request is a prefix-cache miss on both paths (one of
 64 random token-id prompts with a per-request first token); the client is grpc.aio in this process.

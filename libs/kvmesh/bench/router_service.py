@@ -151,6 +151,13 @@ def main(argv: Sequence[str]) -> int:
         default=0,
         help="grpc only: the client's connections per router process (default: 1 for one process, else 8)",
     )
+    ap.add_argument(
+        "--worker-transport",
+        choices=("stream", "frames"),
+        default="stream",
+        help="router → worker: stream (the default, one gRPC GenerateStream per worker) or frames (the opt-in "
+        "fast path: the workers' --frames-port, opaque to a service mesh); run both to show its gain",
+    )
     ap.add_argument("--compare", default="", help="http only: also sglang and/or vllm (comma-separated)")
     ap.add_argument("--routers-path", default="", help="folder holding the sglang-router / vllm-router packages")
     ap.add_argument(
@@ -208,6 +215,7 @@ def main(argv: Sequence[str]) -> int:
                 "100000",
                 "--log-level",
                 "WARNING",
+                *(["--frames-port", "0"] if a.worker_transport == "frames" else []),  # the listener is opt-in
             ]
             model_dir = resolve_model_dir("")
             cm: ServiceProcess | None = None  # http: kvmesh as deployed, routing on its cache-manager's index
@@ -241,6 +249,8 @@ def main(argv: Sequence[str]) -> int:
                 "WARNING",
                 "--processes",
                 str(a.router_processes),
+                "--worker-transport",
+                a.worker_transport,
                 # an instant engine recomputes for free, so a KV pull from a peer never pays here (it only
                 # burns the shared cores); the perf model assumes GPU prefill times and would hint pulls
                 *(["--cache-manager", cm.address, "--kv-pull-margin", "0"] if cm else []),
@@ -303,6 +313,7 @@ def main(argv: Sequence[str]) -> int:
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
         | {"router_processes": a.router_processes, "router_cpu_cap": a.router_cpu_cap, "router_cpu_capped": capped}
+        | {"worker_transport": a.worker_transport}
         | ({"router_connections": a.router_connections} if a.router_connections else {})
         | ({"distinct_prompts": a.distinct_prompts, "client_processes": a.client_processes} if a.api == "http" else {})
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmesh.core.pull import KvPull
+
 DEFAULT_MAX_TOKENS_LIMIT = 8192
 
 FINISH_STOP = "stop"
@@ -37,6 +39,7 @@ class EngineRequest:
     """One generation request: token ids (preferred) or text, sampling, and flags.
 
     `prefill_only` computes and caches the prompt's KV blocks and finishes without sampling (warming).
+    `kv_pull` is a pull the engine's `generate` loads leading blocks by (from `Engine.pull_prefix`).
     """
 
     request_id: str
@@ -46,6 +49,7 @@ class EngineRequest:
     prefill_only: bool = False
     lora_name: str | None = None
     tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
+    kv_pull: KvPull | None = None
 
 
 @dataclass(frozen=True, slots=True)

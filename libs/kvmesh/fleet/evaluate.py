@@ -1,4 +1,4 @@
-"""The fleet evaluation of issue 6, with the protocol of issue 14: capacity per policy, one common load.
+"""The fleet evaluation, with the data-plane study's protocol: capacity per policy, one common load.
 
 Protocol (``evaluate``), the same for every policy:
 
@@ -14,7 +14,7 @@ Protocol (``evaluate``), the same for every policy:
    SLO judges (``metrics.Slo``) and of the ITL are inside it. A policy that never meets it has capacity 0;
    its probes (the pass/fail curve over the scale) are reported with it.
 2. The common comparison load ``load_scale`` (:func:`common_load_scale`), a rule that gives a load for any
-   trace: 1.25 × round_robin's capacity when it is above 0 (issue 6's rule); otherwise the highest capacity
+   trace: 1.25 × round_robin's capacity when it is above 0 (the fleet evaluation's rule); otherwise the highest capacity
    of a baseline (a policy other than kvmesh's) when one is above 0; otherwise ``FALLBACK_LOAD_SCALE`` (the
    trace's own arrival rate). Every policy runs the whole servable trace at that scale; its metrics
    (``metrics.summarize``, ``metrics.ttft_excess_ms`` against ``ideal``'s idle, infinite-cache TTFT) plus

@@ -1,4 +1,4 @@
-"""Per-request records of a fleet run and the summary metrics of issue 6.
+"""Per-request records of a fleet run and the summary metrics of the fleet evaluation.
 
 Definitions (all percentiles nearest-rank: the value at rank ⌈p/100 · n⌉ of the sorted sample):
 

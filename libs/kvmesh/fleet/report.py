@@ -103,7 +103,7 @@ def targets(ev: dict[str, Any], kvmesh: dict[str, Any] | None = None) -> list[tu
 
 
 def _excess_targets(r: dict[str, Any], k: dict[str, Any], others: list[str]) -> list[tuple[str, bool, str]]:
-    """Issue 14's TTFT-excess checks at load_scale."""
+    """The data-plane study's TTFT-excess checks at load_scale."""
     ex = k["ttft_excess_ms"]["p99"]
     lo = min(others, key=lambda p: r[p]["ttft_excess_ms"]["p99"])
     f = r["round_robin"]["ttft_excess_ms"]["p99"] / max(ex, 1e-9)
@@ -255,8 +255,8 @@ def render(ev: dict[str, Any]) -> str:
     L += ["## SLO and protocol", "", *_protocol_lines(ev), ""]
     if slo["ttft_mode"] == "excess":
         L += [
-            "The literal SLO of issue 6 (absolute TTFT p99 ≤ 2 s) cannot be met on the development trace at any "
-            "load: with the perf model, the prefill of more than 1 % of its prompts alone takes over 2 s on an "
+            "The fleet evaluation's literal SLO (absolute TTFT p99 ≤ 2 s) cannot be met on the development trace at "
+            "any load: with the perf model, the prefill of more than 1 % of its prompts alone takes over 2 s on an "
             "idle H200 even with an infinite cache (see the notes at the end), so every policy's capacity would "
             "be 0. The SLO's TTFT condition is therefore applied to TTFT minus the prompt's own prefill time on "
             "a cold, idle engine (cache hits make it negative, queueing positive). Reported TTFT percentiles are "

@@ -19,7 +19,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, tier_blocks
+from kvmesh.engine.sim.perf import (
+    H200_LLAMA70B_FP8,
+    H200_NODE_LINKS,
+    LinkModel,
+    PerfModel,
+    tier_blocks,
+    transfer_figures,
+)
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN, transfer_costs
 from kvmesh.routing.types import TransferCosts
 
@@ -110,7 +117,7 @@ class DataPlane:
 
     def transfer_costs(self, block_size: int, model: PerfModel = H200_LLAMA70B_FP8) -> TransferCosts:
         """Per-block link times and the prefill time per token, in seconds (`dataplane.transfer_costs`)."""
-        return transfer_costs(block_size, model, self.links)
+        return transfer_costs(block_size, transfer_figures(model, self.links))
 
 
 class WorkerTiers:

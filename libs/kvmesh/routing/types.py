@@ -31,8 +31,9 @@ class CircuitState(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class TransferCosts:
     """What it costs worker w to obtain a KV block other than by prefill, in seconds (see
-    `kvmesh.routing.dataplane`). The fleet simulator fills it from `kvmesh.engine.sim.perf.LinkModel`; a live
-    router takes it from the worker's GetInfo (`KvTransferCosts`: a sim worker's perf model, a vLLM worker's
+    `kvmesh.routing.dataplane`), derived from engine and link figures (`dataplane.TransferFigures`). The fleet
+    simulator derives them from its perf model; a live router takes them from the worker's GetInfo
+    (`KvTransferCosts`, its engine's `Engine.transfer_costs`: a sim worker's perf model, a vLLM worker's
     measured figures, `kvmesh.routing.dataplane.vllm_cpu_costs`).
 
     `prefill_s_per_token`: prefill time per prompt token; `block_load_s`: one block from w's own CPU tier

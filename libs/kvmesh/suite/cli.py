@@ -6,7 +6,7 @@
     kvmesh demo [--prompt TEXT]                                        one real request through the router
     kvmesh down                                                        stop a detached suite
     kvmesh certs DIR [--zone Z] [--workers N]                          a development CA and certificates
-    kvmesh bench <index|worker|router|fleet|failover> ...              benchmarks (python -m kvmesh.bench)
+    kvmesh bench NAME ...                                              a benchmark (python -m kvmesh.bench --help)
 
 `up` starts each service as its own process with embedded defaults: a static registry file instead of Consul
 (the failover service probes its instances' gRPC health: a killed service leaves the endpoint sets in seconds),
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_certs.add_argument("--workers", type=int, default=2)
     p_certs.add_argument("--host", action="append", default=[], help="extra DNS name / IP of the servers")
     p_certs.set_defaults(func=certs)
-    sub.add_parser("bench", help="benchmarks: kvmesh bench <index|worker|router|fleet|failover> ...")
+    sub.add_parser("bench", help="a benchmark: kvmesh bench NAME ... (the names: python -m kvmesh.bench --help)")
     admin_cli.register(sub)  # workers, rebalance, drain, undrain, zones, weights, index, top
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -61,6 +61,9 @@ class RouterSettings:
     processes: int = _f(1, min=0)  # router processes sharing the router's ports (0 = one per core, at most 8)
     profile: str | dict[str, Any] | None = _f(None, profile=True)  # routing profile: a file path, or inline
     api_keys_file: str = ""  # client API keys (docs/security.md); "" = the suite's provisioned tokens only
+    # router → worker requests: stream (one gRPC GenerateStream per worker, which a service mesh sees) or frames
+    # (the opt-in fast path on the workers' frames port, opaque to a mesh: docs/operations.md)
+    worker_transport: str = _f("stream", choices=("stream", "frames"))
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,7 @@ def _start_worker(
     flags += ["--block-size", str(s.model.block_size), "--cache-manager", cache]
     flags += ["--max-model-len", str(w.max_model_len), "--kv-blocks", str(w.kv_blocks), "--sim-speed", str(w.sim_speed)]
     flags += ["--kvsync-port", str(w.kv_sync_port + i if w.kv_sync_port else 0)]
+    flags += ["--frames-port", "0"] if z.router.worker_transport == "frames" else []  # its listener is opt-in
     flags += ["--model", s.model.path] if s.model.path else []
     flags += ["--vllm-args", w.vllm_args] if w.vllm_args else []
     return start_service(
@@ -310,6 +311,7 @@ def _start_router(
     flags = [*_common(s, z, auth, f"router-{z.name}"), "--block-size", str(s.model.block_size)]
     flags += ["--cache-manager", cache, "--workers", ",".join(workers), "--salt-model", s.model.salt]
     flags += ["--long-prompt-tokens", str(r.long_prompt_tokens), "--processes", str(r.processes)]
+    flags += ["--worker-transport", r.worker_transport]
     flags += ["--model", s.model.path] if s.model.path else []
     flags += ["--model-name", s.model.name] if s.model.name else []
     flags += ["--api-keys-file", r.api_keys_file] if r.api_keys_file else []

@@ -495,12 +495,13 @@ class ZoneHealth(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     REWARM_HOLD_FIELD_NUMBER: _builtins.int
     REWARM_PENDING_FROM_FIELD_NUMBER: _builtins.int
+    STARTING_FIELD_NUMBER: _builtins.int
     zone: _builtins.str
     """Zone name."""
     healthy: _builtins.bool
     """True when the zone can serve."""
     reason: _builtins.str
-    """Why it cannot, when unhealthy."""
+    """Why it cannot, when unhealthy; what it waits for, when starting."""
     routers: _builtins.int
     """Passing routers."""
     cache_managers: _builtins.int
@@ -511,6 +512,10 @@ class ZoneHealth(_message.Message):
     """Since when the zone has been in its current state, seconds since the Unix epoch."""
     rewarm_hold: _builtins.bool
     """True while the restored zone is held at the ramp floor for other zones to re-warm it."""
+    starting: _builtins.bool
+    """True while the zone has not yet been healthy since the failover service started (engines loading,
+    services coming up); `healthy` is false and `reason` says what it waits for.
+    """
     @_builtins.property
     def rewarm_pending_from(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Zones whose cache-managers have not finished replicating their hot prefixes into this one."""
@@ -527,10 +532,11 @@ class ZoneHealth(_message.Message):
         since: _builtins.float = ...,
         rewarm_hold: _builtins.bool = ...,
         rewarm_pending_from: _abc.Iterable[_builtins.str] | None = ...,
+        starting: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_managers", b"cache_managers", "healthy", b"healthy", "reason", b"reason", "rewarm_hold", b"rewarm_hold", "rewarm_pending_from", b"rewarm_pending_from", "routers", b"routers", "since", b"since", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_managers", b"cache_managers", "healthy", b"healthy", "reason", b"reason", "rewarm_hold", b"rewarm_hold", "rewarm_pending_from", b"rewarm_pending_from", "routers", b"routers", "since", b"since", "starting", b"starting", "workers", b"workers", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

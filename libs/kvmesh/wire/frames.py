@@ -1,4 +1,4 @@
-"""Generate frames: the router → worker transport without HTTP/2 (pure codec).
+"""Generate frames: the opt-in router → worker transport without HTTP/2 (pure codec).
 
 A connection carries length-prefixed protobuf messages, each a 4-byte big-endian payload length and the
 payload. The router's first frame is a `kvmesh.v1.GenerateFramesHello`, every later one a
@@ -8,7 +8,9 @@ payload. The router's first frame is a `kvmesh.v1.GenerateFramesHello`, every la
 Why a second carrier for the same messages: a Python grpc.aio stream write and read cost ~120 µs of client CPU
 per request on this project's hosts (grpc's C core, its completion queue and the poller thread that wakes the
 event loop), a frame written on an asyncio transport and parsed in `data_received` ~15 µs
-(docs/benchmarks.md). The router crosses that hop on every request.
+(docs/benchmarks.md). The router crosses that hop on every request. The price: a frames connection is no
+gRPC call, so a service mesh cannot see, authorise, retry or measure it per method; routers use the gRPC
+`GenerateStream` unless run with `--worker-transport frames` (docs/operations.md).
 
 `FrameDecoder.feed` checks a frame's length against `max_frame_bytes` as soon as its 4 header bytes arrive,
 before any of its body is buffered, and raises `FrameTooLarge`: a peer cannot make the other side hold more

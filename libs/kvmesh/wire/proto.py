@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
 from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.pull import KvPull
 from kvmesh.index.types import Cleared, IndexDelta, Media, Removed, Stored
 from kvmesh.v1 import cache_manager_pb2, common_pb2, worker_pb2
 
@@ -72,6 +73,36 @@ def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
         prefill_only=r.prefill_only,
         lora_name=r.lora_name or None,
         tenant=r.tenant or None,
+    )
+
+
+def pull_to_proto(p: KvPull) -> worker_pb2.KvPullHint:
+    """A pull as the router sends it to a worker (a held lease, `lease_until_ns`, never travels)."""
+    return worker_pb2.KvPullHint(
+        source_worker_id=p.source_worker_id,
+        source_address=p.source_address,
+        region=p.region,
+        region_shm_name=p.shm_name,
+        num_blocks=p.num_blocks,
+        block_digests=list(p.digests),
+        lease_ms=p.lease_ms,
+        expires_unix_ms=p.expires_unix_ms,
+        timeout_ms=p.timeout_ms,
+    )
+
+
+def pull_from_proto(h: worker_pb2.KvPullHint) -> KvPull:
+    """A worker's `kv_pull` → the domain pull its engine arranges."""
+    return KvPull(
+        source_address=h.source_address,
+        region=h.region,
+        num_blocks=h.num_blocks,
+        source_worker_id=h.source_worker_id,
+        shm_name=h.region_shm_name,
+        digests=tuple(h.block_digests),
+        lease_ms=h.lease_ms,
+        expires_unix_ms=h.expires_unix_ms,
+        timeout_ms=h.timeout_ms,
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from kvmesh.bench.balance import BalanceSetup, run_balance
 
 pytestmark = pytest.mark.integration
-MAX_SHARE = 0.60  # the bound issue 13 states: neither worker gets more than 60 % of the requests
+MAX_SHARE = 0.60  # the bound the input-hardening work states: neither worker gets more than 60 % of the requests
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -32,8 +32,8 @@ def test_distinct_prompts_split_evenly_over_sim_workers() -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_distinct_prompts_split_evenly_over_vllm_workers() -> None:
-    """Before issue 13's fixes: 59 / 5. The workers' load reports, the in-flight accounting and each worker
-    owning its cores (`kvmesh.core.cpus`) are what this checks together."""
+    """Before the input-hardening work's fixes: 59 / 5. The workers' load reports, the in-flight accounting and each
+    worker owning its cores (`kvmesh.core.cpus`) are what this checks together."""
     build = [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")]
     subprocess.run(build, check=True, capture_output=True, timeout=300)  # the model bench balance resolves
     check_even(run_balance(BalanceSetup(engine="vllm", workers=2, prompts=64, prompt_tokens=512, concurrency=8)))

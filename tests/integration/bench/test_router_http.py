@@ -23,6 +23,7 @@ def test_http_bench_reports_figures_for_kvmesh_and_direct() -> None:
     assert len(lines) == 1, out.stdout
     res = json.loads(lines[0])
     assert res["distinct_prompts"] == 4 and res["requests"] == 40 and res["concurrency"] == 4
+    assert res["worker_transport"] == "stream"  # the default path: router → worker on gRPC
     for path in ("direct", "kvmesh"):
         fig = res[path]["128"]
         assert 0 < fig["c1_p50_ms"] <= fig["c1_p99_ms"] and fig["c4_rps"] > 0

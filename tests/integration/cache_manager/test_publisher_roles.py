@@ -1,4 +1,4 @@
-"""The cache-manager's per-role rules on KV event publishers (issue 16's index poisoning), over real gRPC.
+"""The cache-manager's per-role rules on KV event publishers (the security review's index poisoning), over real gRPC.
 
 * A stream authenticated as worker Y publishing for X (a hello with a new instance_id, or batches naming X) is
   PERMISSION_DENIED naming both; X's entries, instance and FindMatches answer stay as they were, and X's own

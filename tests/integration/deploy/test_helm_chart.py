@@ -239,6 +239,26 @@ def test_gpu_workers_and_grpc_probes(rendered: tuple[dict[str, Any], list[dict[s
         assert env["KVMESH_SERVICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
+def test_generate_frames_are_opened_only_where_opted_in(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    """Routers reach workers on gRPC unless router.workerTransport is frames (opaque to a service mesh): only then
+    do the workers listen on, and their pods and Services expose, the frames port."""
+    values, manifests = rendered
+    transport = values["router"]["workerTransport"]
+    frames = transport == "frames"
+    for d in _of(manifests, "Deployment"):
+        _, name = _component(d)
+        (container,) = d["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if name == "router":
+            assert env["KVMESH_WORKER_TRANSPORT"] == transport
+        elif name == "worker":
+            assert env["KVMESH_FRAMES_PORT"] == (str(values["worker"]["framesPort"]) if frames else "-1")
+            assert ("frames" in {p["name"] for p in container["ports"]}) == frames
+    for zone in values["zones"]:
+        services = [s for s in _of(manifests, "Service") if _component(s) == (zone["name"], "worker")]
+        assert ("frames" in {p["name"] for s in services for p in s["spec"]["ports"]}) == frames
+
+
 def test_disruption_budgets_keep_each_zone_serving(rendered: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     _, manifests = rendered
     deployments = {_component(d): d for d in _of(manifests, "Deployment")}
@@ -272,11 +292,11 @@ _COMPONENT_OF_ROLE = {
 }
 
 
-def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
+def _expected_edges(components: list[str], frames: bool) -> set[tuple[str, str, str]]:
     """(caller, callee, port) between the chart's components: the service roles each non-open rule of the
     authorisation table allows, plus the failover service's grpc.health.v1 probes of every service it finds
     in Consul, i.e. all but the planner (health, like the client APIs, is open to anyone in the table, so it
-    names no caller)."""
+    names no caller); with `frames` (router.workerTransport), GenerateStream's callers on the frames port too."""
     edges = {("failover", c, "grpc") for c in components if c != "planner"}
     for method, rule in GRPC_RULES.items():
         prefix = next((p for p in _SERVICE_OF_PREFIX if method.startswith(p)), None)
@@ -284,7 +304,7 @@ def _expected_edges(components: list[str]) -> set[tuple[str, str, str]]:
             continue  # grpc's own health / reflection services; open rules name no caller (the client APIs)
         callee, port = _SERVICE_OF_PREFIX[prefix]
         edges |= {(_COMPONENT_OF_ROLE[r], callee, port) for r in rule.roles if r in _COMPONENT_OF_ROLE}
-        if method == GENERATE_FRAMES_AUTHORISED_AS:  # generate frames: GenerateStream on the worker's frames port
+        if frames and method == GENERATE_FRAMES_AUTHORISED_AS:  # GenerateStream on the worker's frames port
             edges |= {(_COMPONENT_OF_ROLE[r], "worker", "frames") for r in rule.roles if r in _COMPONENT_OF_ROLE}
     for (service, _method, _path), rule in HTTP_RULES.items():
         if service in COMPONENTS and not rule.open:
@@ -337,7 +357,7 @@ def test_network_policies_allow_exactly_the_calls_made(rendered: tuple[dict[str,
             for peer in filter(None, map(_peer, rule["to"])):
                 callee, _ = peer
                 egress |= {(name, callee, _port_names(values, callee)[p["port"]]) for p in rule["ports"]}
-    assert ingress == _expected_edges(_components(values))
+    assert ingress == _expected_edges(_components(values), values["router"]["workerTransport"] == "frames")
     assert egress == ingress
 
 

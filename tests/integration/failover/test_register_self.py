@@ -1,4 +1,5 @@
-"""The failover service's per-role rules (issue 16: "anyone can register a router"), over real gRPC on loopback.
+"""The failover service's per-role rules (the security review: "anyone can register a router"), over real gRPC on
+loopback.
 
 A router may register or deregister only itself (its identity's id, as a router); an admin may do either for
 anyone; with no authentication (no identity) it is as before. Admin calls carry no unknown fields, and each

@@ -1,4 +1,4 @@
-"""Live replay of the Mooncake trace against a real suite agrees with the fleet simulator (issue 6).
+"""Live replay of the Mooncake trace against a real suite agrees with the fleet simulator (the fleet evaluation).
 
 A real cache-manager, 4 simulated workers (``--sim-speed 4``, the simulator's engine settings and KV capacity)
 and a router with the default profile run on loopback; the first 150 requests of the Mooncake conversation

@@ -70,7 +70,7 @@ BOTH = {
     "chat-no-messages": bad("messages", {"messages": "nope"}, chat=True),
     "chat-bad-content": bad("messages[0].content", {"messages": [{"role": "user", "content": 1}]}, chat=True),
     "chat-temperature": bad("temperature", {"messages": CHAT, "temperature": 3}, chat=True),
-    # issue 13: inputs that ended in a 500 (traceback) or were silently ignored with a 200
+    # the input-hardening work: inputs that ended in a 500 (traceback) or were silently ignored with a 200
     "prompt-lone-surrogate": bad("prompt", raw=b'{"prompt": "\\ud800", "max_tokens": 2}'),
     "chat-lone-surrogate": bad(
         "messages[0].content", raw=b'{"messages": [{"role": "user", "content": "a\\ud800"}]}', chat=True

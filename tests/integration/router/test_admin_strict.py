@@ -1,5 +1,5 @@
-"""The router's admin routes take only typed JSON (issue 16: "/admin/drain accepts text/plain, so a web page can
-send it (CSRF), and the string "false" drains"), and every admin action is an audit line. A real router process
+"""The router's admin routes take only typed JSON (the security review: "/admin/drain accepts text/plain, so a web
+page can send it (CSRF), and the string "false" drains"), and every admin action is an audit line. A real router process
 with two sim workers on loopback; the drained state is read back through RouterAdminService/ListWorkers.
 """
 

@@ -334,7 +334,7 @@ def test_second_turn_goes_to_the_worker_holding_the_prefix(
 
 
 def _has_tokens_and_is_not_last(message: bytes) -> bool:
-    m = worker_pb2.GenerateResponse.FromString(message)
+    m = worker_pb2.GenerateStreamResponse.FromString(message).response  # a step on the router's GenerateStream
     return bool(m.token_ids) and not m.finish_reason
 
 
@@ -345,15 +345,16 @@ def test_kill_9_mid_stream_client_sees_one_complete_stream(
     """The worker streaming a request is SIGKILLed after the client got its first tokens: the router resumes
     it on the other worker and the client sees one complete stream. vLLM on the tiny model can finish a long
     output before a busy client reads the first message, so there each worker sits behind a `GateProxy`
-    (a gRPC link, hence the call transport) that stalls after the worker's first message with tokens: the
-    kill then always lands mid-stream. The sim engine decodes at a set speed, over the default transport."""
+    (a gRPC link: the router's GenerateStream to a worker opens with its first request, after the gates are
+    armed) that stalls after the worker's first message with tokens: the kill then always lands mid-stream.
+    The sim engine decodes at a set speed."""
     workers = start_workers(services, 2, "--sim-speed", "1")
     gates: dict[str, GateProxy] = {}
     if engine == "vllm":
         gates = {g.address: g for g in (GateProxy(w.address, _has_tokens_and_is_not_last) for w in workers)}
         router = services(
             "router", "--workers", ",".join(g.address for g in gates.values()), "--block-size", str(BS),
-            "--model", tiny_model(), "--worker-transport", "call",
+            "--model", tiny_model(),
         )  # fmt: skip
         by_address = dict(zip(gates, workers, strict=True))
     else:
@@ -418,14 +419,22 @@ def _worker_metric(worker: ServiceProcess, line_start: str) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(line_start))
 
 
+def transport_flags(transport: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The workers' and the router's flags for a router → worker transport: generate frames are opt-in on both
+    sides (the workers' listener is off by default)."""
+    on_workers = ("--frames-port", "0") if transport == "frames" else ()
+    return on_workers, ("--worker-transport", transport)
+
+
 @pytest.mark.fault
-@pytest.mark.parametrize("transport", ["frames", "stream", "call"])
+@pytest.mark.parametrize("transport", ["stream", "frames"])
 def test_worker_transports_serve_and_migrate(transport: str, services: Callable[..., ServiceProcess]) -> None:
-    """Every router → worker transport carries requests and survives a kill -9 mid-stream; the workers' own
-    metrics show which one was used (a frames connection or one GenerateStream per worker, or a Generate call
-    per request)."""
-    workers = start_workers(services, 2, "--sim-speed", "1")
-    router = start_router(services, workers, "--worker-transport", transport)
+    """Both router → worker transports carry requests and survive a kill -9 mid-stream; the workers' own
+    metrics show which one was used (one GenerateStream per worker, or a frames connection), and neither
+    sends a Generate call per request."""
+    on_workers, on_router = transport_flags(transport)
+    workers = start_workers(services, 2, "--sim-speed", "1", *on_workers)
+    router = start_router(services, workers, *on_router)
     for i in range(4):
         last = list(stream(router.address, gen(toks(40, start=100 * i), max_tokens=3), key=None))[-1]
         assert last.usage.completion_tokens == 3
@@ -434,10 +443,8 @@ def test_worker_transports_serve_and_migrate(transport: str, services: Callable[
     frames_open = sum(_worker_metric(w, "kvmesh_worker_generate_frames_connections ") for w in workers)
     if transport == "frames":
         assert generate_calls == 0 and streams_open == 0 and frames_open >= 1
-    elif transport == "stream":
-        assert generate_calls == 0 and streams_open >= 1 and frames_open == 0
     else:
-        assert generate_calls == 4 and streams_open == 0 and frames_open == 0
+        assert generate_calls == 0 and streams_open >= 1 and frames_open == 0
     by_address = {w.address: w for w in workers}
     with grpc.insecure_channel(router.address) as ch:
         admin = router_pb2_grpc.RouterAdminServiceStub(ch)
@@ -456,13 +463,14 @@ def test_worker_transports_serve_and_migrate(transport: str, services: Callable[
     assert msgs[-1].migrations == 1 and msgs[-1].worker_id != killed
 
 
-@pytest.mark.parametrize("transport", ["frames", "stream", "call"])
+@pytest.mark.parametrize("transport", ["stream", "frames"])
 def test_client_cancel_aborts_the_request_on_the_worker(
     transport: str, services: Callable[..., ServiceProcess]
 ) -> None:
     """A client that cancels its stream makes the router abort the request on the worker (its KV is freed)."""
-    (worker,) = start_workers(services, 1, "--sim-speed", "1")
-    router = start_router(services, [worker], "--worker-transport", transport)
+    on_workers, on_router = transport_flags(transport)
+    (worker,) = start_workers(services, 1, "--sim-speed", "1", *on_workers)
+    router = start_router(services, [worker], *on_router)
     with grpc.insecure_channel(router.address) as ch, grpc.insecure_channel(worker.address) as wch:
         call = router_pb2_grpc.RouterServiceStub(ch).Generate(gen(toks(300), max_tokens=3000), timeout=60)
         next(call)  # the request is running on the worker

@@ -1,4 +1,4 @@
-"""Issue 13, "every input a clear answer" and "limits before work", on real processes (a sim worker, routers
+"""Input hardening, "every input a clear answer" and "limits before work", on real processes (a sim worker, routers
 in front of it): every rejection is HTTP 4xx / gRPC INVALID_ARGUMENT (or RESOURCE_EXHAUSTED for a message
 over the transport's backstop, twice the method's bound) naming the field, decided by the router before it
 tokenises, decodes or forwards; `resume_token_ids` are validated and never counted as generated; client

@@ -1,5 +1,6 @@
-"""Rolling upgrade: a worker that does not offer `GenerateStream` in GetInfo (an older version) still gets
-requests from a router whose default transport is the stream, as one `Generate` call each.
+"""A worker that does not offer `GenerateStream` in GetInfo (a version older than the router's transports) is
+never routed to: the router logs why (upgrade the worker), sends it no request, and its clients get
+UNAVAILABLE rather than a request on a transport the worker lacks.
 
 The older worker is a stand-in written here (a sync grpc server in this process serving GetInfo, StreamLoad
 and Generate only, as a worker before GenerateStream did); the router is the real process."""
@@ -15,6 +16,7 @@ import pytest
 
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.support.poll import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +63,7 @@ class OlderWorker(worker_pb2_grpc.WorkerServiceServicer):
             )
 
 
-def test_router_uses_generate_calls_for_a_worker_without_the_stream(
+def test_router_does_not_route_to_a_worker_without_the_stream(
     services: Callable[..., ServiceProcess],
 ) -> None:
     fake = OlderWorker()
@@ -71,17 +73,16 @@ def test_router_uses_generate_calls_for_a_worker_without_the_stream(
     server.start()
     try:
         router = services("router", "--workers", f"127.0.0.1:{port}", "--block-size", "32")
+        wait_until(lambda: "does not serve GenerateStream" in router.log())
         with grpc.insecure_channel(router.address) as ch:
-            stub = router_pb2_grpc.RouterServiceStub(ch)
-            for i in range(3):
-                req = router_pb2.RouterServiceGenerateRequest(
-                    token_ids=common_pb2.TokenIds(ids=list(range(5 + i, 105 + i))),
-                    sampling=common_pb2.SamplingParams(max_tokens=4, ignore_eos=True),
-                )
-                msgs = list(stub.Generate(req, timeout=30))
-                assert [t for m in msgs for t in m.token_ids] == [40, 41, 42, 43]
-                assert msgs[-1].worker_id == "old-1" and msgs[-1].usage.completion_tokens == 4
-        assert fake.generate_calls == [list(range(5 + i, 105 + i)) for i in range(3)]
+            req = router_pb2.RouterServiceGenerateRequest(
+                token_ids=common_pb2.TokenIds(ids=list(range(5, 105))),
+                sampling=common_pb2.SamplingParams(max_tokens=4, ignore_eos=True),
+            )
+            with pytest.raises(grpc.RpcError) as ei:
+                list(router_pb2_grpc.RouterServiceStub(ch).Generate(req, timeout=30))
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert fake.generate_calls == []
     finally:
         fake.stopped.set()
         server.stop(grace=None)

@@ -1,4 +1,4 @@
-"""Issue 13, quiet logs: what a client can repeat for free (disconnecting from an SSE stream, sending garbage
+"""Input hardening, quiet logs: what a client can repeat for free (disconnecting from an SSE stream, sending garbage
 to the HTTP port) is logged at INFO without a traceback (it was ERROR with one), and a disconnected stream
 is cancelled on the worker with its admission slot freed. Real processes: a slow sim worker, a router."""
 

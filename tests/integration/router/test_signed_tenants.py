@@ -5,7 +5,7 @@ Signing (kvmesh.security.signing), over gRPC and HTTP: a signed request passes; 
 replay; its signature with a timestamp outside the window, or over a body one byte different, is refused; a
 key that requires signing refuses an unsigned request; kvmesh.client signs its calls itself.
 
-Tenants (the cache side channel of issue 16): bob's key may use tenant "bob" only. Alice's prompt is cached
+Tenants (the cache side channel of the security review): bob's key may use tenant "bob" only. Alice's prompt is cached
 under tenant "alice"; bob declaring tenant=alice is refused (PERMISSION_DENIED / 403 naming the tenant), and
 bob declaring nothing runs as "bob": no cached-prefix credit in the router's decision nor in `cached_tokens`,
 while alice's own repeat gets both (the control that shows the probe would have seen her cache).

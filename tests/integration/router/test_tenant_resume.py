@@ -174,7 +174,7 @@ def test_resume_token_ids_continue_the_stream(services: Callable[..., ServicePro
     assert new == full[k:]
     assert msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
     u = msgs[-1].usage
-    # resumed + new = max_tokens; usage counts only the generated ones (issue 13: resumed ids are the client's)
+    # resumed + new = max_tokens; usage counts only the generated ones (input hardening: resumed ids are the client's)
     assert u.prompt_tokens == len(prompt) and u.completion_tokens == 12 - k
 
     done = run(router.address, gen(prompt, 12, resume_token_ids=full))  # nothing left to generate

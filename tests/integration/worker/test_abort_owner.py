@@ -1,5 +1,5 @@
-"""A worker aborts a request only for the caller that started it (issue 16: "Abort another client's request by
-id, the victim sees a normal finish"), over real gRPC on loopback.
+"""A worker aborts a request only for the caller that started it (the security review: "Abort another client's request
+by id, the victim sees a normal finish"), over real gRPC on loopback.
 
 The worker servicer runs with a real sim engine in-process behind `tests.support.identity` (the stand-in for
 the authorisation core, which sets the same `identity_var`): router A streams a request; router B's Abort of

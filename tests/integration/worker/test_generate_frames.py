@@ -2,7 +2,8 @@
 (simulated engine) on 127.0.0.1: the same answers as `Generate`, per-request errors that leave the connection
 up, cancel → abort, a killed worker failing every pending request, a connection refused for what it sent
 (garbage, another version, an oversized frame: the worker keeps serving the others), the worker's guard over
-tokens and mTLS, and the router's fallback to the gRPC stream when the frames port does not answer."""
+tokens and mTLS, and the router's fallback to the gRPC stream when the frames port does not answer. Generate
+frames are opt-in (a service mesh cannot see them), so every worker here is started with `--frames-port 0`."""
 
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ pytestmark = pytest.mark.integration
 ROUTER = Identity(CallerRole.ROUTER, "router-0")
 CLIENT = Identity(CallerRole.CLIENT, "alice")
 WORKER = Identity(CallerRole.WORKER, "worker-0")
+FRAMES_ON = ("--frames-port", "0")  # any free port (the default, -1, is off)
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "1")
+    sp = start_sim_worker(tmp_path_factory.mktemp("w"), "--sim-speed", "1", *FRAMES_ON)
     yield sp
     sp.terminate(timeout=30)
 
@@ -167,7 +169,7 @@ async def test_a_connection_is_refused_for_what_it_sent_and_the_worker_serves_on
 
 
 async def test_a_killed_worker_fails_every_pending_request(tmp_path: Path) -> None:
-    sp = start_sim_worker(tmp_path, "--sim-speed", "1")
+    sp = start_sim_worker(tmp_path, "--sim-speed", "1", *FRAMES_ON)
     fs = FramedWorkerStream(frames_address(sp), ServerSettings())
     calls = [await fs.start(f"k{i}", gen_req(f"k{i}", list(range(1, 60)), 5000).SerializeToString()) for i in range(3)]
     for c in calls:
@@ -187,7 +189,7 @@ async def test_a_killed_worker_fails_every_pending_request(tmp_path: Path) -> No
 
 
 async def test_sigterm_finishes_in_flight_requests_and_refuses_new_ones(tmp_path: Path) -> None:
-    sp = start_sim_worker(tmp_path, "--sim-speed", "1")
+    sp = start_sim_worker(tmp_path, "--sim-speed", "1", *FRAMES_ON)
     fs = FramedWorkerStream(frames_address(sp), ServerSettings())
     call = await fs.start("inflight", gen_req("inflight", list(range(1, 60)), 40).SerializeToString())
     it = aiter(call)
@@ -215,7 +217,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceP
     tokens = tmp_path_factory.mktemp("tokens")
     own = provision(tokens, [ROUTER, CLIENT, WORKER])
     flags = ("--auth-mode", "enforce", "--auth-tokens-file", str(accepted_file(tokens)))
-    sp = start_sim_worker(tmp_path_factory.mktemp("wg"), "--sim-speed", "0", *flags)
+    sp = start_sim_worker(tmp_path_factory.mktemp("wg"), "--sim-speed", "0", *flags, *FRAMES_ON)
     yield sp, own
     sp.terminate(timeout=30)
 
@@ -263,7 +265,7 @@ async def test_mtls_identities_are_checked_as_for_generate_stream(tmp_path: Path
     creds = grpc.ssl_channel_credentials(
         pki.ca.read_bytes(), router_pair.key.read_bytes(), router_pair.cert.read_bytes()
     )
-    sim = ("--engine", "sim", "--sim-speed", "0", "--block-size", "16")
+    sim = ("--engine", "sim", "--sim-speed", "0", "--block-size", "16", *FRAMES_ON)
     sp = start_service("worker", tmp_path, *sim, "--auth-mode", "enforce", *tls, timeout=60, credentials=creds)
     try:
         address = frames_address(sp, creds)
@@ -291,14 +293,13 @@ async def test_the_router_falls_back_to_the_grpc_stream_when_frames_do_not_answe
             breaker=CircuitBreaker(BreakerConfig()),
             view=WorkerView(id="w", healthy=True),
             stream=WorkerStream(ch, worker.address),
-            stream_offered=True,
             frames=FramedWorkerStream(closed, ServerSettings()),
         )
         req = gen_req("fb", [1, 2, 3], 2)
         call = await h.generate("fb", req.SerializeToString(), {})
-        assert call.call is h.stream._call  # type: ignore[union-attr]  # sent on the gRPC stream
-        assert [m async for m in call][-1].usage.completion_tokens == 2  # type: ignore[union-attr]
+        assert call.call is h.stream._call  # sent on the gRPC stream
+        assert [m async for m in call][-1].usage.completion_tokens == 2
         assert h.frames_off_until > time.monotonic()  # frames are not tried again at once
         assert h.frames is not None and h.frames.pending == 0
-        await h.stream.close()  # type: ignore[union-attr]
+        await h.stream.close()
         await h.frames.close()

@@ -12,14 +12,16 @@ import grpc
 import pytest
 
 from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.pull import KvPull
 from kvmesh.engine.clock import VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import SimEngine
-from kvmesh.engine.sim.tiers import HostTiers, PullHint, block_payload, sim_layout, tiny_block_bytes
+from kvmesh.engine.sim.tiers import HostTiers, block_payload, sim_layout, tiny_block_bytes
 from kvmesh.kvplane.kvsync.peer import BreakingKvSync
 from kvmesh.kvplane.kvsync.service import add_to_server
 from kvmesh.kvplane.kvsync.tier import TierRegion
-from kvmesh.services.worker.kvpull import PeerPulls
+from kvmesh.kvplane.pulls import PeerPulls
+from kvmesh.services.worker.kvpull import peer_pulls
 from kvmesh.services.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -53,7 +55,7 @@ async def test_sim_pull_keeps_exactly_the_verified_leading_blocks(case: str) -> 
     add_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    pulls = PeerPulls(WorkerSettings(pull_over_shm=False, pull_timeout_ms=5000))
+    pulls = peer_pulls(WorkerSettings(pull_over_shm=False, pull_timeout_ms=5000))
     eng, ref = _engine(pulls), _engine(None)
     await eng.start()
     await ref.start()
@@ -73,8 +75,8 @@ async def test_sim_pull_keeps_exactly_the_verified_leading_blocks(case: str) -> 
         if case == "dies_after_6":
             servicer.messages = 6
         want = {"dies_after_6": 6, "corrupt_at_3": 3, "whole": 10}[case]
-        hint = PullHint(source_address=f"127.0.0.1:{port}", region="cpu", num_blocks=10, timeout_ms=5000)
-        assert await eng.pull_prefix(_req("a"), hint) == want
+        hint = KvPull(source_address=f"127.0.0.1:{port}", region="cpu", num_blocks=10, timeout_ms=5000)
+        assert (await eng.pull_prefix(_req("a"), hint)).blocks == want
         assert eng.pulls["partial"] == (want < 10) and eng.pulls["corrupt"] == 0
         assert eng.core.tiers is not None and eng.core.tiers.prefix_run(digests) == want  # nothing after
         toks, cached = await _generate(eng, "a")

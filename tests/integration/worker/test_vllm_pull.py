@@ -33,8 +33,8 @@ import pytest
 from kvmesh.engine.sim.tiers import tiny_block_bytes
 from kvmesh.kvplane.kvsync.service import MESSAGE_DATA_BYTES, message_sizes
 from kvmesh.kvplane.kvsync.tier import SHM_DIR, region_name
+from kvmesh.kvplane.staging import STAGING_TAG
 from kvmesh.kvplane.vllm_connector.plan import loadable_blocks
-from kvmesh.services.worker.kvpull import STAGING_TAG
 from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from tests.support.models import tiny_model

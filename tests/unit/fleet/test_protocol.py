@@ -28,7 +28,7 @@ def write_mooncake(path: Path, rows: list[tuple[int, int, int, list[int]]]) -> P
 
 def small_trace_with_overlong(path: Path, overlong: int = 3) -> Path:
     """24 short prompts (1.5–3K tokens, two shared system prefixes) over 60 s, and ``overlong`` prompts longer
-    than the model's context (131,072 tokens), like the held-out trace of issue 14."""
+    than the model's context (131,072 tokens), like the held-out trace of the data-plane study."""
     rows: list[tuple[int, int, int, list[int]]] = []
     nxt = 1000
     for i in range(24):
@@ -55,7 +55,7 @@ def run_bench(trace: Path, out: Path, *extra: str) -> dict[str, Any]:
 
 
 def test_a_trace_with_prompts_beyond_the_context_gives_a_report(tmp_path: Path) -> None:
-    """Issue 14: before the fix this raised ``RuntimeError: round_robin never meets the SLO``."""
+    """The data-plane study: before the fix this raised ``RuntimeError: round_robin never meets the SLO``."""
     trace = small_trace_with_overlong(tmp_path / "t.jsonl")
     res = run_bench(trace, tmp_path / "out")
     assert (tmp_path / "out" / "report.md").is_file()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvmesh.routing.dataplane import (
+    DEFAULT_FIGURES,
+    TransferFigures,
     plan_prefix,
     pull_seconds,
     sources_of,
@@ -79,6 +81,27 @@ def test_vllm_costs_scale_with_the_block_size() -> None:
     small, big = vllm_cpu_costs(16), vllm_cpu_costs(32)
     assert big.block_load_s == pytest.approx(2 * small.block_load_s)
     assert big.prefill_s_per_token == small.prefill_s_per_token and small.block_load_s < 16 * small.prefill_s_per_token
+
+
+def test_costs_come_from_the_figures_alone() -> None:
+    figures = TransferFigures(
+        prefill_s_per_token=1e-4,
+        kv_bytes_per_token=1000.0,
+        host_to_gpu_bytes_per_s=1e6,
+        network_bytes_per_s=1e5,
+        network_rtt_s=0.5,
+    )
+    c = transfer_costs(BS, figures)
+    assert (c.prefill_s_per_token, c.pull_rtt_s) == (1e-4, 0.5)
+    assert (c.block_load_s, c.block_pull_s) == (BS * 1000.0 / 1e6, BS * 1000.0 / 1e5)
+
+
+def test_the_default_figures_are_an_h200_node_serving_llama_70b_fp8() -> None:
+    # the values the router priced with before its figures were its own (a routing decision must not move)
+    assert DEFAULT_FIGURES.kv_bytes_per_token == 163_840.0
+    assert COSTS.prefill_s_per_token == 2.0 * 70.6e9 / 989.5e12
+    assert COSTS.block_load_s == 163_840.0 * BS / 50e9 and COSTS.block_pull_s == 163_840.0 * BS / 23.75e9
+    assert COSTS.pull_rtt_s == 1e-3
 
 
 def test_a_pending_pull_covers_its_prefix_until_it_expires() -> None:

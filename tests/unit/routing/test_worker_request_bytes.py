@@ -9,13 +9,8 @@ import grpc
 import pytest
 
 from kvmesh.routing.attempts import Failure, NextAttempt
-from kvmesh.services.router.worker_stream import (
-    WorkerCall,
-    attempt_request_bytes,
-    classify,
-    rpc_error,
-    worker_request_bytes,
-)
+from kvmesh.services.router.stream_requests import rpc_error
+from kvmesh.services.router.worker_stream import WorkerCall, attempt_request_bytes, classify, worker_request_bytes
 from kvmesh.v1 import common_pb2, worker_pb2
 
 pytestmark = pytest.mark.unit

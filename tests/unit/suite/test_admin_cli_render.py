@@ -62,13 +62,14 @@ def _zones_doc() -> dict[str, object]:
     health.zones.add(zone="b", healthy=False, reason="no router", since=990.0)
     health.zones.add(zone="c", healthy=True, routers=1, cache_managers=1, workers=1, since=995.0, rewarm_hold=True)
     health.zones[2].rewarm_pending_from.append("a")
+    health.zones.add(zone="d", healthy=False, starting=True, reason="2 of 2 workers loading", routers=1, since=997.0)
     weights = failover_pb2.TrafficWeights(zone_weights={"a": 1.0}, version_weights={"v2": 0.1, "v1": 0.9})
     return views.zones(health, weights, "f:1")
 
 
 def test_zones_join_health_and_weights() -> None:
     doc = _zones_doc()
-    assert [(z["zone"], z["weight"]) for z in doc["zones"]] == [("a", 1.0), ("b", None), ("c", None)]  # type: ignore[attr-defined]
+    assert [(z["zone"], z["weight"]) for z in doc["zones"]][:3] == [("a", 1.0), ("b", None), ("c", None)]  # type: ignore[attr-defined]
     assert doc["zones"][2]["rewarm_pending_from"] == ["a"]  # type: ignore[index]
     assert list(doc["version_weights"]) == ["v1", "v2"]  # type: ignore[call-overload]
     lines = render.zones(doc, now=1000.0).splitlines()
@@ -76,7 +77,8 @@ def test_zones_join_health_and_weights() -> None:
     assert lines[2].split() == ["a", "healthy", "1.000", "1", "1", "2", "1m", "-"]
     assert lines[3].split() == ["b", "UNHEALTHY", "-", "0", "0", "0", "10s", "no", "router"]
     assert lines[4].split() == ["c", "re-warming", "-", "1", "1", "1", "5s", "re-warm", "pending", "from", "a"]
-    assert lines[5] == "version weights: v1 0.900, v2 0.100"
+    assert lines[5].split() == ["d", "STARTING", "-", "1", "0", "0", "3s", "2", "of", "2", "workers", "loading"]
+    assert lines[6] == "version weights: v1 0.900, v2 0.100"
 
 
 def test_weights_text() -> None:

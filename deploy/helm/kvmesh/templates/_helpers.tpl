@@ -112,6 +112,8 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.model.blockSize | quote }}
 - name: KVMESH_LONG_PROMPT_TOKENS
   value: {{ $v.router.longPromptTokens | quote }}
+- name: KVMESH_WORKER_TRANSPORT
+  value: {{ $v.router.workerTransport | quote }}
 {{- if gt (int $v.router.processes) 1 }}
 - name: KVMESH_PROCESSES
   value: {{ $v.router.processes | quote }}
@@ -164,7 +166,7 @@ kvmesh.io/version: {{ .root.Values.version }}
 - name: KVMESH_KVSYNC_PORT
   value: {{ $v.worker.kvsyncPort | quote }}
 - name: KVMESH_FRAMES_PORT
-  value: {{ $v.worker.framesPort | quote }}
+  value: {{ if eq $v.router.workerTransport "frames" }}{{ $v.worker.framesPort | quote }}{{ else }}"-1"{{ end }}
 - name: KVMESH_GRACE_S
   value: "45"
 - name: KVMESH_VLLM_ARGS

@@ -4,8 +4,8 @@ Loop: while the core has work, `res = core.step(start)`, sleep until `due = star
 clock, then deliver `res.outputs` to their streams and `res.kv_events` to every subscriber. Idle: wait for a
 request.
 
-Peer pulls (`pull_prefix(req, hint)`, before `generate`): the prompt's leading blocks that this engine
-holds neither in its pool nor in its tiers are fetched from the peer the hint names through
+Peer pulls (`pull_prefix(req, pull)`, before `generate`): the prompt's leading blocks that this engine
+holds neither in its pool nor in its tiers are fetched from the peer the pull names through
 `pull_transport` (shared memory on the same host, else gRPC; it raises on any failure), checked, and put in
 the CPU tier, where admission finds them; the modelled transfer time of a real fleet
 (`perf.kv_pull_time`) passes on the clock. Concurrent requests for the same blocks share one pull. A
@@ -33,22 +33,26 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from kvmesh.core.errors import FailedPrecondition, InvalidArgument
 from kvmesh.core.generation import EngineOutput, EngineRequest, KvBlockData
 from kvmesh.core.kvevents import BlockStored, KvEvent, LoadReport
+from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.tasks import stop_task
 from kvmesh.engine.clock import Clock, RealClock
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
-from kvmesh.engine.sim.perf import kv_pull_time
+from kvmesh.engine.sim.perf import kv_pull_time, transfer_figures
 from kvmesh.engine.sim.pool import CachedBlock
-from kvmesh.engine.sim.tiers import HostTiers, PullHint
+from kvmesh.engine.sim.tiers import HostTiers
 from kvmesh.engine.tokenizer import ByteTokenizer, Tokenizer
 from kvmesh.kvplane.kvsync.client import PullFailed
+from kvmesh.kvplane.kvsync.tier import TierRegion
+from kvmesh.routing.dataplane import transfer_costs
+from kvmesh.routing.types import TransferCosts
 
 log = logging.getLogger(__name__)
 MAX_LAG_S = 0.25  # simulated seconds the driver may run behind its step deadlines before time slips
 DEFAULT_PULL_TIMEOUT_S = 2.0
-# (hint, digests, one buffer per digest, this engine's layout) -> leading blocks copied; raises on failure
+# (pull, digests, one buffer per digest, this engine's layout) -> leading blocks copied; raises on failure
 # (a `PullFailed` says how many leading blocks it had copied and verified: those are kept)
-PullTransport = Callable[[PullHint, Sequence[bytes], Sequence[memoryview], str], Awaitable[int]]
+PullTransport = Callable[[KvPull, Sequence[bytes], Sequence[memoryview], str], Awaitable[int]]
 
 
 class SimEngine:
@@ -69,7 +73,7 @@ class SimEngine:
         self.core = SimEngineCore(config, worker_id=worker_id, tiers=tiers)
         self.pull_transport = pull_transport
         self.pulls: Counter[str] = Counter()  # outcomes of pull_prefix: pulled, held, void, failed, ...
-        self._pulling: dict[bytes, asyncio.Task[int]] = {}
+        self._pulling: dict[bytes, asyncio.Task[PullOutcome]] = {}
         self.clock: Clock = clock or RealClock()
         self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self._model_name = model_name
@@ -159,18 +163,18 @@ class SimEngine:
             if not finished:
                 self.core.abort(req.request_id, self.clock.now())
 
-    async def pull_prefix(self, req: EngineRequest, hint: PullHint) -> int:
-        """Pull the prompt's leading blocks the hint names into the CPU tier (see the module docstring).
-        Returns the blocks pulled by this call or the one it joined; 0 when nothing was pulled. Never raises
-        for a failed pull, and returns within the hint's deadline."""
+    async def pull_prefix(self, req: EngineRequest, pull: KvPull) -> PullOutcome:
+        """Pull the prompt's leading blocks `pull` names into the CPU tier (see the module docstring), where
+        `generate` finds them: the outcome's blocks were pulled by this call or the one it joined (0: none).
+        Never raises for a failed pull, and returns within the pull's deadline."""
         if self.pull_transport is None or self.core.tiers is None or self.core.tiers.cpu is None:
             return self._pull_outcome("unsupported")
-        if hint.expires_unix_ms and time.time() * 1000 > hint.expires_unix_ms:
+        if pull.expired(time.time() * 1000):
             return self._pull_outcome("void")
         if req.prompt_token_ids is None and req.prompt is not None:
             req = dataclasses.replace(req, prompt_token_ids=tuple(self.tokenizer.encode(req.prompt)))
-        blocks = self.core.prefix_blocks(req)[: max(0, hint.num_blocks)]
-        if hint.digests and tuple(d for d, _ in blocks[: len(hint.digests)]) != hint.digests:
+        blocks = self.core.prefix_blocks(req)[: max(0, pull.num_blocks)]
+        if pull.digests and tuple(d for d, _ in blocks[: len(pull.digests)]) != pull.digests:
             return self._pull_outcome("mismatch")  # another model, salt or layout: never reuse its bytes
         want = blocks[self.core.held_run(blocks) :]
         if not want:
@@ -178,28 +182,28 @@ class SimEngine:
         key = want[-1][0]  # a chained identity names its whole prefix
         task = self._pulling.get(key)
         if task is None:
-            task = asyncio.create_task(self._pull(want, hint), name=f"kv-pull-{key.hex()[:12]}")
+            task = asyncio.create_task(self._pull(want, pull), name=f"kv-pull-{key.hex()[:12]}")
             self._pulling[key] = task
             task.add_done_callback(lambda _t: self._pulling.pop(key, None))
         else:
             self.pulls["joined"] += 1
-        timeout = (hint.timeout_ms / 1000.0) or DEFAULT_PULL_TIMEOUT_S
+        timeout = (pull.timeout_ms / 1000.0) or DEFAULT_PULL_TIMEOUT_S
         try:
             return await asyncio.wait_for(asyncio.shield(task), timeout + 0.5)
         except TimeoutError:
             return self._pull_outcome("timeout")
 
-    async def _pull(self, want: list[tuple[bytes, CachedBlock]], hint: PullHint) -> int:
+    async def _pull(self, want: list[tuple[bytes, CachedBlock]], pull: KvPull) -> PullOutcome:
         tiers = self.core.tiers
         assert tiers is not None and self.pull_transport is not None
         outs = [memoryview(bytearray(tiers.block_bytes)) for _ in want]
         try:
-            n = await self.pull_transport(hint, [d for d, _ in want], outs, tiers.layout)
+            n = await self.pull_transport(pull, [d for d, _ in want], outs, tiers.layout)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed pull is a recompute, never an error of the request
             n = min(exc.blocks, len(want)) if isinstance(exc, PullFailed) else 0
-            log.info("kv pull from %s failed after %d verified blocks: %s", hint.source_address, n, exc)
+            log.info("kv pull from %s failed after %d verified blocks: %s", pull.source_address, n, exc)
             if n == 0:
                 return self._pull_outcome("failed")
             self.pulls["partial"] += 1  # the verified leading blocks are stored below; the rest is computed
@@ -211,12 +215,19 @@ class SimEngine:
             self.pulls["corrupt"] += 1
         await self.clock.sleep(kv_pull_time(stored * self.block_size, self.core.config.perf))
         self.pulls["pulled_blocks"] += stored
-        self._pull_outcome("pulled" if stored else "missing")
-        return stored
+        return self._pull_outcome("pulled" if stored else "missing", stored)
 
-    def _pull_outcome(self, outcome: str) -> int:
+    def _pull_outcome(self, outcome: str, blocks: int = 0) -> PullOutcome:
         self.pulls[outcome] += 1
-        return 0
+        return PullOutcome(outcome, blocks)
+
+    def served_tier(self) -> TierRegion | None:
+        """The CPU tier region, which the worker serves to its peers."""
+        return self.core.tiers.cpu if self.core.tiers is not None else None
+
+    def transfer_costs(self) -> TransferCosts:
+        """Tier loads and peer pulls priced from this engine's perf model."""
+        return transfer_costs(self.block_size, transfer_figures(self.core.config.perf))
 
     async def abort(self, request_id: str) -> bool:
         out = self.core.abort(request_id, self.clock.now())

@@ -24,6 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvmesh.routing.dataplane import TransferFigures
+
 
 @dataclass(frozen=True, slots=True)
 class PerfModel:
@@ -178,6 +180,18 @@ class LinkModel:
 
 
 H200_NODE_LINKS = LinkModel()
+
+
+def transfer_figures(model: PerfModel = H200_LLAMA70B_FP8, links: LinkModel = H200_NODE_LINKS) -> TransferFigures:
+    """The figures the routing data plane prices with, from this model: prefill 2·P / FLOP/s per token,
+    KV_tok bytes per token, and the links' bandwidths and round trip."""
+    return TransferFigures(
+        prefill_s_per_token=2.0 * model.n_params / model.effective_flops,
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        host_to_gpu_bytes_per_s=links.host_to_gpu_bytes_per_s,
+        network_bytes_per_s=links.network_bytes_per_s,
+        network_rtt_s=links.network_rtt_s,
+    )
 
 
 def block_bytes(block_size: int, model: PerfModel = H200_LLAMA70B_FP8) -> float:

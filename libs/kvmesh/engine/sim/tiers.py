@@ -314,21 +314,3 @@ class HostTiers:
             medium=medium,
             tenant=block.tenant,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class PullHint:
-    """Where a prompt's leading blocks can be pulled from (a router's hint, `worker.proto` KvPullHint):
-    a peer's KvSyncService `source_address`, its `region` (and shared-memory name), the first `num_blocks`
-    blocks of the prompt (`digests`, when given, must be this engine's own identities of them), the lease to
-    ask for, when the hint goes void (Unix ms, 0 = never) and the transfer's deadline."""
-
-    source_address: str
-    region: str
-    num_blocks: int
-    source_worker_id: str = ""
-    shm_name: str = ""
-    digests: tuple[bytes, ...] = ()
-    lease_ms: int = 0
-    expires_unix_ms: int = 0
-    timeout_ms: int = 0

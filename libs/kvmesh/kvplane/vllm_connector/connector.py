@@ -53,8 +53,11 @@ from kvmesh.kvplane.vllm_connector.plan import (
     LoadOp,
     RequestTracker,
     SaveOp,
+    SlotLike,
+    lease_usable,
     loadable_blocks,
-    parse_pull_hint,
+    offered,
+    parse_pull,
     plan_loads,
 )
 from kvmesh.kvplane.vllm_connector.plugin import request_amx_permission
@@ -217,13 +220,13 @@ class KvmeshConnector(KVConnectorBase_V1):
             return 0, False
         own = self._reader(self.settings.shm_name)
         own_refs: list[SlotRef | None] = own.locate(want) if own is not None else [None] * len(want)
-        hint = parse_pull_hint(request.kv_transfer_params)
-        peer_refs: list[SlotRef | None] = []
-        if hint is not None and hint.shm_name != self.settings.shm_name and hint.usable(time.monotonic_ns()):
-            peer = self._reader(hint.shm_name)
+        pull = parse_pull(request.kv_transfer_params)
+        peer_refs: list[SlotLike | None] = []
+        if pull is not None and pull.shm_name != self.settings.shm_name and lease_usable(pull, time.monotonic_ns()):
+            peer = self._reader(pull.shm_name)
             if peer is not None:
-                peer_refs = [r if hint.offers(d) else None for r, d in zip(peer.locate(want), want, strict=True)]
-        tr.planned = plan_loads(start, own_refs, peer_refs, hint.shm_name if hint is not None else "")
+                peer_refs = offered(pull, want, peer.locate(want))
+        tr.planned = plan_loads(start, own_refs, peer_refs, pull.shm_name if pull is not None else "")
         return len(tr.planned) * self._bs, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:

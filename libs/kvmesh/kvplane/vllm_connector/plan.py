@@ -1,6 +1,7 @@
 """The connector's scheduler-side decisions and the metadata it hands to the worker side (pure).
 
-- `parse_pull_hint`: the router's hint in a request's `kv_transfer_params["kvmesh_pull"]`.
+- `pull_params` / `parse_pull`: a leased pull (`kvmesh.core.pull.KvPull`) in a request's
+  `kv_transfer_params["kvmesh_pull"]`, from the worker's event loop to the connector's scheduler side.
 - `plan_loads`: which leading blocks beyond vLLM's own prefix hit can be loaded now, and from where
   (the worker's own tier first, else the hinted peer's region), from slot lookups already made.
 - `RequestTracker`: per request, the block identities, vLLM block ids and how far its newly computed blocks
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvmesh.core.pull import KvPull
 from kvmesh.index.hashing import sha256_block_ids
 
 PULL_KEY = "kvmesh_pull"
@@ -33,26 +35,18 @@ class SlotLike(Protocol):
     def generation(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class PullHint:
-    """A peer's region to pull from: its shm name, the digests it offers (None = any) and the end of the
-    lease its lessor holds on them (`time.monotonic_ns()`, the host-wide clock every region user shares)."""
-
-    shm_name: str
-    lease_until_ns: int
-    digests: frozenset[bytes] | None = None
-
-    def usable(self, now_ns: int) -> bool:
-        """Whether the lease still covers a copy started now."""
-        return self.lease_until_ns > now_ns + LEASE_MARGIN_NS
-
-    def offers(self, digest: bytes) -> bool:
-        return self.digests is None or digest in self.digests
+def pull_params(pull: KvPull | None) -> dict[str, Any] | None:
+    """`{PULL_KEY: {shm_name, lease_until_ns, digests (hex)}}` for a leased pull (JSON-safe: the params may
+    cross to vLLM's engine-core process), or None when it names no digests."""
+    if pull is None or not pull.digests:
+        return None
+    digests = [d.hex() for d in pull.digests]
+    return {PULL_KEY: {"shm_name": pull.shm_name, "lease_until_ns": pull.lease_until_ns, "digests": digests}}
 
 
-def parse_pull_hint(params: Mapping[str, Any] | None) -> PullHint | None:
-    """The hint in `kv_transfer_params`, or None when absent or malformed (a bad hint is a cache miss,
-    never an error: the request is computed as if there were none)."""
+def parse_pull(params: Mapping[str, Any] | None) -> KvPull | None:
+    """The leased pull in `kv_transfer_params` (no digests: the region offers any block), or None when absent
+    or malformed (a bad pull is a cache miss, never an error: the request is computed as if there were none)."""
     if not params:
         return None
     raw = params.get(PULL_KEY)
@@ -61,16 +55,27 @@ def parse_pull_hint(params: Mapping[str, Any] | None) -> PullHint | None:
     name, until = raw.get("shm_name"), raw.get("lease_until_ns")
     if not isinstance(name, str) or not name or not isinstance(until, int) or isinstance(until, bool):
         return None
-    digests = raw.get("digests")
-    if digests is None:
-        return PullHint(name, until)
+    digests = raw.get("digests", ())
     if not isinstance(digests, list | tuple):
         return None
     try:
-        parsed = frozenset(bytes.fromhex(d) if isinstance(d, str) else bytes(d) for d in digests)
+        parsed = tuple(bytes.fromhex(d) if isinstance(d, str) else bytes(d) for d in digests)
     except (ValueError, TypeError):
         return None
-    return PullHint(name, until, parsed)
+    return KvPull(shm_name=name, num_blocks=len(parsed), digests=parsed, lease_until_ns=until)
+
+
+def lease_usable(pull: KvPull, now_ns: int) -> bool:
+    """Whether the pull's lease still covers a copy started now."""
+    return pull.lease_until_ns > now_ns + LEASE_MARGIN_NS
+
+
+def offered(pull: KvPull, want: Sequence[bytes], refs: Sequence[SlotLike | None]) -> list[SlotLike | None]:
+    """`refs` (the peer region's lookups of `want`) less the blocks the pull does not offer (no digests: all)."""
+    if not pull.digests:
+        return list(refs)
+    offers = set(pull.digests)
+    return [r if d in offers else None for r, d in zip(refs, want, strict=True)]
 
 
 @dataclass(frozen=True)

@@ -107,9 +107,10 @@ def zones(doc: Mapping[str, Any], now: float) -> str:
 
 
 def _zone_state(z: Mapping[str, Any]) -> str:
-    """healthy, UNHEALTHY, or re-warming (restored, held at the ramp floor until other zones re-warm it)."""
+    """healthy, STARTING (not yet healthy since the failover service started: engines loading, services coming
+    up), UNHEALTHY, or re-warming (restored, held at the ramp floor until other zones re-warm it)."""
     if not z["healthy"]:
-        return "UNHEALTHY"
+        return "STARTING" if z.get("starting") else "UNHEALTHY"
     return "re-warming" if z.get("rewarm_hold") else "healthy"
 
 

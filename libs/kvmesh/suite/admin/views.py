@@ -72,6 +72,7 @@ def zones(
             {
                 "zone": z.zone,
                 "healthy": z.healthy,
+                "starting": z.starting,
                 "reason": z.reason,
                 "weight": zw.get(z.zone),
                 "routers": z.routers,

@@ -13,18 +13,20 @@ import pytest
 import pytest_asyncio
 
 from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.engine.clock import VirtualClock
 from kvmesh.engine.sim.core import SimConfig
 from kvmesh.engine.sim.driver import PullTransport, SimEngine
-from kvmesh.engine.sim.tiers import HostTiers, PullHint, block_payload, sim_layout, tiny_block_bytes
+from kvmesh.engine.sim.tiers import HostTiers, block_payload, sim_layout, tiny_block_bytes
 from kvmesh.kvplane.kvsync.client import PullFailed, PullStats
 from kvmesh.kvplane.kvsync.tier import TierRegion
+from kvmesh.routing.dataplane import transfer_costs
 
 pytestmark = pytest.mark.unit
 BS = 16
 BB = tiny_block_bytes(BS)
 LAYOUT = sim_layout("m", BS, BB)
-HINT = PullHint(source_address="peer:1", region="cpu", num_blocks=64, timeout_ms=500)
+HINT = KvPull(source_address="peer:1", region="cpu", num_blocks=64, timeout_ms=500)
 
 
 class FakePeer:
@@ -36,7 +38,7 @@ class FakePeer:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def __call__(self, hint: PullHint, digests: Sequence[bytes], outs: Sequence[memoryview], layout: str) -> int:
+    async def __call__(self, hint: KvPull, digests: Sequence[bytes], outs: Sequence[memoryview], layout: str) -> int:
         self.calls += 1
         await self.gate.wait()
         if self.mode == "fail":
@@ -96,10 +98,11 @@ async def reference() -> list[int]:
 
 async def test_pulled_prefix_is_cached_with_the_same_output(peer_and_engine: tuple[FakePeer, SimEngine]) -> None:
     peer, eng = peer_and_engine
-    assert await eng.pull_prefix(greq("a"), HINT) == 10
+    assert (await eng.pull_prefix(greq("a"), HINT)).blocks == 10
     toks, cached = await outputs(eng, greq("a"))
     assert cached == 10 * BS and toks == await reference()
-    assert await eng.pull_prefix(greq("b"), HINT) == 0 and eng.pulls["held"] == 1  # already here: no pull
+    # already here: no pull
+    assert await eng.pull_prefix(greq("b"), HINT) == PullOutcome("held") and eng.pulls["held"] == 1
     assert peer.calls == 1
 
 
@@ -113,7 +116,7 @@ async def test_two_concurrent_requests_pull_once(peer_and_engine: tuple[FakePeer
             break
         await asyncio.sleep(0)
     peer.gate.set()
-    assert await first == 10 and await second == 10
+    assert (await first).blocks == 10 and (await second).blocks == 10
     assert peer.calls == 1 and eng.pulls["joined"] == 1
 
 
@@ -121,7 +124,7 @@ async def test_two_concurrent_requests_pull_once(peer_and_engine: tuple[FakePeer
 async def test_a_failed_pull_ends_in_a_recompute(peer_and_engine: tuple[FakePeer, SimEngine]) -> None:
     peer, eng = peer_and_engine
     t0 = time.monotonic()
-    got = await eng.pull_prefix(greq("a"), HINT)
+    got = (await eng.pull_prefix(greq("a"), HINT)).blocks
     assert time.monotonic() - t0 < 2.0  # the hint's 500 ms deadline, not a hang
     toks, cached = await outputs(eng, greq("a"))
     assert toks == await reference()
@@ -136,7 +139,8 @@ async def test_a_pull_failing_part_way_keeps_its_verified_leading_blocks(
     peer_and_engine: tuple[FakePeer, SimEngine],
 ) -> None:
     _, eng = peer_and_engine
-    assert await eng.pull_prefix(greq("a"), HINT) == 4  # blocks 0..3; block 4 (half there) and after: never
+    # blocks 0..3; block 4 (half there) and after: never
+    assert await eng.pull_prefix(greq("a"), HINT) == PullOutcome("pulled", 4)
     assert eng.pulls["partial"] == 1 and eng.pulls["pulled_blocks"] == 4
     assert eng.pulls["failed"] == eng.pulls["corrupt"] == 0  # block 4 was never offered to the tier
     toks, cached = await outputs(eng, greq("a"))
@@ -145,8 +149,18 @@ async def test_a_pull_failing_part_way_keeps_its_verified_leading_blocks(
 
 async def test_a_void_or_mismatched_hint_is_not_followed(peer_and_engine: tuple[FakePeer, SimEngine]) -> None:
     peer, eng = peer_and_engine
-    void = PullHint("peer:1", "cpu", 64, expires_unix_ms=int(time.time() * 1000) - 1)
-    assert await eng.pull_prefix(greq("a"), void) == 0 and eng.pulls["void"] == 1
-    other = PullHint("peer:1", "cpu", 64, digests=(bytes(32),))
-    assert await eng.pull_prefix(greq("a"), other) == 0 and eng.pulls["mismatch"] == 1
+    void = KvPull("peer:1", "cpu", 64, expires_unix_ms=int(time.time() * 1000) - 1)
+    assert await eng.pull_prefix(greq("a"), void) == PullOutcome("void") and eng.pulls["void"] == 1
+    other = KvPull("peer:1", "cpu", 64, digests=(bytes(32),))
+    assert await eng.pull_prefix(greq("a"), other) == PullOutcome("mismatch") and eng.pulls["mismatch"] == 1
     assert peer.calls == 0
+
+
+async def test_the_engine_serves_its_cpu_tier_and_prices_it_from_its_perf_model(
+    peer_and_engine: tuple[FakePeer, SimEngine],
+) -> None:
+    _, eng = peer_and_engine
+    assert eng.served_tier() is eng.core.tiers.cpu  # type: ignore[union-attr]
+    # the default perf model and links are the data plane's default figures, to the last bit
+    assert eng.transfer_costs() == transfer_costs(BS)
+    assert SimEngine(SimConfig(block_size=BS)).served_tier() is None  # no tiers: nothing to serve

@@ -1,4 +1,4 @@
-"""The vLLM connector's pure parts: block identity and layout, pull hints, load plans, save tracking."""
+"""The vLLM connector's pure parts: block identity and layout, leased pulls, load plans, save tracking."""
 
 from __future__ import annotations
 
@@ -6,18 +6,21 @@ from dataclasses import dataclass
 
 import pytest
 
+from kvmesh.core.pull import KvPull
 from kvmesh.kvplane.vllm_connector.layout import KvLayout, block_digests, block_salt, dtype_itemsize
 from kvmesh.kvplane.vllm_connector.plan import (
     LEASE_MARGIN_NS,
     OWN,
     PULL_KEY,
     BlockSource,
-    PullHint,
     RequestTracker,
     SaveOp,
+    lease_usable,
     loadable_blocks,
-    parse_pull_hint,
+    offered,
+    parse_pull,
     plan_loads,
+    pull_params,
 )
 
 LAYOUT = KvLayout("m", "torch.bfloat16", 32, 2, 2, 32)
@@ -60,27 +63,40 @@ def test_identity_covers_tokens_model_lora_tenant_dtype_block_size_layout() -> N
     assert block_salt(LAYOUT, "ab", "c") != block_salt(LAYOUT, "a", "bc")
 
 
-def test_parse_pull_hint() -> None:
+def test_parse_pull() -> None:
     d = bytes(range(32))
-    assert parse_pull_hint(None) is None
-    assert parse_pull_hint({}) is None
-    assert parse_pull_hint({PULL_KEY: "x"}) is None
-    assert parse_pull_hint({PULL_KEY: {"shm_name": "", "lease_until_ns": 5}}) is None
-    assert parse_pull_hint({PULL_KEY: {"shm_name": "r", "lease_until_ns": "5"}}) is None
-    assert parse_pull_hint({PULL_KEY: {"shm_name": "r", "lease_until_ns": True}}) is None
-    assert parse_pull_hint({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5, "digests": ["zz"]}}) is None
-    assert parse_pull_hint({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5}}) == PullHint("r", 5)
-    hint = parse_pull_hint({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5, "digests": [d.hex()]}})
-    assert hint == PullHint("r", 5, frozenset({d}))
-    assert hint.offers(d) and not hint.offers(b"\0" * 32)
-    assert PullHint("r", 5).offers(b"anything")
+    assert parse_pull(None) is None
+    assert parse_pull({}) is None
+    assert parse_pull({PULL_KEY: "x"}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "", "lease_until_ns": 5}}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": "5"}}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": True}}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5, "digests": ["zz"]}}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5, "digests": "ab"}}) is None
+    assert parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5}}) == KvPull(shm_name="r", lease_until_ns=5)
+    pull = parse_pull({PULL_KEY: {"shm_name": "r", "lease_until_ns": 5, "digests": [d.hex()]}})
+    assert pull == KvPull(shm_name="r", num_blocks=1, digests=(d,), lease_until_ns=5)
+
+
+def test_a_leased_pull_round_trips_through_the_params() -> None:
+    pull = KvPull(shm_name="r", num_blocks=2, digests=(bytes(32), bytes(range(32))), lease_until_ns=7)
+    assert parse_pull(pull_params(pull)) == pull
+    assert pull_params(KvPull(shm_name="r", lease_until_ns=7)) is None  # no digests: nothing to load
+    assert pull_params(None) is None
+
+
+def test_only_offered_blocks_are_loaded_from_the_peer() -> None:
+    d, other = bytes(range(32)), b"\0" * 32
+    refs = [Ref(1, 2), Ref(2, 2)]
+    assert offered(KvPull(shm_name="r", digests=(d,)), [d, other], refs) == [Ref(1, 2), None]
+    assert offered(KvPull(shm_name="r"), [d, other], refs) == refs  # no digests: any block
 
 
 def test_lease_must_outlast_the_copy() -> None:
-    hint = PullHint("r", 1_000_000_000)
-    assert hint.usable(0)
-    assert not hint.usable(1_000_000_000 - LEASE_MARGIN_NS)
-    assert not hint.usable(2_000_000_000)
+    pull = KvPull(shm_name="r", lease_until_ns=1_000_000_000)
+    assert lease_usable(pull, 0)
+    assert not lease_usable(pull, 1_000_000_000 - LEASE_MARGIN_NS)
+    assert not lease_usable(pull, 2_000_000_000)
 
 
 def test_loadable_blocks_leaves_the_last_token_to_compute() -> None:

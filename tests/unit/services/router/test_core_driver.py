@@ -15,13 +15,15 @@ import pytest
 from prometheus_client import REGISTRY
 
 from kvmesh.core.errors import InvalidArgument, Unavailable
+from kvmesh.core.generation import SamplingParams
 from kvmesh.replica.media import PrefixMatches
 from kvmesh.routing import Admission, CircuitBreaker, CircuitState, InflightTracker, Profile, QueueLimits, WorkerView
 from kvmesh.routing.stall import StallConfig
-from kvmesh.services.router.core import RouterCore, RouterRequest
+from kvmesh.services.router.core import RouterCore
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
-from kvmesh.services.router.worker_stream import rpc_error
+from kvmesh.services.router.request import RouterRequest
+from kvmesh.services.router.stream_requests import rpc_error
 from kvmesh.services.router.workers import WorkerPool
 from kvmesh.v1 import common_pb2, worker_pb2
 
@@ -123,6 +125,9 @@ def step(ids: list[int], finish: int = 0) -> worker_pb2.GenerateResponse:
     return worker_pb2.GenerateResponse(token_ids=ids, text="t" * len(ids), finish_reason=finish)
 
 
+LIMITS = CoreLimits(block_size=16, max_retries=1, max_migrations=1)
+
+
 def core_for(pool: FakePool, stall: StallConfig | None = None) -> RouterCore:
     admission = Admission(short=QueueLimits(4, 4), long=QueueLimits(4, 4))
     return RouterCore(
@@ -131,14 +136,14 @@ def core_for(pool: FakePool, stall: StallConfig | None = None) -> RouterCore:
         cast(IndexReplica, NoIndex()),
         InflightTracker(),
         admission,
-        CoreLimits(block_size=16, max_retries=1, max_migrations=1),
+        LIMITS,
         stall=stall,
     )
 
 
 def request(max_tokens: int = 10, min_tokens: int = 5, resume: list[int] | None = None) -> RouterRequest:
-    sampling = common_pb2.SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens)
-    return RouterRequest("r1", common_pb2.TokenIds(ids=PROMPT), sampling, resume_ids=resume or [])
+    sampling = SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, seed=3, temperature=0.5)
+    return RouterRequest.checked(LIMITS, "r1", PROMPT, sampling, resume_ids=resume or [])
 
 
 def counter(name: str) -> float:
@@ -159,6 +164,7 @@ async def test_a_migration_resumes_on_the_other_worker_with_the_tokens_so_far() 
     assert list(first.token_ids.ids) == PROMPT and (first.sampling.max_tokens, first.sampling.min_tokens) == (10, 5)
     assert list(resumed.token_ids.ids) == [*PROMPT, 7, 8, 9]
     assert (resumed.sampling.max_tokens, resumed.sampling.min_tokens) == (7, 2)
+    assert [(r.sampling.seed, r.sampling.temperature) for r in pool.sent] == [(3, 0.5)] * 2  # domain → wire
     assert chunks[0].worker_id != last.worker_id and pool.failed == [chunks[0].worker_id]
     assert pool.by_id[chunks[0].worker_id].breaker.current(0.0) is not CircuitState.CLOSED
     assert counter("kvmesh_migrations_total") == migrations + 1
@@ -169,7 +175,7 @@ async def test_resume_ids_count_toward_max_tokens_and_length_ends_without_a_work
     pool = FakePool([])
     chunks = [c async for c in core_for(pool).generate(request(max_tokens=3, resume=[5, 6, 7]))]
     assert len(chunks) == 1 and chunks[0].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    # the resumed ids count toward max_tokens but are not generated ones (issue 13: usage was forgeable)
+    # the resumed ids count toward max_tokens but are not generated ones (the input-hardening work: usage was forgeable)
     assert chunks[0].usage is not None and chunks[0].usage.completion_tokens == 0
     assert pool.sent == []
 
@@ -194,7 +200,7 @@ async def test_a_client_error_fails_at_once_without_touching_the_breaker() -> No
 async def test_closing_the_stream_early_cancels_the_worker_call() -> None:
     # the attempts loop itself: `generate`'s inner generator is closed by the event loop's finaliser, later
     call = ScriptedCall([step([7]), step([8]), step([9], finish=common_pb2.FINISH_REASON_STOP)], None)
-    gen = core_for(FakePool([call]))._run("r1", request(), 10, time.monotonic())
+    gen = core_for(FakePool([call]))._run(request(), time.monotonic())
     first = await gen.__anext__()
     assert first.token_ids == [7]
     await gen.aclose()

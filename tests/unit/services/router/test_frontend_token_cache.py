@@ -38,9 +38,11 @@ def test_a_repeated_text_is_tokenised_once(n_chars: int) -> None:
     fe, encoded = _frontend(cache_mb=1)
     text = ("kv cache " * n_chars)[:n_chars]
     first = asyncio.run(fe.tokenize_text(text, "t1"))
-    first.ids.append(7)  # the caller's message is its own
+    with pytest.raises(ValueError, match="read-only"):
+        first.array[0] = 7  # kept by every attempt of the request: nobody changes it
     second = asyncio.run(fe.tokenize_text(text, "t1"))
-    assert list(second.ids) == fe.tokenizer.tok.encode(text) and len(second.ids) > 1
+    assert second.array.tolist() == fe.tokenizer.tok.encode(text) and len(second) > 1
+    assert second.wire == first.wire  # the cached bytes are what a worker request splices in
     assert encoded == [text]
     assert (fe.tokenizer.cache.stats.hits, fe.tokenizer.cache.stats.misses) == (1, 1)
 

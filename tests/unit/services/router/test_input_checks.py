@@ -1,4 +1,4 @@
-"""Issue 13's input checks that need no process: token ids against the vocabulary, text sizes before
+"""The input-hardening work's input checks that need no process: token ids against the vocabulary, text sizes before
 tokenising, resumed tokens not counted as generated, undecodable gRPC requests, quiet aiohttp logs."""
 
 from __future__ import annotations

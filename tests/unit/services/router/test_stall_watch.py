@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kvmesh.routing.stall import StallConfig, WorkerLatency
-from kvmesh.services.router.observe import StallWatch
+from kvmesh.services.router.stall_watch import StallWatch
 
 # a worker without samples gets the ceiling as its bound: 10 ms here, so each check comes quickly
 CFG = StallConfig(ttft_floor_s=0.01, ttft_ceiling_s=0.01)
