@@ -153,7 +153,7 @@ class FindMatchesRequest(_message.Message):
 
     @_builtins.property
     def block_hashes(self) -> Global___BlockHashes:
-        """Index block hashes (as computed by kvmesh.hashing)."""
+        """Index block hashes (as computed by kvmesh.index.hashing)."""
 
     def __init__(
         self,
@@ -916,7 +916,7 @@ Global___ReportRoutedPrefixesRequest: _TypeAlias = ReportRoutedPrefixesRequest  
 
 @_typing.final
 class RoutedPrefix(_message.Message):
-    """One routed prompt in the compact form the prefix statistics count (kvmesh.warming.stats checkpoints)."""
+    """One routed prompt in the compact form the prefix statistics count (kvmesh.ops.warming.stats checkpoints)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
