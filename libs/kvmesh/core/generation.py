@@ -32,6 +32,55 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    n: int = 1  # sequences from one prompt, on one engine (they share its KV)
+    logprobs: int | None = None  # the sampled token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by token id
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()  # empty: every token
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """An output constraint (vLLM structured outputs): exactly one of its fields is set. `json_schema` is the
+    schema as JSON text, so the type stays hashable and travels unchanged."""
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: `json_schema`, `json_object`, `regex`, `choice` or `grammar`."""
+        set_ = [k for k in ("json_schema", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        set_ += ["json_object"] if self.json_object else []
+        if len(set_) != 1:
+            raise ValueError(f"a structured output sets exactly one constraint, got {set_ or 'none'}")
+        return set_[0]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability and its rank in the vocabulary at that position (1: the most likely)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class PositionLogprobs:
+    """The log-probabilities at one position: the token there and the most likely alternatives."""
+
+    token: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +112,9 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class EngineOutput:
-    """A streamed delta: new token ids (and text where the engine detokenises); `usage` on every output."""
+    """A streamed delta of sequence `index`: new token ids (and text where the engine detokenises); `usage` on
+    every output. With `n > 1`, `finished` ends sequence `index` only; the request is over once every
+    sequence has finished, and the last output's `usage` counts every sequence's tokens."""
 
     request_id: str
     token_ids: tuple[int, ...] = ()
@@ -72,6 +123,9 @@ class EngineOutput:
     finish_reason: str | None = None
     usage: Usage | None = None
     time_s: float | None = None  # engine-clock time it became available (sim: virtual now + step duration)
+    index: int = 0  # which of the request's `n` sequences this continues
+    logprobs: tuple[PositionLogprobs, ...] = ()  # one per token id, when the request asked for them
+    prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()  # first output only; the first token has none
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,11 @@ here, whichever door it came through.
 
 from __future__ import annotations
 
+import json
 import math
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.core.generation import SamplingParams
+from kvmesh.core.generation import SamplingParams, StructuredOutput
 
 TEMPERATURE_MAX = 2.0  # vLLM's cap (and OpenAI's)
 
@@ -60,6 +61,56 @@ def validate_sampling(p: SamplingParams, max_tokens_limit: int | None) -> None:
         raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
     if any(s == "" for s in p.stop):
         raise InvalidArgument("stop", "stop strings must be non-empty")
+    check_extensions(p)
+
+
+# vLLM's bounds: `n` >= 1 (kvmesh caps it, each sequence costs a full decode), `logprobs` up to the engine's
+# max_logprobs (20 by default), `min_p` in [0, 1], a logit bias in [-100, 100] (OpenAI's range)
+N_MAX = 16
+LOGPROBS_MAX = 20
+LOGIT_BIAS_MAX = 100.0
+
+
+def check_extensions(p: SamplingParams) -> None:
+    """The fields beyond OpenAI's basic sampling: `n`, log-probabilities, `min_p`, `logit_bias`, token lists,
+    the structured output (exactly one constraint, a JSON schema that parses as an object)."""
+    if not 1 <= p.n <= N_MAX:
+        raise InvalidArgument("n", f"must be in [1, {N_MAX}], got {p.n}")
+    for name, value in (("logprobs", p.logprobs), ("prompt_logprobs", p.prompt_logprobs)):
+        if value is not None and not 0 <= value <= LOGPROBS_MAX:
+            raise InvalidArgument(name, f"must be in [0, {LOGPROBS_MAX}], got {value}")
+    if not math.isfinite(p.min_p) or not 0 <= p.min_p <= 1:
+        raise InvalidArgument("min_p", f"must be in [0, 1], got {p.min_p}")
+    for token, bias in p.logit_bias:
+        if token < 0:
+            raise InvalidArgument("logit_bias", f"token ids must be >= 0, got {token}")
+        if not math.isfinite(bias) or not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+            raise InvalidArgument("logit_bias", f"biases must be in [-100, 100], got {bias} for token {token}")
+    if any(t < 0 for t in p.allowed_token_ids):
+        raise InvalidArgument("allowed_token_ids", "token ids must be >= 0")
+    if any(w.strip() == "" for w in p.bad_words):
+        raise InvalidArgument("bad_words", "words must be non-empty")
+    if p.structured_output is not None:
+        check_structured_output(p.structured_output)
+
+
+def check_structured_output(s: StructuredOutput) -> None:
+    """Exactly one constraint; a JSON schema must parse as a JSON object, a choice list must be non-empty."""
+    try:
+        kind = s.kind
+    except ValueError as exc:
+        raise InvalidArgument("structured_outputs", str(exc)) from None
+    if kind == "json_schema":
+        try:
+            schema = json.loads(s.json_schema or "")
+        except ValueError as exc:
+            raise InvalidArgument("structured_outputs.json", f"not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise InvalidArgument("structured_outputs.json", "a JSON schema must be an object")
+    elif kind == "choice" and (not s.choice or any(c == "" for c in s.choice)):
+        raise InvalidArgument("structured_outputs.choice", "must be a non-empty list of non-empty strings")
+    elif kind in ("regex", "grammar") and not getattr(s, kind):
+        raise InvalidArgument(f"structured_outputs.{kind}", "must be non-empty")
 
 
 def resolve_max_tokens(p: SamplingParams, prompt_len: int, max_model_len: int, max_tokens_limit: int) -> int:

@@ -24,43 +24,55 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/common.proto\x12\tkvmesh.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x92\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x12\n\nmin_tokens\x18\t \x01(\r\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0c \x01(\x02\x42\x07\n\x05_seed\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"\xb3\x01\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x1e\n\x11parent_block_hash\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x11\n\tlora_name\x18\x05 \x01(\t\x12\x0e\n\x06medium\x18\x06 \x01(\t\x12\x0e\n\x06tenant\x18\x07 \x01(\tB\x14\n\x12_parent_block_hash\"4\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x0e\n\x06medium\x18\x02 \x01(\t\"\x12\n\x10\x41llBlocksCleared\"\xaf\x01\n\x07KvEvent\x12.\n\x0c\x62lock_stored\x18\x01 \x01(\x0b\x32\x16.kvmesh.v1.BlockStoredH\x00\x12\x30\n\rblock_removed\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.BlockRemovedH\x00\x12\x39\n\x12\x61ll_blocks_cleared\x18\x03 \x01(\x0b\x32\x1b.kvmesh.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"\x90\x01\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x11\n\ttimestamp\x18\x04 \x01(\x01\x12\"\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x12.kvmesh.v1.KvEvent\x12\x0f\n\x07\x64p_rank\x18\x06 \x01(\r\"\xe8\x02\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x11\n\tmax_queue\x18\x04 \x01(\r\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_tokens_queued\x18\x08 \x01(\x04\x12\x1c\n\x14\x64\x65\x63ode_tokens_active\x18\t \x01(\x04\x12\x1d\n\x15\x64\x65\x63ode_latency_p50_ms\x18\n \x01(\x01\x12\x1d\n\x15\x64\x65\x63ode_latency_p95_ms\x18\x0b \x01(\x01\x12\x17\n\x0fprefix_hit_rate\x18\x0c \x01(\x01\x12\x12\n\nerror_rate\x18\r \x01(\x01\x12\x14\n\x0c\x65rrors_total\x18\x0e \x01(\x04\x12\x11\n\ttimestamp\x18\x0f \x01(\x01\"\xee\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.kvmesh.v1.ServiceRole\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12&\n\x06health\x18\x06 \x01(\x0e\x32\x16.kvmesh.v1.HealthState\x12+\n\x04meta\x18\x07 \x03(\x0b\x32\x1d.kvmesh.v1.Endpoint.MetaEntry\x1a+\n\tMetaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xb3\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x05*\xa2\x01\n\x0cKvStreamKind\x12\x1e\n\x1aKV_STREAM_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13KV_STREAM_KIND_LIVE\x10\x01\x12\x1d\n\x19KV_STREAM_KIND_DUMP_BEGIN\x10\x02\x12\x1d\n\x19KV_STREAM_KIND_DUMP_CHUNK\x10\x03\x12\x1b\n\x17KV_STREAM_KIND_DUMP_END\x10\x04*z\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_PASSING\x10\x01\x12\x18\n\x14HEALTH_STATE_WARNING\x10\x02\x12\x19\n\x15HEALTH_STATE_CRITICAL\x10\x03*\x98\x01\n\x0bServiceRole\x12\x1c\n\x18SERVICE_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVICE_ROLE_ROUTER\x10\x01\x12\x17\n\x13SERVICE_ROLE_WORKER\x10\x02\x12\x1e\n\x1aSERVICE_ROLE_CACHE_MANAGER\x10\x03\x12\x19\n\x15SERVICE_ROLE_FAILOVER\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/common.proto\x12\tkvmesh.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc8\x05\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x12\n\nmin_tokens\x18\t \x01(\r\x12\x18\n\x10presence_penalty\x18\n \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0b \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0c \x01(\x02\x12\t\n\x01n\x18\r \x01(\r\x12\x15\n\x08logprobs\x18\x0e \x01(\rH\x01\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x0f \x01(\rH\x02\x88\x01\x01\x12\r\n\x05min_p\x18\x10 \x01(\x02\x12<\n\nlogit_bias\x18\x11 \x03(\x0b\x32(.kvmesh.v1.SamplingParams.LogitBiasEntry\x12\x11\n\tbad_words\x18\x12 \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x13 \x03(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x14 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x15 \x01(\x08H\x03\x88\x01\x01\x12\x36\n\x11structured_output\x18\x16 \x01(\x0b\x32\x1b.kvmesh.v1.StructuredOutput\x12\x10\n\x08priority\x18\x17 \x01(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokens\"\xa8\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x34\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\".kvmesh.v1.StructuredOutputChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x0c\n\nconstraint\"*\n\x17StructuredOutputChoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"?\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"`\n\x10PositionLogprobs\x12&\n\x05token\x18\x01 \x01(\x0b\x32\x17.kvmesh.v1.TokenLogprob\x12$\n\x03top\x18\x02 \x03(\x0b\x32\x17.kvmesh.v1.TokenLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"\xb3\x01\n\x0b\x42lockStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x1e\n\x11parent_block_hash\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x11\n\tlora_name\x18\x05 \x01(\t\x12\x0e\n\x06medium\x18\x06 \x01(\t\x12\x0e\n\x06tenant\x18\x07 \x01(\tB\x14\n\x12_parent_block_hash\"4\n\x0c\x42lockRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x0e\n\x06medium\x18\x02 \x01(\t\"\x12\n\x10\x41llBlocksCleared\"\xaf\x01\n\x07KvEvent\x12.\n\x0c\x62lock_stored\x18\x01 \x01(\x0b\x32\x16.kvmesh.v1.BlockStoredH\x00\x12\x30\n\rblock_removed\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.BlockRemovedH\x00\x12\x39\n\x12\x61ll_blocks_cleared\x18\x03 \x01(\x0b\x32\x1b.kvmesh.v1.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"\x90\x01\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x11\n\ttimestamp\x18\x04 \x01(\x01\x12\"\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x12.kvmesh.v1.KvEvent\x12\x0f\n\x07\x64p_rank\x18\x06 \x01(\r\"\xe8\x02\n\nLoadReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x11\n\tmax_queue\x18\x04 \x01(\r\x12\x10\n\x08kv_usage\x18\x05 \x01(\x01\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\x04\x12\x16\n\x0ekv_blocks_used\x18\x07 \x01(\x04\x12\x1d\n\x15prefill_tokens_queued\x18\x08 \x01(\x04\x12\x1c\n\x14\x64\x65\x63ode_tokens_active\x18\t \x01(\x04\x12\x1d\n\x15\x64\x65\x63ode_latency_p50_ms\x18\n \x01(\x01\x12\x1d\n\x15\x64\x65\x63ode_latency_p95_ms\x18\x0b \x01(\x01\x12\x17\n\x0fprefix_hit_rate\x18\x0c \x01(\x01\x12\x12\n\nerror_rate\x18\r \x01(\x01\x12\x14\n\x0c\x65rrors_total\x18\x0e \x01(\x04\x12\x11\n\ttimestamp\x18\x0f \x01(\x01\"\xee\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04role\x18\x02 \x01(\x0e\x32\x16.kvmesh.v1.ServiceRole\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04zone\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12&\n\x06health\x18\x06 \x01(\x0e\x32\x16.kvmesh.v1.HealthState\x12+\n\x04meta\x18\x07 \x03(\x0b\x32\x1d.kvmesh.v1.Endpoint.MetaEntry\x1a+\n\tMetaEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xb3\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x05*\xa2\x01\n\x0cKvStreamKind\x12\x1e\n\x1aKV_STREAM_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13KV_STREAM_KIND_LIVE\x10\x01\x12\x1d\n\x19KV_STREAM_KIND_DUMP_BEGIN\x10\x02\x12\x1d\n\x19KV_STREAM_KIND_DUMP_CHUNK\x10\x03\x12\x1b\n\x17KV_STREAM_KIND_DUMP_END\x10\x04*z\n\x0bHealthState\x12\x1c\n\x18HEALTH_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14HEALTH_STATE_PASSING\x10\x01\x12\x18\n\x14HEALTH_STATE_WARNING\x10\x02\x12\x19\n\x15HEALTH_STATE_CRITICAL\x10\x03*\x98\x01\n\x0bServiceRole\x12\x1c\n\x18SERVICE_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13SERVICE_ROLE_ROUTER\x10\x01\x12\x17\n\x13SERVICE_ROLE_WORKER\x10\x02\x12\x1e\n\x1aSERVICE_ROLE_CACHE_MANAGER\x10\x03\x12\x19\n\x15SERVICE_ROLE_FAILOVER\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_ENDPOINT_METAENTRY']._loaded_options = None
   _globals['_ENDPOINT_METAENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1607
-  _globals['_FINISHREASON']._serialized_end=1786
-  _globals['_KVSTREAMKIND']._serialized_start=1789
-  _globals['_KVSTREAMKIND']._serialized_end=1951
-  _globals['_HEALTHSTATE']._serialized_start=1953
-  _globals['_HEALTHSTATE']._serialized_end=2075
-  _globals['_SERVICEROLE']._serialized_start=2078
-  _globals['_SERVICEROLE']._serialized_end=2230
+  _globals['_FINISHREASON']._serialized_start=2423
+  _globals['_FINISHREASON']._serialized_end=2602
+  _globals['_KVSTREAMKIND']._serialized_start=2605
+  _globals['_KVSTREAMKIND']._serialized_end=2767
+  _globals['_HEALTHSTATE']._serialized_start=2769
+  _globals['_HEALTHSTATE']._serialized_end=2891
+  _globals['_SERVICEROLE']._serialized_start=2894
+  _globals['_SERVICEROLE']._serialized_end=3046
   _globals['_TOKENIDS']._serialized_start=37
   _globals['_TOKENIDS']._serialized_end=60
   _globals['_SAMPLINGPARAMS']._serialized_start=63
-  _globals['_SAMPLINGPARAMS']._serialized_end=337
-  _globals['_USAGE']._serialized_start=339
-  _globals['_USAGE']._serialized_end=419
-  _globals['_BLOCKSTORED']._serialized_start=422
-  _globals['_BLOCKSTORED']._serialized_end=601
-  _globals['_BLOCKREMOVED']._serialized_start=603
-  _globals['_BLOCKREMOVED']._serialized_end=655
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=657
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=675
-  _globals['_KVEVENT']._serialized_start=678
-  _globals['_KVEVENT']._serialized_end=853
-  _globals['_KVEVENTBATCH']._serialized_start=856
-  _globals['_KVEVENTBATCH']._serialized_end=1000
-  _globals['_LOADREPORT']._serialized_start=1003
-  _globals['_LOADREPORT']._serialized_end=1363
-  _globals['_ENDPOINT']._serialized_start=1366
-  _globals['_ENDPOINT']._serialized_end=1604
-  _globals['_ENDPOINT_METAENTRY']._serialized_start=1561
-  _globals['_ENDPOINT_METAENTRY']._serialized_end=1604
+  _globals['_SAMPLINGPARAMS']._serialized_end=775
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=661
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=709
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=778
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=946
+  _globals['_STRUCTUREDOUTPUTCHOICES']._serialized_start=948
+  _globals['_STRUCTUREDOUTPUTCHOICES']._serialized_end=990
+  _globals['_TOKENLOGPROB']._serialized_start=992
+  _globals['_TOKENLOGPROB']._serialized_end=1055
+  _globals['_POSITIONLOGPROBS']._serialized_start=1057
+  _globals['_POSITIONLOGPROBS']._serialized_end=1153
+  _globals['_USAGE']._serialized_start=1155
+  _globals['_USAGE']._serialized_end=1235
+  _globals['_BLOCKSTORED']._serialized_start=1238
+  _globals['_BLOCKSTORED']._serialized_end=1417
+  _globals['_BLOCKREMOVED']._serialized_start=1419
+  _globals['_BLOCKREMOVED']._serialized_end=1471
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=1473
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=1491
+  _globals['_KVEVENT']._serialized_start=1494
+  _globals['_KVEVENT']._serialized_end=1669
+  _globals['_KVEVENTBATCH']._serialized_start=1672
+  _globals['_KVEVENTBATCH']._serialized_end=1816
+  _globals['_LOADREPORT']._serialized_start=1819
+  _globals['_LOADREPORT']._serialized_end=2179
+  _globals['_ENDPOINT']._serialized_start=2182
+  _globals['_ENDPOINT']._serialized_end=2420
+  _globals['_ENDPOINT_METAENTRY']._serialized_start=2377
+  _globals['_ENDPOINT_METAENTRY']._serialized_end=2420
 # @@protoc_insertion_point(module_scope)

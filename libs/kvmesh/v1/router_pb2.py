@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvmesh.v1 import common_pb2 as kvmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/router.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"8\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.ChatMessage\"\xac\x02\n\x1cRouterServiceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.kvmesh.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nsession_id\x18\x07 \x01(\t\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x18\n\x10resume_token_ids\x18\t \x03(\r\x12\x11\n\tlora_name\x18\n \x01(\tB\x08\n\x06prompt\"\xcc\x01\n\x1dRouterServiceGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.kvmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x12\n\nmigrations\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"A\n\x10RebalanceRequest\x12\x16\n\x0eprefill_weight\x18\x01 \x01(\x01\x12\x15\n\rdecode_weight\x18\x02 \x01(\x01\"B\n\x11RebalanceResponse\x12\x16\n\x0eprefill_weight\x18\x01 \x01(\x01\x12\x15\n\rdecode_weight\x18\x02 \x01(\x01\"\x14\n\x12ListWorkersRequest\"\xaa\x01\n\x0cWorkerStatus\x12%\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x13.kvmesh.v1.Endpoint\x12#\n\x04load\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.LoadReport\x12\x0f\n\x07\x63ircuit\x18\x03 \x01(\t\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x18\n\x10selections_total\x18\x06 \x01(\x04\"n\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.WorkerStatus\x12\x16\n\x0eprefill_weight\x18\x02 \x01(\x01\x12\x15\n\rdecode_weight\x18\x03 \x01(\x01\"6\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"(\n\x13\x44rainWorkerResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r2p\n\rRouterService\x12_\n\x08Generate\x12\'.kvmesh.v1.RouterServiceGenerateRequest\x1a(.kvmesh.v1.RouterServiceGenerateResponse0\x01\x32\xf8\x01\n\x12RouterAdminService\x12\x46\n\tRebalance\x12\x1b.kvmesh.v1.RebalanceRequest\x1a\x1c.kvmesh.v1.RebalanceResponse\x12L\n\x0bListWorkers\x12\x1d.kvmesh.v1.ListWorkersRequest\x1a\x1e.kvmesh.v1.ListWorkersResponse\x12L\n\x0b\x44rainWorker\x12\x1d.kvmesh.v1.DrainWorkerRequest\x1a\x1e.kvmesh.v1.DrainWorkerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/router.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"8\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.ChatMessage\"\xac\x02\n\x1cRouterServiceGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.kvmesh.v1.ChatMessagesH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\nsession_id\x18\x07 \x01(\t\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x18\n\x10resume_token_ids\x18\t \x03(\r\x12\x11\n\tlora_name\x18\n \x01(\tB\x08\n\x06prompt\"\xc0\x02\n\x1dRouterServiceGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.kvmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x12\n\nmigrations\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\r\n\x05index\x18\x08 \x01(\r\x12-\n\x08logprobs\x18\t \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\x12\x34\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\"A\n\x10RebalanceRequest\x12\x16\n\x0eprefill_weight\x18\x01 \x01(\x01\x12\x15\n\rdecode_weight\x18\x02 \x01(\x01\"B\n\x11RebalanceResponse\x12\x16\n\x0eprefill_weight\x18\x01 \x01(\x01\x12\x15\n\rdecode_weight\x18\x02 \x01(\x01\"\x14\n\x12ListWorkersRequest\"\xaa\x01\n\x0cWorkerStatus\x12%\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x13.kvmesh.v1.Endpoint\x12#\n\x04load\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.LoadReport\x12\x0f\n\x07\x63ircuit\x18\x03 \x01(\t\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x11\n\tin_flight\x18\x05 \x01(\r\x12\x18\n\x10selections_total\x18\x06 \x01(\x04\"n\n\x13ListWorkersResponse\x12(\n\x07workers\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.WorkerStatus\x12\x16\n\x0eprefill_weight\x18\x02 \x01(\x01\x12\x15\n\rdecode_weight\x18\x03 \x01(\x01\"6\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"(\n\x13\x44rainWorkerResponse\x12\x11\n\tin_flight\x18\x01 \x01(\r2p\n\rRouterService\x12_\n\x08Generate\x12\'.kvmesh.v1.RouterServiceGenerateRequest\x1a(.kvmesh.v1.RouterServiceGenerateResponse0\x01\x32\xf8\x01\n\x12RouterAdminService\x12\x46\n\tRebalance\x12\x1b.kvmesh.v1.RebalanceRequest\x1a\x1c.kvmesh.v1.RebalanceResponse\x12L\n\x0bListWorkers\x12\x1d.kvmesh.v1.ListWorkersRequest\x1a\x1e.kvmesh.v1.ListWorkersResponse\x12L\n\x0b\x44rainWorker\x12\x1d.kvmesh.v1.DrainWorkerRequest\x1a\x1e.kvmesh.v1.DrainWorkerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTERSERVICEGENERATEREQUEST']._serialized_start=166
   _globals['_ROUTERSERVICEGENERATEREQUEST']._serialized_end=466
   _globals['_ROUTERSERVICEGENERATERESPONSE']._serialized_start=469
-  _globals['_ROUTERSERVICEGENERATERESPONSE']._serialized_end=673
-  _globals['_REBALANCEREQUEST']._serialized_start=675
-  _globals['_REBALANCEREQUEST']._serialized_end=740
-  _globals['_REBALANCERESPONSE']._serialized_start=742
-  _globals['_REBALANCERESPONSE']._serialized_end=808
-  _globals['_LISTWORKERSREQUEST']._serialized_start=810
-  _globals['_LISTWORKERSREQUEST']._serialized_end=830
-  _globals['_WORKERSTATUS']._serialized_start=833
-  _globals['_WORKERSTATUS']._serialized_end=1003
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1005
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1115
-  _globals['_DRAINWORKERREQUEST']._serialized_start=1117
-  _globals['_DRAINWORKERREQUEST']._serialized_end=1171
-  _globals['_DRAINWORKERRESPONSE']._serialized_start=1173
-  _globals['_DRAINWORKERRESPONSE']._serialized_end=1213
-  _globals['_ROUTERSERVICE']._serialized_start=1215
-  _globals['_ROUTERSERVICE']._serialized_end=1327
-  _globals['_ROUTERADMINSERVICE']._serialized_start=1330
-  _globals['_ROUTERADMINSERVICE']._serialized_end=1578
+  _globals['_ROUTERSERVICEGENERATERESPONSE']._serialized_end=789
+  _globals['_REBALANCEREQUEST']._serialized_start=791
+  _globals['_REBALANCEREQUEST']._serialized_end=856
+  _globals['_REBALANCERESPONSE']._serialized_start=858
+  _globals['_REBALANCERESPONSE']._serialized_end=924
+  _globals['_LISTWORKERSREQUEST']._serialized_start=926
+  _globals['_LISTWORKERSREQUEST']._serialized_end=946
+  _globals['_WORKERSTATUS']._serialized_start=949
+  _globals['_WORKERSTATUS']._serialized_end=1119
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1121
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1231
+  _globals['_DRAINWORKERREQUEST']._serialized_start=1233
+  _globals['_DRAINWORKERREQUEST']._serialized_end=1287
+  _globals['_DRAINWORKERRESPONSE']._serialized_start=1289
+  _globals['_DRAINWORKERRESPONSE']._serialized_end=1329
+  _globals['_ROUTERSERVICE']._serialized_start=1331
+  _globals['_ROUTERSERVICE']._serialized_end=1443
+  _globals['_ROUTERADMINSERVICE']._serialized_start=1446
+  _globals['_ROUTERADMINSERVICE']._serialized_end=1694
 # @@protoc_insertion_point(module_scope)

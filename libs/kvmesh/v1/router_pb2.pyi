@@ -154,6 +154,9 @@ class RouterServiceGenerateResponse(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     MIGRATIONS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Decoded text of those tokens."""
     finish_reason: _common_pb2.FinishReason.ValueType
@@ -164,6 +167,8 @@ class RouterServiceGenerateResponse(_message.Message):
     """Times this request moved to another worker so far."""
     request_id: _builtins.str
     """The request id (echoed, or generated)."""
+    index: _builtins.int
+    """Which of the request's `n` sequences these tokens continue (0 for the first or only one)."""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """New token ids."""
@@ -171,6 +176,14 @@ class RouterServiceGenerateResponse(_message.Message):
     @_builtins.property
     def usage(self) -> _common_pb2.Usage:
         """Set on the last message only (prompt_tokens counts the original prompt)."""
+
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PositionLogprobs]:
+        """Log-probabilities of `token_ids`, one per token, when the request asked for them."""
+
+    @_builtins.property
+    def prompt_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PositionLogprobs]:
+        """Log-probabilities of the prompt's tokens, on the first message only, when asked for."""
 
     def __init__(
         self,
@@ -182,10 +195,13 @@ class RouterServiceGenerateResponse(_message.Message):
         worker_id: _builtins.str = ...,
         migrations: _builtins.int = ...,
         request_id: _builtins.str = ...,
+        index: _builtins.int = ...,
+        logprobs: _abc.Iterable[_common_pb2.PositionLogprobs] | None = ...,
+        prompt_logprobs: _abc.Iterable[_common_pb2.PositionLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "migrations", b"migrations", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "migrations", b"migrations", "prompt_logprobs", b"prompt_logprobs", "request_id", b"request_id", "text", b"text", "token_ids", b"token_ids", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.generation import (
+    EngineOutput,
+    EngineRequest,
+    PositionLogprobs,
+    SamplingParams,
+    StructuredOutput,
+    TokenLogprob,
+)
 from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.core.pull import KvPull
 from kvmesh.index.types import Cleared, IndexDelta, Media, Removed, Stored
@@ -39,7 +46,38 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty or 1.0,
+        n=p.n or 1,
+        logprobs=p.logprobs if p.HasField("logprobs") else None,
+        prompt_logprobs=p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
+        min_p=p.min_p,
+        logit_bias=tuple(sorted(p.logit_bias.items())),
+        bad_words=tuple(p.bad_words),
+        allowed_token_ids=tuple(p.allowed_token_ids),
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens if p.HasField("skip_special_tokens") else True,
+        structured_output=structured_from_proto(p.structured_output) if p.HasField("structured_output") else None,
+        priority=p.priority,
     )
+
+
+def structured_from_proto(s: common_pb2.StructuredOutput) -> StructuredOutput | None:
+    """The wire's constraint → the domain's (None when no constraint is set)."""
+    kind = s.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return StructuredOutput(choice=tuple(s.choice.choices))
+    if kind == "json_object":
+        return StructuredOutput(json_object=s.json_object)
+    return StructuredOutput(**{kind: getattr(s, kind)})
+
+
+def structured_to_proto(s: StructuredOutput) -> common_pb2.StructuredOutput:
+    """The domain's constraint → the wire's."""
+    kind = s.kind
+    if kind == "choice":
+        return common_pb2.StructuredOutput(choice=common_pb2.StructuredOutputChoices(choices=s.choice))
+    return common_pb2.StructuredOutput(**{kind: getattr(s, kind)})
 
 
 def sampling_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
@@ -56,10 +94,53 @@ def sampling_to_proto(sp: SamplingParams) -> common_pb2.SamplingParams:
         presence_penalty=sp.presence_penalty,
         frequency_penalty=sp.frequency_penalty,
         repetition_penalty=sp.repetition_penalty,
+        n=sp.n,
+        min_p=sp.min_p,
+        logit_bias=dict(sp.logit_bias),
+        bad_words=sp.bad_words,
+        allowed_token_ids=sp.allowed_token_ids,
+        include_stop_str_in_output=sp.include_stop_str_in_output,
+        priority=sp.priority,
     )
     if sp.seed is not None:
         out.seed = sp.seed
+    if sp.logprobs is not None:
+        out.logprobs = sp.logprobs
+    if sp.prompt_logprobs is not None:
+        out.prompt_logprobs = sp.prompt_logprobs
+    if not sp.skip_special_tokens:
+        out.skip_special_tokens = False
+    if sp.structured_output is not None:
+        out.structured_output.CopyFrom(structured_to_proto(sp.structured_output))
     return out
+
+
+def logprobs_to_proto(entries: Sequence[PositionLogprobs | None]) -> list[common_pb2.PositionLogprobs]:
+    """Per-position log-probabilities → the wire's (a position without any, the prompt's first, is empty)."""
+    return [
+        common_pb2.PositionLogprobs()
+        if e is None
+        else common_pb2.PositionLogprobs(token=_logprob_to_proto(e.token), top=[_logprob_to_proto(x) for x in e.top])
+        for e in entries
+    ]
+
+
+def logprobs_from_proto(entries: Sequence[common_pb2.PositionLogprobs]) -> tuple[PositionLogprobs | None, ...]:
+    """The wire's per-position log-probabilities → the domain's (an empty entry is None)."""
+    return tuple(
+        PositionLogprobs(_logprob_from_proto(e.token), tuple(_logprob_from_proto(x) for x in e.top))
+        if e.HasField("token")
+        else None
+        for e in entries
+    )
+
+
+def _logprob_to_proto(x: TokenLogprob) -> common_pb2.TokenLogprob:
+    return common_pb2.TokenLogprob(token_id=x.token_id, logprob=x.logprob, rank=x.rank)
+
+
+def _logprob_from_proto(x: common_pb2.TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(x.token_id, x.logprob, x.rank)
 
 
 def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
@@ -108,7 +189,11 @@ def pull_from_proto(h: worker_pb2.KvPullHint) -> KvPull:
 
 def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker_pb2.GenerateResponse:
     """One engine output → a worker `GenerateResponse` (usage and finish reason on the last one)."""
-    msg = worker_pb2.GenerateResponse(token_ids=list(o.token_ids), worker_id=worker_id)
+    msg = worker_pb2.GenerateResponse(token_ids=list(o.token_ids), worker_id=worker_id, index=o.index)
+    if o.logprobs:
+        msg.logprobs.extend(logprobs_to_proto(o.logprobs))
+    if o.prompt_logprobs:
+        msg.prompt_logprobs.extend(logprobs_to_proto(o.prompt_logprobs))
     if detokenize:
         msg.text = o.text
     if o.finished:

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvmesh.core.generation import EngineOutput, SamplingParams, Usage
+from kvmesh.core.generation import (
+    EngineOutput,
+    PositionLogprobs,
+    SamplingParams,
+    StructuredOutput,
+    TokenLogprob,
+    Usage,
+)
 from kvmesh.core.kvevents import BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.index.types import Cleared, Removed, Stored
 from kvmesh.v1 import common_pb2, worker_pb2
@@ -19,6 +26,7 @@ from kvmesh.wire.proto import (
     event_to_proto,
     load_from_proto,
     load_to_proto,
+    logprobs_from_proto,
     output_to_proto,
     request_from_proto,
     sampling_from_proto,
@@ -135,3 +143,47 @@ def test_a_dump_is_begin_chunks_end_all_at_one_sequence() -> None:
     ]
     assert {m.sequence for _, m in msgs} == {7}
     assert [e for _, m in msgs for e in batch_from_proto(m).events] == blocks
+
+
+def test_every_sampling_extension_survives_the_wire() -> None:
+    sp = SamplingParams(
+        n=3,
+        logprobs=0,
+        prompt_logprobs=2,
+        min_p=0.25,
+        logit_bias=((2, -1.5), (7, 3.0)),
+        bad_words=("x y",),
+        allowed_token_ids=(4, 5),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        structured_output=StructuredOutput(choice=("yes", "no")),
+        priority=-2,
+    )
+    assert sampling_from_proto(sampling_to_proto(sp)) == sp
+    for constraint in (
+        StructuredOutput(json_schema='{"type": "object"}'),
+        StructuredOutput(json_object=True),
+        StructuredOutput(regex="[a-z]+"),
+        StructuredOutput(grammar='root ::= "a"'),
+    ):
+        with_it = SamplingParams(structured_output=constraint)
+        assert sampling_from_proto(sampling_to_proto(with_it)) == with_it
+
+
+def test_unset_extensions_decode_to_their_defaults() -> None:
+    # logprobs 0 (the sampled token's only) differs from unset (none), and unset skip_special_tokens is True
+    decoded = sampling_from_proto(common_pb2.SamplingParams())
+    assert (decoded.n, decoded.logprobs, decoded.prompt_logprobs, decoded.structured_output) == (1, None, None, None)
+    assert decoded.skip_special_tokens is True
+    assert sampling_from_proto(common_pb2.SamplingParams(logprobs=0)).logprobs == 0
+
+
+def test_output_logprobs_and_index_travel() -> None:
+    # log-probabilities exact in float32, as the wire carries them
+    top = (TokenLogprob(9, -0.125, 1), TokenLogprob(3, -2.5, 2))
+    lp = (PositionLogprobs(TokenLogprob(3, -2.5, 2), top),)
+    out = EngineOutput("r", token_ids=(3,), index=2, logprobs=lp, prompt_logprobs=(None, lp[0]))
+    msg = output_to_proto(out, "w0", detokenize=False)
+    assert msg.index == 2
+    assert logprobs_from_proto(msg.logprobs) == lp
+    assert logprobs_from_proto(msg.prompt_logprobs) == (None, lp[0])
