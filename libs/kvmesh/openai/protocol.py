@@ -24,6 +24,7 @@ from kvmesh.openai.fields import fields_of
 SEED_MAX = 2**63 - 1  # int64 in vLLM, uint64 on kvmesh's wire: [0, 2**63) fits both
 
 Message = tuple[str, str]  # (role, content)
+PromptInput = tuple[tuple[int, ...] | None, str | None]  # (token ids, text): one of the two is set
 
 STREAM_OPTIONS = frozenset({"include_usage", "continuous_usage_stats"})
 _MESSAGE_KEYS = frozenset({"role", "content"})
@@ -42,6 +43,15 @@ class OpenAIRequest:
     stream: bool = False
     include_usage: bool = False
     user: str = ""
+    # a completions batch: one (ids, text) per prompt, each routed on its own prefix; `prompt_ids` /
+    # `prompt_text` are the first (the only one without a batch)
+    prompts: tuple[PromptInput, ...] = ()
+    echo: bool = False  # completions: the prompt's text (and log-probabilities) before the completion
+    tools: tuple[dict[str, Any], ...] = ()  # chat: the `tools` as given (function definitions)
+    tool_choice: str | dict[str, Any] = "none"  # "none", "auto", "required" or {"type": "function", ...}
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 def parse_request(
