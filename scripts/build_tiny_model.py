@@ -38,8 +38,24 @@ SPEC: dict[str, Any] = {
     "corpus_lines": 4000,
 }
 SPECIALS = ["<unk>", "<s>", "</s>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+# `<|role|>` turns; with `tools`, the Hermes function-calling prompt (NousResearch Hermes-2-Pro's, as
+# Qwen2.5 ships it too): the functions in <tools></tools>, calls as <tool_call>{"name", "arguments"}</tool_call>
+# (what vLLM's `hermes` tool parser reads), results in <tool_response></tool_response>. A chat without
+# tools renders as it always did.
+CHAT_TEMPLATE = (  # rendered with trim_blocks (transformers, as vLLM): a newline right after a tag is {{ "\n" }}
+    "{{ bos_token }}"
+    "{% if tools %}<|system|>\nYou are a function calling AI model. You are provided with function signatures "
+    "within <tools></tools> XML tags. You may call one or more functions to assist with the user query. Don't "
+    "make assumptions about what values to plug into functions. Here are the available tools: <tools>"
+    '{% for t in tools %}{{ "\\n" }}{{ t | tojson }}{% endfor %}{{ "\\n" }}</tools>\nFor each function call, '
+    "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n{% endif %}'
+    "{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{% if m['role'] == 'tool' %}<tool_response>\n{{ m['content'] }}\n</tool_response>\n"
+    "{% else %}{{ m['content'] }}"
+    '{% for c in m.get("tool_calls") or [] %}{% if not loop.first or m["content"] %}{{ "\\n" }}{% endif %}'
+    '<tool_call>\n{"name": {{ c["function"]["name"] | tojson }}, "arguments": '
+    '{{ c["function"]["arguments"] | tojson }}}\n</tool_call>{% endfor %}{{ "\\n" }}{% endif %}{% endfor %}'
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
@@ -134,6 +150,7 @@ def build(out: Path, seed: int = 0, force: bool = False) -> Path:
     marker = out / "kvmesh-tiny.json"
     digest = spec_digest(seed)
     if not force and marker.exists() and json.loads(marker.read_text()).get("digest") == digest:
+        refresh_template(out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=out.parent))
@@ -148,6 +165,19 @@ def build(out: Path, seed: int = 0, force: bool = False) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def refresh_template(out: Path) -> None:
+    """A folder built before the template changed gets today's (the weights and vocabulary are the same):
+    tokenizer_config.json is replaced in one rename, so a reader never sees half a file."""
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    if cfg.get("chat_template") == CHAT_TEMPLATE:
+        return
+    cfg["chat_template"] = CHAT_TEMPLATE
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(cfg, indent=2))
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

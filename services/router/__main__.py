@@ -32,6 +32,7 @@ from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.servicer import RouterAdminServicer, RouterServicer, add_router_service
 from kvmesh.services.router.settings import RouterSettings
 from kvmesh.services.router.tokenize import CHARS_PER_TOKEN_CAP, RouterTokenizer
+from kvmesh.services.router.tool_parsing import OutputParser
 from kvmesh.services.router.workers import WorkerPool
 from kvmesh.telemetry.logging import setup_logging
 from kvmesh.v1 import router_pb2_grpc
@@ -151,7 +152,10 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
         RouterAdminServicer(front),
         "kvmesh.v1.RouterAdminService",
     )
-    HttpApi(front, settings.max_request_bytes, settings.http_body_timeout_s).install(runner.http_app)
+    parser = None
+    if settings.tool_call_parser or settings.reasoning_parser:  # vLLM is loaded only then
+        parser = OutputParser(settings.tool_call_parser, settings.reasoning_parser, front.tokenizer.model_dir)
+    HttpApi(front, settings.max_request_bytes, settings.http_body_timeout_s, parser).install(runner.http_app)
 
     async def started(_ports: BoundPorts) -> None:
         await front.core.index.check_agreement()

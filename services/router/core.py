@@ -15,6 +15,8 @@ For one request (checked at its door: `request.RouterRequest`):
    `kvmesh_retries_total`, at most `max_retries`), a migration (prompt + tokens so far and the remaining
    `max_tokens` on another worker, `kvmesh_migrations_total`, at most `max_migrations`) or fail, and what
    the breaker records. The client sees one stream.
+   With `n > 1` the attempt runs every sequence on one worker (`sequences`: each one's tokens apart, the
+   request done when all have finished); a migration resumes each unfinished sequence on its own.
 5. closing the stream (client cancel) cancels the worker call, which aborts the request on the worker.
 """
 
@@ -25,7 +27,6 @@ import functools
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 
@@ -37,29 +38,19 @@ from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
 from kvmesh.services.router.attempt import Attempt, worker_request
+from kvmesh.services.router.chunks import Chunk, chunk_of
 from kvmesh.services.router.hedging import Hedging
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.observe import StreamClock, record_attempt_end
 from kvmesh.services.router.placement import Placement
 from kvmesh.services.router.request import RouterRequest
+from kvmesh.services.router.sequences import Sequences, resume_sequences
 from kvmesh.services.router.stall_watch import StallWatch
 from kvmesh.services.router.worker_stream import classify, close_call
 from kvmesh.services.router.workers import WorkerHandle, WorkerPool
 from kvmesh.telemetry.tracing import inject
 from kvmesh.v1 import common_pb2
-
-
-@dataclass(slots=True)
-class Chunk:
-    """One streamed step to the client (`finish_reason`/`usage` on the last one)."""
-
-    token_ids: list[int]
-    text: str
-    worker_id: str
-    migrations: int
-    finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
-    usage: common_pb2.Usage | None = None
 
 
 class RouterCore:
@@ -97,9 +88,12 @@ class RouterCore:
         finally:
             self.gate.release(req.request_id)
 
-    async def _run(self, req: RouterRequest, started: float) -> AsyncIterator[Chunk]:
+    async def _run(self, req: RouterRequest, started: float, migrations: int = 0) -> AsyncIterator[Chunk]:
+        """The attempts loop; `migrations`: already used (a resumed sequence's, `sequences`)."""
         lim, rid = self.limits, req.request_id
         att = at.Attempts(rid, at.Limits(lim.max_retries, lim.max_migrations, req.max_tokens), req.resume_ids)
+        att.migrations = migrations
+        seqs = Sequences(req.sampling.n)
         n_prompt = len(req.prompt)
         exclude: set[str] = set()
         clock = StreamClock(started)
@@ -134,7 +128,8 @@ class RouterCore:
                         if clock.on_tokens(t):
                             self.tracker.first_token(rid)
                         att.add(resp.token_ids)
-                    if resp.finish_reason:
+                        seqs.add(resp.index, resp.token_ids)
+                    if resp.finish_reason and seqs.finish(resp.index):  # the request's last sequence
                         outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
                         self._record(cur.wid, cur.h, att.end(outcome), t)
                         clock.on_finish(t)
@@ -143,11 +138,11 @@ class RouterCore:
                             prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=att.n_generated
                         )
                         cur.watch.disarm()
-                        yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations, resp.finish_reason, usage)
+                        yield chunk_of(resp, cur.wid, att.migrations, resp.finish_reason, usage)
                         return
-                    if resp.token_ids or resp.text:
+                    if resp.token_ids or resp.text or resp.finish_reason or resp.prompt_logprobs:
                         cur.watch.pause()  # the client's pace is no worker's stall
-                        yield Chunk(list(resp.token_ids), resp.text, cur.wid, att.migrations)
+                        yield chunk_of(resp, cur.wid, att.migrations, resp.finish_reason)
                     cur.watch.arm()
             except asyncio.CancelledError:
                 if not cur.watch.stalled():
@@ -167,6 +162,11 @@ class RouterCore:
             record_attempt_end(rid, cur.wid, d, len(att.tokens), isinstance(outcome, at.Stalled))
             if d.action is at.Action.FAIL:
                 raise d.error or own_error or Unavailable(d.reason)
+            if d.action is at.Action.MIGRATE and seqs.n > 1:
+                resumed = resume_sequences(self._run, started, req, seqs, att.n_generated, att.migrations)
+                async for c in resumed:
+                    yield c
+                return
 
     async def _dispatch(
         self, rid: str, req: RouterRequest, plan: at.NextAttempt, so_far: list[int], exclude: set[str]

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 
 from kvmesh.core.errors import NotFound, PermissionDenied
 from kvmesh.core.sampling import check_penalties, check_temperature, check_top_k, check_top_p
+from kvmesh.openai.protocol import Message
 from kvmesh.routing import Profile
 from kvmesh.rpc.validate import in_range, require
 from kvmesh.security.client_keys import ClientKey, ClientKeys
@@ -19,7 +20,7 @@ from kvmesh.services.router.core import Chunk, RouterCore
 from kvmesh.services.router.guarded import OutputGuard
 from kvmesh.services.router.limits import CoreLimits, check_chat_size, check_text_size
 from kvmesh.services.router.request import RouterRequest
-from kvmesh.services.router.tokenize import RouterTokenizer
+from kvmesh.services.router.tokenize import ChatTemplateOptions, RouterTokenizer
 from kvmesh.v1 import common_pb2, router_pb2
 from kvmesh.wire.token_ids import TokenIdArray
 
@@ -53,7 +54,7 @@ class Frontend:
         chunks = self.core.generate(req)
         if self.guard.rules is None:
             return chunks
-        return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt))
+        return self.guard.filter(chunks, req.request_id, req.tenant, len(req.prompt), req.sampling.n)
 
     def caller_key(self, presented: str | None) -> ClientKey | None:
         """The API key presented (`ClientKeys.lookup`); None when the service skeleton already authenticated the
@@ -140,13 +141,20 @@ class Frontend:
             cache.put(text, prompt.wire, tenant)
         return prompt
 
-    async def tokenize_chat(self, messages: Sequence[tuple[str, str]], tenant: str) -> TokenIdArray:
-        """Token ids of a rendered chat; its message count and total size are checked before rendering."""
+    async def tokenize_chat(
+        self, messages: Sequence[Message], tenant: str, template: ChatTemplateOptions | None = None
+    ) -> TokenIdArray:
+        """Token ids of a rendered chat (with the request's tools and template options); its message count and
+        total size, the tools' included, are checked before rendering."""
         require(len(messages) > 0, "messages", "must not be empty")
-        check_chat_size(messages, self.limits.max_chat_messages, self.limits.max_prompt_chars)
-        for role, _ in messages:
-            require(role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {role!r}")
-        return await self.tokenize_text(self.tokenizer.render_chat(messages), tenant)
+        opts = template or ChatTemplateOptions()
+        check_chat_size(messages, self.limits.max_chat_messages, self.limits.max_prompt_chars, opts.chars)
+        for m in messages:
+            require(m.role in ("system", "user", "assistant", "tool"), "messages.role", f"unknown role {m.role!r}")
+        text = self.tokenizer.render_chat(
+            messages, opts.tools, opts.kwargs, opts.add_generation_prompt, opts.continue_final_message
+        )
+        return await self.tokenize_text(text, tenant)
 
     @property
     def limits(self) -> CoreLimits:

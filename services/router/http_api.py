@@ -1,6 +1,7 @@
 """OpenAI-compatible HTTP API and admin endpoints, on the service's aiohttp app.
 
-    GET  /v1/models
+    GET  /v1/models               (each with vLLM's `max_model_len`)
+    POST /tokenize, /detokenize, GET /version   vLLM's extras (http_extras.py)
     POST /v1/completions          {"prompt": str | [int], "max_tokens", "temperature", "top_p", "stream", ...}
     POST /v1/chat/completions     {"messages": [{"role", "content"}], ...}   (SSE when "stream": true)
     POST /admin/rebalance         {"prefill_weight": 0.7, "decode_weight": 0.3}
@@ -30,7 +31,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -56,18 +57,14 @@ from kvmesh.security.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignedRe
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import Chunk
 from kvmesh.services.router.frontend import Frontend
+from kvmesh.services.router.http_choices import Choices, PromptRun, prompt_chunks
+from kvmesh.services.router.http_extras import HttpExtras, max_model_len
 from kvmesh.services.router.request import RouterRequest
-from kvmesh.v1 import common_pb2
+from kvmesh.services.router.tokenize import ChatTemplateOptions
+from kvmesh.services.router.tool_parsing import OutputParser, ParsedAnswer, ParsedChoices, parsed_answer
 from kvmesh.wire.token_ids import TokenIdArray
 
 TENANT_HEADER = "X-Kvmesh-Tenant"
-_FINISH = {
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_ABORT: "abort",
-    common_pb2.FINISH_REASON_ERROR: "error",
-    common_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
-}
 
 
 SERVICE = "router"  # as the audit log names it
@@ -96,8 +93,15 @@ def _unsupported(e: UnsupportedMediaType) -> web.Response:
 class HttpApi:
     """Handlers bound to one `Frontend`."""
 
-    def __init__(self, front: Frontend, max_request_bytes: int, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        front: Frontend,
+        max_request_bytes: int,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        output_parser: OutputParser | None = None,
+    ) -> None:
         self.front = front
+        self.output_parser = output_parser  # --tool-call-parser / --reasoning-parser: read the answers
         self.max_request_bytes = max_request_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -105,6 +109,7 @@ class HttpApi:
         app.router.add_get("/v1/models", openai_errors(self.models))
         app.router.add_post("/v1/completions", openai_errors(self.completions))
         app.router.add_post("/v1/chat/completions", openai_errors(self.chat))
+        HttpExtras(self, TENANT_HEADER).install(app)  # vLLM's /tokenize, /detokenize, /version
         app.router.add_post("/admin/rebalance", self._admin(self.rebalance))
         app.router.add_get("/admin/workers", self._admin(self.workers))
         app.router.add_post("/admin/drain", self._admin(self.drain))
@@ -156,57 +161,95 @@ class HttpApi:
         uint32)."""
         session = _header(request, "X-Session-Id") or parsed.user
         rid = f"http-{uuid.uuid4().hex}"
+        sampling = parsed.sampling
+        if parsed.echo and sampling.logprobs is not None and sampling.prompt_logprobs is None:
+            sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.logprobs)  # echoed, as vLLM does
         return RouterRequest.checked(
-            self.front.limits, rid, prompt, parsed.sampling, session_id=session, tenant=tenant, lora=lora
+            self.front.limits, rid, prompt, sampling, session_id=session, tenant=tenant, lora=lora
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.StreamResponse:
         await self._auth(request)
-        base = self.front.model_name
-        data = [{"id": base, "object": "model", "owned_by": "kvmesh"}]
-        data += [{"id": a, "object": "model", "owned_by": "kvmesh", "parent": base} for a in self.front.lora_adapters]
+        base, ctx = self.front.model_name, max_model_len(self.front)  # vLLM's ModelCard carries max_model_len
+        data = [{"id": base, "object": "model", "owned_by": "kvmesh", "max_model_len": ctx}]
+        data += [
+            {"id": a, "object": "model", "owned_by": "kvmesh", "parent": base, "max_model_len": ctx}
+            for a in self.front.lora_adapters
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=False)
-        prompt: TokenIdArray | Sequence[int] = parsed.prompt_ids or ()
-        if parsed.prompt_text is not None:
-            prompt = await self.front.tokenize_text(parsed.prompt_text, tenant)
-        return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
+        prompts = parsed.prompts or ((parsed.prompt_ids, parsed.prompt_text),)  # a batch: each on its own prefix
+        runs = [await self._prompt_run(request, parsed, ids, text, lora, tenant) for ids, text in prompts]
+        return await self._respond(request, parsed, runs)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         parsed, lora, tenant = await self._parse(request, chat=True)
-        prompt = await self.front.tokenize_chat(parsed.messages, tenant)
-        return await self._respond(request, parsed, self._gen_request(request, parsed, prompt, lora, tenant))
+        answer = parsed_answer(parsed, self.output_parser)  # "auto" without a tool parser: 400 before routing
+        parsed = answer.parsed if answer is not None else parsed  # the sampling as the parser wants it
+        prompt = await self.front.tokenize_chat(parsed.messages, tenant, ChatTemplateOptions.of(parsed))
+        if answer is not None:
+            answer.prompt_ids = prompt.array.tolist()
+        return await self._respond(
+            request, parsed, [PromptRun(self._gen_request(request, parsed, prompt, lora, tenant))], answer
+        )
 
-    async def _respond(self, request: web.Request, parsed: OpenAIRequest, req: RouterRequest) -> web.StreamResponse:
+    async def _prompt_run(
+        self,
+        request: web.Request,
+        parsed: OpenAIRequest,
+        ids: Sequence[int] | None,
+        text: str | None,
+        lora: str,
+        tenant: str,
+    ) -> PromptRun:
+        """One completions prompt's request and, with `echo`, its text and token ids."""
+        prompt: TokenIdArray | Sequence[int] = ids or ()
+        if text is not None:
+            prompt = await self.front.tokenize_text(text, tenant)
+        req = self._gen_request(request, parsed, prompt, lora, tenant)
+        if not parsed.echo:
+            return PromptRun(req)
+        echo_ids = tuple(int(i) for i in (prompt.array if isinstance(prompt, TokenIdArray) else prompt))
+        return PromptRun(req, text if text is not None else self.front.tokenizer.decode(echo_ids), echo_ids)
+
+    def _decode(self, token_id: int) -> str:
+        """One token's text, as log-probabilities name it."""
+        return self.front.tokenizer.decode([token_id])
+
+    async def _respond(
+        self, request: web.Request, parsed: OpenAIRequest, runs: list[PromptRun], answer: ParsedAnswer | None = None
+    ) -> web.StreamResponse:
         api = "chat" if parsed.chat else "completions"
+        req = runs[0].req
         build = ResponseBuilder(req.request_id, parsed.chat, int(time.time()), req.lora or self.front.model_name)
+        want_logprobs = parsed.sampling.logprobs is not None
+        args = (build, runs, parsed.sampling.n, want_logprobs, self._decode)
+        choices = Choices(*args) if answer is None else ParsedChoices(answer, *args)
+        gen = prompt_chunks(self.front.generate, runs)
         if not parsed.stream:
-            return await self._whole(api, build, req)
+            return await self._whole(api, choices, gen)
         # SSE: the first chunk is awaited before the headers go out, so early errors get a real status code
-        gen = self.front.generate(req)
         try:
             first = await gen.__anext__()
         except StopAsyncIteration:
             first = None
         except KvmeshError:
+            await gen.aclose()
             m.REQUESTS.labels(api, "error").inc()
             raise
         sse = SseWriter()
         outcome = "ok"
         try:
             await sse.start(request)
-            usage = None
             if first is not None:
-                await sse.send(build.chunk(first.text, _finish(first), first=True))
-                usage = first.usage
-                async for c in gen:
-                    await sse.send(build.chunk(c.text, _finish(c), first=False))
-                    usage = c.usage or usage
+                await self._send(sse, choices.step(*first))
+                async for p, c in gen:
+                    await self._send(sse, choices.step(p, c))
             if parsed.include_usage:  # OpenAI's and vLLM's place: a last chunk, empty choices
-                await sse.send(build.usage_chunk(usage))
+                await sse.send(build.usage_chunk(choices.usage))
         except KvmeshError as e:
             outcome = "error"
             await self._fail(sse, e)
@@ -222,24 +265,29 @@ class HttpApi:
             return client_gone(request, sse.response, e)
 
     @staticmethod
+    async def _send(sse: SseWriter, payload: dict[str, Any] | None) -> None:
+        if payload is not None:
+            await sse.send(payload)
+
+    @staticmethod
     async def _fail(sse: SseWriter, exc: KvmeshError) -> None:
         """The error event; a client already gone does not get it (nothing to log but the error)."""
         with contextlib.suppress(ClientGone):
             await sse.fail(exc)
 
-    async def _whole(self, api: str, build: ResponseBuilder, req: RouterRequest) -> web.StreamResponse:
-        texts: list[str] = []
-        last: Chunk | None = None
+    async def _whole(
+        self, api: str, choices: Choices, gen: AsyncGenerator[tuple[int, Chunk], None]
+    ) -> web.StreamResponse:
         try:
-            async for c in self.front.generate(req):
-                texts.append(c.text)
-                last = c
+            async for p, c in gen:
+                choices.add(p, c)
         except KvmeshError:
             m.REQUESTS.labels(api, "error").inc()
             raise
+        finally:
+            await gen.aclose()
         m.REQUESTS.labels(api, "ok").inc()
-        finish = (_finish(last) or "stop") if last else "error"
-        return web.json_response(build.whole("".join(texts), finish, last.usage if last else None))
+        return web.json_response(choices.whole())
 
     # ---- admin -------------------------------------------------------------------------------------
     def _admin(self, fn: AdminHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -294,8 +342,3 @@ def _header(request: web.Request, name: str) -> str | None:
 def _bearer(request: web.Request) -> str | None:
     h = _header(request, "Authorization") or ""
     return h[7:].strip() if h.lower().startswith("bearer ") else _header(request, "X-Api-Key")
-
-
-def _finish(c: Chunk) -> str | None:
-    """OpenAI's finish_reason of a chunk (None while the stream goes on)."""
-    return _FINISH.get(c.finish_reason) if c.finish_reason else None

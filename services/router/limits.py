@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmesh.core.errors import InvalidArgument
+from kvmesh.openai.protocol import Message
 
 SIM_VOCAB_SIZE = 128256  # the simulated engine's vocabulary (`kvmesh.engine.sim.core.SimConfig.vocab_size`)
 
@@ -55,11 +56,12 @@ def check_text_size(text: str, max_chars: int, field: str) -> None:
     check_text_size_total(len(text), max_chars, field)
 
 
-def check_chat_size(messages: Sequence[tuple[str, str]], max_messages: int, max_chars: int) -> None:
-    """Message count and the total text length of a chat, before it is rendered and tokenised."""
+def check_chat_size(messages: Sequence[Message], max_messages: int, max_chars: int, extra_chars: int = 0) -> None:
+    """Message count and the total text length of a chat (+ `extra_chars`: its tools and template options),
+    before it is rendered and tokenised."""
     if max_messages and len(messages) > max_messages:
         raise InvalidArgument("messages", f"{len(messages)} messages > limit {max_messages}")
-    check_text_size_total(sum(len(r) + len(c) for r, c in messages), max_chars, "messages")
+    check_text_size_total(sum(m.chars for m in messages) + extra_chars, max_chars, "messages")
 
 
 def check_text_size_total(n_chars: int, max_chars: int, field: str) -> None:

@@ -7,13 +7,15 @@ The checks, in order (the first that fails is the answer, InvalidArgument naming
 
 - the prompt: not empty, at most `max_prompt_tokens`;
 - `max_tokens` (the request's, else `default_max_tokens`) at most `max_tokens_limit`;
-- `resume_token_ids`, the tokens a client already has from a broken stream: at most `max_tokens`;
-- prompt, stop and resumed token ids within the vocabulary (a client's ids are checked before they become
-  uint32, which an id of 2**40 would not fit).
+- `resume_token_ids`, the tokens a client already has from a broken stream: at most `max_tokens`, and only
+  with `n = 1` (one list of tokens resumes one sequence);
+- prompt, stop, resumed, allowed and biased token ids within the vocabulary (a client's ids are checked
+  before they become uint32, which an id of 2**40 would not fit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import InitVar, dataclass
@@ -69,10 +71,30 @@ class RouterRequest:
             raise InvalidArgument("max_tokens", f"{max_tokens} > limit {limits.max_tokens_limit}")
         if len(resume_ids) > max_tokens:
             raise InvalidArgument("resume_token_ids", f"{len(resume_ids)} tokens > max_tokens {max_tokens}")
+        if resume_ids and sampling.n > 1:
+            raise InvalidArgument("resume_token_ids", f"resumes one sequence, the request asks for n={sampling.n}")
         ids = prompt.array if isinstance(prompt, TokenIdArray) else prompt
         check_token_ids(ids, limits.vocab_size, "prompt")
         check_token_ids(sampling.stop_token_ids, limits.vocab_size, "stop_token_ids")
         check_token_ids(resume_ids, limits.vocab_size, "resume_token_ids")
+        check_token_ids(sampling.allowed_token_ids, limits.vocab_size, "allowed_token_ids")
+        check_token_ids([t for t, _ in sampling.logit_bias], limits.vocab_size, "logit_bias")
         tokens = prompt if isinstance(prompt, TokenIdArray) else TokenIdArray.of(prompt)
         rid = request_id or uuid.uuid4().hex
         return cls(rid, tokens, sampling, max_tokens, session_id, tenant, tuple(resume_ids), lora, _CHECKED)
+
+    def sequence(self, index: int, so_far: Sequence[int]) -> RouterRequest:
+        """Sequence `index` of this `n > 1` request as a request of its own, resumed after `so_far` (its
+        tokens): `n = 1`, no prompt log-probabilities (the first attempt sent them), its own request id."""
+        sampling = dataclasses.replace(self.sampling, n=1, prompt_logprobs=None)
+        return RouterRequest(
+            f"{self.request_id}-{index}",
+            self.prompt,
+            sampling,
+            self.max_tokens,
+            self.session_id,
+            self.tenant,
+            tuple(so_far),
+            self.lora,
+            _CHECKED,
+        )

@@ -7,6 +7,8 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from kvmesh.core.sampling import check_extensions
+from kvmesh.openai.protocol import Message
 from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.admin import no_unknown_fields
@@ -14,11 +16,12 @@ from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
 from kvmesh.security.signing import GRPC_METHOD, SIGNATURE_METADATA, TIMESTAMP_METADATA, SignedRequest
 from kvmesh.services.router import metrics as m
+from kvmesh.services.router.chunks import Chunk
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.request import RouterRequest
 from kvmesh.telemetry.context import new_request_id, request_id_var
 from kvmesh.v1 import router_pb2, router_pb2_grpc
-from kvmesh.wire.proto import sampling_from_proto
+from kvmesh.wire.proto import logprobs_to_proto, sampling_from_proto
 from kvmesh.wire.protowire import field_payload
 from kvmesh.wire.token_ids import TokenIdArray
 
@@ -105,34 +108,46 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                 prompt_bytes = field_payload(raw, _TOKEN_IDS_FIELD, _PROMPT_SIBLINGS)
                 prompt = TokenIdArray.from_message(request.token_ids, prompt_bytes)
             else:
-                messages = [(msg.role, msg.content) for msg in request.chat.messages]
+                messages = [Message(msg.role, msg.content) for msg in request.chat.messages]
                 prompt = await f.tokenize_chat(messages, tenant)
             rid = request.request_id or request_id_var.get() or new_request_id()
+            sampling = sampling_from_proto(request.sampling)
+            check_extensions(sampling)  # n, log-probabilities, biases, structured output: vLLM's bounds
             req = RouterRequest.checked(
                 f.limits,
                 rid,
                 prompt,
-                sampling_from_proto(request.sampling),
+                sampling,
                 session_id=request.session_id,
                 tenant=tenant,
                 resume_ids=request.resume_token_ids,
                 lora=lora,
             )
             async for c in f.generate(req):
-                resp = router_pb2.RouterServiceGenerateResponse(
-                    token_ids=c.token_ids,
-                    text=c.text,
-                    finish_reason=c.finish_reason,
-                    worker_id=c.worker_id,  # type: ignore[arg-type]
-                    migrations=c.migrations,
-                    request_id=rid,
-                )
-                if c.usage is not None:
-                    resp.usage.CopyFrom(c.usage)
-                yield resp
+                yield _response(c, rid)
             outcome = "ok"
         finally:
             m.REQUESTS.labels("grpc", outcome).inc()
+
+
+def _response(c: Chunk, rid: str) -> router_pb2.RouterServiceGenerateResponse:
+    """A chunk on the client's wire: its sequence index, log-probabilities (the prompt's on the first)."""
+    resp = router_pb2.RouterServiceGenerateResponse(
+        token_ids=c.token_ids,
+        text=c.text,
+        finish_reason=c.finish_reason,  # type: ignore[arg-type]
+        worker_id=c.worker_id,
+        migrations=c.migrations,
+        request_id=rid,
+        index=c.index,
+    )
+    if c.logprobs:
+        resp.logprobs.extend(logprobs_to_proto(c.logprobs))
+    if c.prompt_logprobs:
+        resp.prompt_logprobs.extend(logprobs_to_proto(c.prompt_logprobs))
+    if c.usage is not None:
+        resp.usage.CopyFrom(c.usage)
+    return resp
 
 
 class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):

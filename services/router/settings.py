@@ -18,6 +18,17 @@ class RouterSettings(ServerSettings):
     failover: tuple[str, ...] = setting((), "failover gRPC addresses to follow endpoint sets from (comma-separated)")
     model: str = setting("", "model folder for the tokenizer; default: the tiny local test model")
     model_name: str = setting("", "served model name reported by /v1/models (default: folder name)")
+    tool_call_parser: str = setting(
+        "",
+        'vLLM tool-call parser (hermes, llama3_json, mistral, ...) that reads "auto" tool calls from the answers '
+        "(vLLM's --enable-auto-tool-choice --tool-call-parser; loads vLLM and the --model tokenizer at start; "
+        'empty: "auto" tool choice is refused, "required" and named functions work without it)',
+    )
+    reasoning_parser: str = setting(
+        "",
+        "vLLM reasoning parser (deepseek_r1, qwen3, ...) that moves the answers' reasoning text into `reasoning` "
+        "(vLLM's --reasoning-parser; loads vLLM and the --model tokenizer at start; not for forced tool calls)",
+    )
     lora_adapters: tuple[str, ...] = setting(
         (), 'LoRA adapter names the workers serve (comma-separated): gRPC lora_name or HTTP "model" selects one'
     )

@@ -73,6 +73,7 @@ class WorkerHandle:
     breaker: CircuitBreaker
     view: WorkerView
     model: str = ""
+    max_model_len: int = 0  # its engine's context, tokens (GetInfo; 0 until known)
     last_report_rx: float = float("-inf")
     selections_total: int = 0
     last_report: common_pb2.LoadReport = field(default_factory=common_pb2.LoadReport)
@@ -301,6 +302,7 @@ class WorkerPool:
         h.view.version = info.version
         h.view.kv_blocks_total = info.kv_blocks_total
         h.model = info.model
+        h.max_model_len = info.max_model_len
         self._use_frames(h, info.generate_frames_address)
         h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
         h.view.tier_shm_name = info.tier_shm_name

@@ -12,15 +12,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 from aiohttp import web
 
-from kvmesh.core.errors import KvmeshError, Unavailable
-from kvmesh.core.generation import EngineOutput, EngineRequest
+from kvmesh.core.errors import InvalidArgument, KvmeshError, Unavailable
+from kvmesh.core.generation import EngineOutput, EngineRequest, PositionLogprobs
 from kvmesh.engine.base import Engine
 from kvmesh.openai.aio import ClientGone, SseWriter, client_gone, error_response, openai_errors, read_json
-from kvmesh.openai.protocol import Message, OpenAIRequest, parse_request
-from kvmesh.openai.responses import ResponseBuilder
+from kvmesh.openai.protocol import Message, OpenAIRequest, parse_request, require_plain_chat
+from kvmesh.openai.responses import Choice, CompletionLogprobs, Decode, ResponseBuilder, chat_logprobs
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.admission import WindowGate
 
@@ -31,11 +32,62 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; a chat's
 
 def render_chat(messages: Sequence[Message]) -> str:
     """The tiny model's chat template: `<|role|>\\ncontent\\n` per message, then `<|assistant|>\\n`."""
-    return "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
+    return "".join(f"<|{m.role}|>\n{m.content}\n" for m in messages) + "<|assistant|>\n"
 
 
 def _finish(out: EngineOutput) -> str | None:
     return FINISH.get(out.finish_reason or "", out.finish_reason) if out.finished else None
+
+
+def refuse_unserved(parsed: OpenAIRequest) -> None:
+    """What only the router's HTTP API serves (a batch of prompts, echo, tools) is refused here, never
+    silently dropped."""
+    if len(parsed.prompts) > 1:
+        raise InvalidArgument("prompt", "a worker serves one prompt per request: send batches to the router")
+    if parsed.echo:
+        raise InvalidArgument("echo", "not served by a worker's HTTP API: use the router's")
+    if parsed.tools:
+        raise InvalidArgument("tools", "not served by a worker's HTTP API: use the router's")
+
+
+class _Choices:
+    """Each sequence's text, finish reason and log-probabilities as its outputs come (`index`: its choice)."""
+
+    def __init__(self, chat: bool, decode: Decode, logprobs: bool) -> None:
+        self.chat, self.decode, self.logprobs = chat, decode, logprobs
+        self.text: dict[int, list[str]] = {}
+        self.finish: dict[int, str | None] = {}
+        self.entries: dict[int, list[PositionLogprobs]] = {}
+        self.ids: dict[int, list[int]] = {}
+        self.completion_lps: dict[int, CompletionLogprobs] = {}  # streamed completions: offsets run on
+
+    def add(self, out: EngineOutput) -> None:
+        """Collect `out` for the whole answer."""
+        self.text.setdefault(out.index, []).append(out.text)
+        self.finish[out.index] = _finish(out)
+        self.entries.setdefault(out.index, []).extend(out.logprobs)
+        self.ids.setdefault(out.index, []).extend(out.token_ids)
+
+    def delta_logprobs(self, out: EngineOutput) -> dict[str, Any] | None:
+        """The `logprobs` object of `out`'s stream chunk (None when not asked for)."""
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(out.logprobs, self.decode)
+        lp = self.completion_lps.setdefault(out.index, CompletionLogprobs(self.decode))
+        return lp.add(out.token_ids, out.logprobs)
+
+    def whole(self) -> list[Choice]:
+        """Every choice of the whole answer."""
+        out = []
+        for index in sorted(self.text):
+            lps: dict[str, Any] | None = None
+            if self.logprobs and self.chat:
+                lps = chat_logprobs(self.entries[index], self.decode)
+            elif self.logprobs:
+                lps = CompletionLogprobs(self.decode).add(self.ids[index], self.entries[index])
+            out.append(Choice(index, "".join(self.text[index]), self.finish[index], lps))
+        return out
 
 
 class OpenAIApi:
@@ -69,7 +121,10 @@ class OpenAIApi:
         body = await read_json(request)
         default = None if chat else COMPLETION_DEFAULT_MAX_TOKENS
         parsed = parse_request(body, chat, max_tokens_limit=None, default_max_tokens=default)  # engine: the limit
+        refuse_unserved(parsed)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        if chat:
+            require_plain_chat(parsed)
         text = render_chat(parsed.messages) if chat else parsed.prompt_text
         req = EngineRequest(rid, prompt_token_ids=parsed.prompt_ids, prompt=text, sampling=parsed.sampling)
         if self.gate is not None:
@@ -87,11 +142,12 @@ class OpenAIApi:
             await stream.aclose()
             return error_response(e)
         build = ResponseBuilder(rid, chat, int(time.time()), self.model_name)
+        choices = _Choices(chat, self.engine.decode_token, parsed.sampling.logprobs is not None)
         sse = SseWriter()
         try:
             if parsed.stream:
-                return await self._sse(request, sse, build, parsed, first, stream, timer)
-            return await self._whole(build, first, stream, timer)
+                return await self._sse(request, sse, build, parsed, first, stream, timer, choices)
+            return await self._whole(build, first, stream, timer, choices)
         except ClientGone as e:
             return client_gone(request, sse.response, e)
         finally:
@@ -108,14 +164,15 @@ class OpenAIApi:
         first: EngineOutput,
         stream: AsyncGenerator[EngineOutput, None],
         timer: m.StreamTimer,
+        choices: _Choices,
     ) -> web.Response:
-        text, last = [first.text], first
+        last = first
         self._observe(first, timer)
-        while not last.finished:
-            last = await anext(stream)
+        choices.add(first)
+        async for last in stream:  # the stream ends once every sequence has finished
             self._observe(last, timer)
-            text.append(last.text)
-        return web.json_response(build.whole("".join(text), _finish(last), last.usage))
+            choices.add(last)
+        return web.json_response(build.whole_choices(choices.whole(), last.usage))
 
     async def _sse(
         self,
@@ -126,16 +183,20 @@ class OpenAIApi:
         first: EngineOutput,
         stream: AsyncGenerator[EngineOutput, None],
         timer: m.StreamTimer,
+        choices: _Choices,
     ) -> web.StreamResponse:
         await sse.start(request)
-        out, is_first = first, True
+        started: set[int] = set()  # the choices whose first chunk went out (a chat's carries the role)
+        out = first
         while True:
             self._observe(out, timer)
-            await sse.send(build.chunk(out.text, _finish(out), first=is_first))
-            is_first = False
-            if out.finished:
+            lps = choices.delta_logprobs(out)
+            await sse.send(build.chunk(out.text, _finish(out), out.index not in started, out.index, lps))
+            started.add(out.index)
+            nxt = await anext(stream, None)  # the stream ends once every sequence has finished
+            if nxt is None:
                 break
-            out = await anext(stream)
+            out = nxt
         if parsed.include_usage:
             await sse.send(build.usage_chunk(out.usage))
         return await sse.finish()

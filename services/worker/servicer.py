@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvmesh.core.errors import PermissionDenied
-from kvmesh.core.sampling import check_temperature, check_top_p
+from kvmesh.core.sampling import check_extensions, check_temperature, check_top_p
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.identity import current_identity
 from kvmesh.services.worker import metrics as m
@@ -27,6 +27,7 @@ from kvmesh.wire.proto import (
     output_to_proto,
     pull_from_proto,
     request_from_proto,
+    sampling_from_proto,
 )
 
 LIVE = common_pb2.KV_STREAM_KIND_LIVE
@@ -41,6 +42,9 @@ def validate_generate(request: worker_pb2.GenerateRequest) -> None:
         non_empty(request.token_ids.ids, "token_ids.ids")
     check_temperature(request.sampling.temperature, "sampling.temperature")
     check_top_p(request.sampling.top_p, "sampling.top_p", zero_means_unset=True)
+    # n, log-probabilities, token lists, the structured output: refused here, before a pull or the batching
+    # window spends anything on the request (the engine checks its own limits, e.g. its vocabulary)
+    check_extensions(sampling_from_proto(request.sampling))
 
 
 async def next_or_stop(

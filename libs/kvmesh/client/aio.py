@@ -8,6 +8,11 @@
 * a failure before the first token re-sends the same request (same ``request_id``) to another router;
 * a failure after tokens were received re-sends it with ``resume_token_ids`` = every token received
   so far, so the router continues after them and the caller sees each token exactly once;
+* with `n > 1` the messages of the request's sequences interleave (each names its `index`, carries its
+  `logprobs` when asked for; the first may carry the prompt's `prompt_logprobs`), a finish reason ends its
+  own sequence and the stream ends once every sequence has finished; a failure after tokens cannot resume
+  several sequences with one `resume_token_ids` and is raised as Unavailable (before any token it is retried
+  like any other);
 * at most `max_attempts` sends and `timeout_s` seconds in all; INVALID_ARGUMENT and other caller
   errors are raised at once. Retryable: UNAVAILABLE, ABORTED, CANCELLED (server side),
   RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN and a stream ending with FINISH_REASON_ERROR.
@@ -171,6 +176,9 @@ class AsyncClient:
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
         received: list[int] = list(req.resume_token_ids)
+        n = req.sampling.n or 1
+        finished: set[int] = set()
+        any_token = False
         deadline = time.monotonic() + self.timeout_s
         failed: set[str] = set()
         last_error = "no router available"
@@ -203,10 +211,16 @@ class AsyncClient:
                 async for msg in call(body, timeout=left, metadata=md):
                     if msg.finish_reason == common_pb2.FINISH_REASON_ERROR:
                         raise _Broken("router reported an engine error")
-                    received.extend(msg.token_ids)
+                    if n == 1:
+                        received.extend(msg.token_ids)
+                    any_token = any_token or bool(msg.token_ids)
+                    if msg.prompt_logprobs:  # received once: a resumed attempt does not ask again
+                        req.sampling.ClearField("prompt_logprobs")
                     yield msg
                     if msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                        return
+                        finished.add(msg.index)
+                        if len(finished) >= n:
+                            return
                 return  # stream closed cleanly without a finish reason: treat as finished
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() >= deadline:
@@ -218,6 +232,8 @@ class AsyncClient:
                     self._eject(rid, target)
             except _Broken as e:
                 last_error = f"{rid}: {e.reason}"
+            if n > 1 and any_token:
+                raise Unavailable(f"request {req.request_id}: {n} sequences broke after tokens ({last_error})")
             failed.add(rid)
             log.info(
                 "request %s: %s; %s",

@@ -59,6 +59,10 @@ class Engine(Protocol):
         """Text to token ids with the engine's tokenizer."""
         ...
 
+    def decode_token(self, token_id: int) -> str:
+        """One token id's text with the engine's tokenizer (log-probabilities name their tokens by it)."""
+        ...
+
     async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:
         """Copy out cached blocks (kv-sync); unknown hashes are skipped."""
         ...

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -37,7 +39,10 @@ from kvmesh.core.generation import (
     EngineOutput,
     EngineRequest,
     KvBlockData,
+    PositionLogprobs,
     SamplingParams,
+    StructuredOutput,
+    TokenLogprob,
     Usage,
 )
 from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
@@ -156,26 +161,75 @@ def build_engine_args(cfg: VllmEngineConfig, events_endpoint: str, replay_endpoi
 
 
 def to_vllm_sampling(p: SamplingParams, max_tokens: int) -> Any:
-    """kvmesh SamplingParams -> vllm.SamplingParams streaming deltas."""
+    """kvmesh SamplingParams -> vllm.SamplingParams streaming deltas (every field; vLLM checks the engine's
+    own bounds, e.g. `max_logprobs` and the vocabulary, when the request is added)."""
     from vllm import SamplingParams as VSP
     from vllm.sampling_params import RequestOutputKind
 
     return VSP(
-        n=1,
+        n=p.n,
         max_tokens=max_tokens,
         min_tokens=p.min_tokens,
         temperature=p.temperature,
         top_p=p.top_p,
         top_k=p.top_k if p.top_k > 0 else -1,
+        min_p=p.min_p,
         seed=p.seed,
         stop_token_ids=list(p.stop_token_ids),
         stop=list(p.stop),
+        include_stop_str_in_output=p.include_stop_str_in_output,
         ignore_eos=p.ignore_eos,
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
         repetition_penalty=p.repetition_penalty,
+        logprobs=p.logprobs,
+        prompt_logprobs=p.prompt_logprobs,
+        logit_bias=dict(p.logit_bias) or None,
+        bad_words=list(p.bad_words) or None,
+        allowed_token_ids=list(p.allowed_token_ids) or None,
+        skip_special_tokens=p.skip_special_tokens,
+        structured_outputs=to_vllm_structured(p.structured_output) if p.structured_output is not None else None,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def to_vllm_structured(s: StructuredOutput) -> Any:
+    """kvmesh StructuredOutput -> vLLM's `StructuredOutputsParams` (a JSON schema as a dict)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    kind = s.kind
+    if kind == "json_schema":
+        return StructuredOutputsParams(json=json.loads(s.json_schema or "{}"))
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=list(s.choice or ()))
+    if kind == "regex":
+        return StructuredOutputsParams(regex=s.regex)
+    return StructuredOutputsParams(grammar=s.grammar)
+
+
+def to_position_logprobs(entry: Mapping[int, Any], token_id: int, k: int) -> PositionLogprobs:
+    """One position of vLLM's log-probabilities (token id -> `Logprob(logprob, rank, decoded_token)`, the
+    token there and the top-k) -> `PositionLogprobs`: `token_id`'s entry and the k most likely, by rank."""
+
+    def one(tid: int, lp: Any) -> TokenLogprob:
+        return TokenLogprob(tid, float(lp.logprob), int(lp.rank or 0))
+
+    chosen = entry.get(token_id)
+    token = one(token_id, chosen) if chosen is not None else TokenLogprob(token_id, float("-inf"), 0)
+    ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or math.inf)  # no rank: last
+    return PositionLogprobs(token, tuple(one(t, lp) for t, lp in ranked[:k]))
+
+
+def to_logprobs(
+    entries: Sequence[Mapping[int, Any] | None] | None, token_ids: Sequence[int], k: int | None
+) -> tuple[PositionLogprobs | None, ...]:
+    """vLLM's per-position log-probabilities of `token_ids` (sampled or prompt; a None position, the
+    prompt's first, stays None) -> kvmesh's; empty when not asked for."""
+    if entries is None or k is None:
+        return ()
+    return tuple(None if e is None else to_position_logprobs(e, t, k) for e, t in zip(entries, token_ids, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +524,11 @@ class VllmEngine:
             raise FailedPrecondition("engine not started")
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def decode_token(self, token_id: int) -> str:
+        if self._tokenizer is None:
+            raise FailedPrecondition("engine not started")
+        return str(self._tokenizer.decode([token_id]))
+
     async def generate(
         self, req: EngineRequest, kv_transfer_params: Mapping[str, Any] | None = None
     ) -> AsyncGenerator[EngineOutput, None]:
@@ -499,7 +558,11 @@ class VllmEngine:
         )
         if req.prefill_only and len(ids) >= cfg.max_model_len:
             raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
-        params = to_vllm_sampling(req.sampling, max_tokens)
+        sampling = dataclasses.replace(req.sampling, n=1) if req.prefill_only else req.sampling
+        try:
+            params = to_vllm_sampling(sampling, max_tokens)
+        except VLLMValidationError as e:  # vLLM's own checks of the fields (e.g. a schema it cannot compile)
+            raise InvalidArgument(e.parameter or "sampling", str(e)) from e
         kv_transfer_params = {**(kv_transfer_params or {}), **(pull_params(req.kv_pull) or {})}
         if kv_transfer_params:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
@@ -508,38 +571,28 @@ class VllmEngine:
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
         if req.tenant:
             prompt["cache_salt"] = req.tenant  # vLLM salts the first block hash: no sharing across tenants
-        stream = self._llm.generate(prompt, params, req.request_id)
-        finished = False
+        stream = self._llm.generate(prompt, params, req.request_id, priority=sampling.priority)
+        open_ = set(range(sampling.n))  # the sequences not finished yet
+        prompt_lps: tuple[PositionLogprobs | None, ...] = ()  # vLLM's first output has them: sent once
         try:
             async for out in stream:
                 if out.num_cached_tokens is not None:
                     st.cached = int(out.num_cached_tokens)
-                comp = out.outputs[0] if out.outputs else None
-                toks = tuple(comp.token_ids) if comp is not None else ()
-                st.generated += len(toks)
-                st.first_token = st.first_token or bool(toks)
-                reason = comp.finish_reason if comp is not None and out.finished else None
-                if out.finished and reason is None:
-                    reason = FINISH_ABORT
-                if req.prefill_only:
-                    if not out.finished:
-                        continue
-                    toks, text, reason, st.generated = (), "", FINISH_PREFILL_ONLY, 0
-                else:
-                    text = comp.text if comp is not None else ""
-                finished = out.finished
+                if out.prompt_logprobs is not None and sampling.prompt_logprobs is not None:
+                    prompt_lps = to_logprobs(out.prompt_logprobs, ids, sampling.prompt_logprobs)
+                for eo in self._outputs(req, sampling, st, out, open_, prompt_lps):
+                    prompt_lps = ()
+                    yield eo
+            for index in sorted(open_):  # aborted: vLLM ends the stream without a final output
+                open_.discard(index)
                 yield EngineOutput(
                     req.request_id,
-                    toks,
-                    text,
-                    finished,
-                    reason if finished else None,
+                    (),
+                    "",
+                    True,
+                    FINISH_ABORT,
                     Usage(st.prompt_len, st.cached, st.generated),
-                )
-            if not finished:  # aborted: vLLM ends the stream without a final output
-                finished = True
-                yield EngineOutput(
-                    req.request_id, (), "", True, FINISH_ABORT, Usage(st.prompt_len, st.cached, st.generated)
+                    index=index,
                 )
         except VLLMValidationError as e:
             raise InvalidArgument(e.parameter or "prompt", str(e)) from e
@@ -552,9 +605,54 @@ class VllmEngine:
             raise
         finally:
             self._inflight.pop(req.request_id, None)
-            if not finished:
+            if open_:
                 with contextlib.suppress(Exception):
                     await self._llm.abort(req.request_id)
+
+    @staticmethod
+    def _outputs(
+        req: EngineRequest,
+        sampling: SamplingParams,
+        st: _InFlight,
+        out: Any,
+        open_: set[int],
+        prompt_lps: tuple[PositionLogprobs | None, ...],
+    ) -> list[EngineOutput]:
+        """One vLLM `RequestOutput` (deltas of one or more of the `n` sequences) -> an output per sequence
+        (one with no sequence but the prompt's log-probabilities), `open_` updated; a sequence vLLM ends
+        without a reason was aborted. Usage counts every sequence's tokens so far."""
+        comps = list(out.outputs) or ([None] if prompt_lps else [])
+        st.generated += sum(len(c.token_ids) for c in comps if c is not None)
+        st.first_token = st.first_token or st.generated > 0
+        outs: list[EngineOutput] = []
+        for comp in comps:
+            index = comp.index if comp is not None else 0
+            toks = tuple(comp.token_ids) if comp is not None else ()
+            reason = comp.finish_reason if comp is not None else None
+            if out.finished and reason is None and index in open_:
+                reason = FINISH_ABORT
+            text = comp.text if comp is not None else ""
+            if req.prefill_only:
+                if not out.finished:
+                    continue
+                toks, text, reason, st.generated = (), "", FINISH_PREFILL_ONLY, 0
+            lps = to_logprobs(comp.logprobs, toks, sampling.logprobs) if comp is not None and toks else ()
+            if reason is not None:
+                open_.discard(index)
+            outs.append(
+                EngineOutput(
+                    req.request_id,
+                    toks,
+                    text,
+                    reason is not None,
+                    reason,
+                    Usage(st.prompt_len, st.cached, st.generated),
+                    index=index,
+                    logprobs=tuple(x for x in lps if x is not None),
+                    prompt_logprobs=prompt_lps if not outs else (),
+                )
+            )
+        return outs
 
     async def abort(self, request_id: str) -> bool:
         st = self._inflight.get(request_id)

@@ -18,8 +18,14 @@ Support = Literal["supported", "off only", "refused"]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
-_NO_LOGPROBS = "the worker's token stream carries ids and text, no log-probabilities"
-_NO_TOOLS = "no tool-call parser for the served model: the router answers text only"
+_NO_LOGPROBS = (
+    "the engines' log-probabilities (the simulated engine's are synthetic: docs/engine-model.md) in "
+    "OpenAI's `logprobs` object"
+)
+_ENGINE = "applied by the workers' engines (vLLM's sampling; the simulated engine's: docs/engine-model.md)"
+# the most prompts one completions request may carry (vLLM's VLLM_MAX_COMPLETION_PROMPTS default)
+MAX_PROMPTS = 1024
+_TOOLS_DOC = "docs/openai-compatibility.md#tool-calls"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +46,12 @@ FIELDS: tuple[Field, ...] = (
     Field("model", BOTH, "supported", "the served model or one of its LoRA adapters (another name: 404)", None),
     Field("messages", CHAT, "supported", "`role` + `content`: a string or parts of type `text`; another part "
           "type (`image_url`, `input_audio`, ...) is refused naming `messages[i].content[j].type` (a text "
-          "model), so is any other message key (`name`, `tool_calls`, ...)", None),
-    Field("prompt", COMPLETIONS, "supported", "text, token ids, or a one-element list of either (a batch of "
-          "prompts is refused)", None),
+          "model); `name`, an assistant's `tool_calls` (arguments: a JSON object's text) and a tool message's "
+          "`tool_call_id` go to the chat template as vLLM passes them; any other message key is refused "
+          "naming it", None),
+    Field("prompt", COMPLETIONS, "supported", "text, token ids, or a list of either: a batch of up to "
+          f"{MAX_PROMPTS} prompts (as vLLM), each routed on its own prefix, choice `i * n + j` the `j`th "
+          "sequence of prompt `i`", None),
     Field("max_tokens", BOTH, "supported", "the completion's token limit (the router's own limit caps it)", 3),
     Field("max_completion_tokens", CHAT, "supported", "OpenAI's current name for `max_tokens`; when both are "
           "given it wins, as in vLLM", 3),
@@ -57,28 +66,36 @@ FIELDS: tuple[Field, ...] = (
           "a final chunk with empty `choices` and the `usage` (none otherwise); `continuous_usage_stats: true` "
           "is refused (usage is known at the end only)", {"include_usage": True}),
     Field("user", BOTH, "supported", "the session-affinity key (`X-Session-Id` wins)", "u1"),
-    Field("n", BOTH, "off only", "one choice per request: the router sends one sequence to one worker", 2,
-          off=(1,)),
-    Field("best_of", COMPLETIONS, "off only", "one sequence per request (as `n`)", 2, off=(1,)),
-    Field("logprobs", CHAT, "off only", _NO_LOGPROBS, True, off=(False,)),
-    Field("logprobs", COMPLETIONS, "off only", _NO_LOGPROBS + " (0 asks for the sampled token's)", 0),
-    Field("top_logprobs", CHAT, "off only", _NO_LOGPROBS, 2, off=(0,)),
-    Field("echo", COMPLETIONS, "off only", "the prompt is not echoed", True, off=(False,)),
-    Field("suffix", COMPLETIONS, "refused", "no insertion (fill-in-the-middle) mode; vLLM refuses even \"\" "
-          "for a model without FIM rendering", "end"),
-    Field("logit_bias", BOTH, "off only", "kvmesh's sampling parameters on the wire carry no bias map",
-          {"5": 1}, off=({},)),
-    Field("response_format", BOTH, "off only", "structured output (`json_object`, `json_schema`) needs guided "
-          "decoding, which the worker call does not carry; `{\"type\": \"text\"}` is the default",
-          {"type": "json_object"}, off=({"type": "text"},)),
-    Field("tools", CHAT, "refused", _NO_TOOLS + " (vLLM refuses `[]` too)", [{"type": "function",
+    Field("n", BOTH, "supported", "[1, 16] choices, the sequences of one prompt on one worker (they share its "
+          "KV)", 2),
+    Field("best_of", COMPLETIONS, "off only", "vLLM 0.32's server has no `best_of` (it ignores the key and "
+          "returns `n` sequences); kvmesh takes only 1 rather than ignore another value", 2, off=(1,)),
+    Field("logprobs", CHAT, "supported", "a boolean; with `true`, `top_logprobs` alternatives (0 by default): "
+          + _NO_LOGPROBS, True),
+    Field("logprobs", COMPLETIONS, "supported", "[0, 20] alternatives besides the sampled token (0: the "
+          "sampled token's alone): " + _NO_LOGPROBS, 1),
+    Field("top_logprobs", CHAT, "supported", "[0, 20], only with `logprobs: true` (as vLLM): " + _NO_LOGPROBS, 0),
+    Field("echo", COMPLETIONS, "supported", "each choice starts with its prompt's text (and, with `logprobs`, "
+          "the prompt's log-probabilities), as vLLM", True),
+    Field("suffix", COMPLETIONS, "refused", "vLLM: \"suffix is only supported for models with FIM completion "
+          "rendering\"; the served model has none (vLLM refuses even \"\")", "end"),
+    Field("logit_bias", BOTH, "supported", "token id (a string key) -> bias, clamped to [-100, 100] as vLLM, ids "
+          "within the vocabulary; " + _ENGINE, {"5": 1}),
+    Field("response_format", BOTH, "supported", "`text`, `json_object`, or `json_schema` with "
+          "`json_schema.schema` (an object): vLLM workers' structured outputs; a simulated worker refuses a "
+          "constraint (400)", {"type": "json_object"}),
+    Field("tools", CHAT, "supported", "function tools, rendered by the model's chat template (`[]` is refused, "
+          "as vLLM); see " + _TOOLS_DOC, [{"type": "function",
           "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]),
-    Field("tool_choice", CHAT, "off only", _NO_TOOLS + " (`none` means text; vLLM refuses another value "
-          "without `tools`)", "required", off=("none",)),
-    Field("parallel_tool_calls", CHAT, "off only", "has no effect without `tools` (which are refused), "
-          "either boolean is accepted", "yes", off=(True, False)),
-    Field("functions", CHAT, "refused", "deprecated form of `tools`: " + _NO_TOOLS, [{"name": "f"}]),
-    Field("function_call", CHAT, "refused", "deprecated form of `tool_choice`: " + _NO_TOOLS, "auto"),
+    Field("tool_choice", CHAT, "supported", "`none` (text), `auto` (the router's `--tool-call-parser` reads "
+          "the calls from the text; without one: 400, as vLLM), `required` or a named function (the output "
+          "constrained to vLLM's tool-call schema by the workers' structured outputs); see " + _TOOLS_DOC,
+          "none"),
+    Field("parallel_tool_calls", CHAT, "supported", "`false`: at most one tool call (as vLLM)", False),
+    Field("functions", CHAT, "refused", "deprecated form of `tools`, which vLLM's server does not serve "
+          "either (it drops the key): use `tools`", [{"name": "f"}]),
+    Field("function_call", CHAT, "refused", "deprecated form of `tool_choice`, not served by vLLM either: use "
+          "`tool_choice`", "auto"),
     Field("store", CHAT, "off only", "kvmesh stores no completions", True, off=(False,)),
     Field("metadata", CHAT, "refused", "only meaningful with `store`", {"k": "v"}),
     Field("modalities", CHAT, "off only", "text output only", ["text", "audio"], off=(["text"],)),
@@ -87,16 +104,39 @@ FIELDS: tuple[Field, ...] = (
     Field("reasoning_effort", CHAT, "refused", "the served model has no reasoning mode", "low"),
     Field("service_tier", CHAT, "off only", "one tier", "flex", off=("auto", "default")),
     Field("web_search_options", CHAT, "refused", "no web search", {}),
+    Field("chat_template_kwargs", CHAT, "supported", "extra variables of the model's chat template (those it "
+          "reads; `chat_template` and `tokenize` are refused, as vLLM)", {"enable_thinking": False},
+          origin="vLLM"),
+    Field("add_generation_prompt", CHAT, "supported", "the assistant's header after the messages (default "
+          "`true`)", False, origin="vLLM"),
+    Field("continue_final_message", CHAT, "supported", "the final message left open for the model to continue; "
+          "only with `add_generation_prompt: false` (as vLLM)", False, origin="vLLM"),
+    Field("chat_template", CHAT, "refused", "a request's own template: vLLM refuses it too unless started with "
+          "`--trust-request-chat-template`; the router renders the model's", "{{ messages }}", origin="vLLM"),
     Field("top_k", BOTH, "supported", "-1 or 0: off", 5, origin="vLLM"),
     Field("min_tokens", BOTH, "supported", "at most `max_tokens`", 1, origin="vLLM"),
     Field("stop_token_ids", BOTH, "supported", "ids within the model's vocabulary", [2], origin="vLLM"),
     Field("ignore_eos", BOTH, "supported", "boolean", True, origin="vLLM"),
     Field("repetition_penalty", BOTH, "supported", "(0, 2]", 1.1, origin="vLLM"),
     Field("session_id", BOTH, "supported", "the session-affinity key, as `user`", "s1", origin="vLLM"),
-    Field("min_p", BOTH, "off only", "kvmesh's sampling parameters on the wire carry no `min_p`", 0.1,
-          off=(0, 0.0), origin="vLLM"),
-    Field("skip_special_tokens", BOTH, "off only", "special tokens are always left out of the text", False,
-          off=(True,), origin="vLLM"),
+    Field("min_p", BOTH, "supported", "[0, 1]; " + _ENGINE, 0.1, origin="vLLM"),
+    Field("skip_special_tokens", BOTH, "supported", "a boolean (default `true`); " + _ENGINE, False,
+          origin="vLLM"),
+    Field("prompt_logprobs", BOTH, "refused", "[0, 20], not with `stream` (as vLLM): parsed into "
+          "`SamplingParams.prompt_logprobs` and computed by the workers, but the router's responses carry no "
+          "`prompt_logprobs` yet (with `echo` and `logprobs`, a completion's choice has the prompt's)", 1,
+          origin="vLLM"),
+    Field("bad_words", BOTH, "supported", "a list of non-empty strings; " + _ENGINE, ["the"], origin="vLLM"),
+    Field("allowed_token_ids", BOTH, "supported", "a non-empty list of token ids within the vocabulary (vLLM "
+          "refuses `[]`); " + _ENGINE, [2, 3], origin="vLLM"),
+    Field("include_stop_str_in_output", BOTH, "supported", "a boolean; " + _ENGINE, True, origin="vLLM"),
+    Field("structured_outputs", BOTH, "supported", "exactly one of `json` (a schema, or its JSON text), `regex`, "
+          "`choice`, `grammar`, `json_object` (vLLM's StructuredOutputsParams; its other options only at their "
+          "defaults): vLLM workers' structured outputs; a simulated worker refuses them (400)", {"regex": "[ab]+"},
+          origin="vLLM"),
+    Field("priority", BOTH, "off only", "an integer (lower first, as vLLM): parsed into `SamplingParams."
+          "priority`; not served yet: the router's queues and the engines schedule first come, first served "
+          "(vLLM too refuses another value without priority scheduling)", 1, off=(0,), origin="vLLM"),
     # what sglang-router adds to every request it forwards, at these values
     Field("no_stop_trim", BOTH, "off only", "a matched stop string is always trimmed from the text", True,
           off=(False,), origin="SGLang"),
@@ -105,7 +145,7 @@ FIELDS: tuple[Field, ...] = (
 )  # fmt: skip
 UNKNOWN_WHY = (
     "any other field (vLLM's other extensions: `use_beam_search`, `length_penalty`, "
-    "`chat_template`, `add_generation_prompt`, `structured_outputs`, `priority`, `bad_words` ...; a typo) is "
+    "`truncate_prompt_tokens`, `logprob_token_ids` ...; a typo) is "
     "refused with 400 naming it"
 )
 

@@ -1,9 +1,25 @@
-"""OpenAI response objects (pure): whole completions, stream chunks, usage, and SSE framing."""
+"""OpenAI response objects (pure): whole completions, stream chunks, usage, log-probabilities and SSE framing.
+
+A response has one choice per sequence (`index`: with `n > 1`, and in a completions batch `prompt_index * n
++ sequence index`). Log-probabilities come in OpenAI's two shapes, as vLLM's server writes them: chat
+`{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}`
+(`chat_logprobs`), completions `{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+"text_offset"}` (`CompletionLogprobs`: a completions entry's top list holds the sampled token too, and a
+prompt's first position, echoed, has none: null). Token strings are the caller's (`Decode`: the model's
+tokenizer on one id); a log-probability of -inf is written as -9999.0, as vLLM and OpenAI do.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from kvmesh.core.generation import PositionLogprobs, TokenLogprob
+
+Decode = Callable[[int], str]  # one token id → its text
+LOGPROB_FLOOR = -9999.0
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = b"data: [DONE]\n\n"
@@ -37,6 +53,68 @@ def usage_json(u: UsageLike | None) -> dict[str, Any]:
     }
 
 
+def _logprob(x: TokenLogprob) -> float:
+    return max(x.logprob, LOGPROB_FLOOR)
+
+
+def _chat_token(x: TokenLogprob, decode: Decode) -> dict[str, Any]:
+    token = decode(x.token_id)
+    return {"token": token, "logprob": _logprob(x), "bytes": list(token.encode("utf-8", errors="replace"))}
+
+
+def chat_logprobs(entries: Sequence[PositionLogprobs | None], decode: Decode) -> dict[str, Any]:
+    """A chat choice's (or delta's) `logprobs`: one entry per generated token, its top alternatives."""
+    content = []
+    for e in entries:
+        if e is None:
+            continue  # only a prompt's first position has none, and chat never echoes its prompt
+        content.append(_chat_token(e.token, decode) | {"top_logprobs": [_chat_token(x, decode) for x in e.top]})
+    return {"content": content}
+
+
+class CompletionLogprobs:
+    """One completions choice's `logprobs` as its tokens come (`text_offset` runs on across a stream's
+    chunks, from the echoed prompt's first character)."""
+
+    def __init__(self, decode: Decode) -> None:
+        self.decode = decode
+        self.offset = 0
+
+    def add(self, token_ids: Sequence[int], entries: Sequence[PositionLogprobs | None]) -> dict[str, Any]:
+        """The object for `token_ids` (and their entries, one each; an echoed prompt's first is None)."""
+        out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, e in zip(token_ids, entries, strict=False):
+            token = self.decode(token_id)
+            out["tokens"].append(token)
+            out["text_offset"].append(self.offset)
+            self.offset += len(token)
+            if e is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            out["token_logprobs"].append(_logprob(e.token))
+            top = {self.decode(x.token_id): _logprob(x) for x in (e.token, *e.top)}
+            out["top_logprobs"].append(top)
+        return out
+
+
+def merge_completion_logprobs(parts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Several `CompletionLogprobs.add` objects of one choice as one (None when there are none)."""
+    if not parts:
+        return None
+    return {k: [v for p in parts for v in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+
+
+@dataclass(slots=True)
+class Choice:
+    """One whole choice: its index, text, finish reason and `logprobs` object (None when not asked for)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
 class ResponseBuilder:
     """The objects of one response: `id`, `object`, `created` and `model` are the same on each."""
 
@@ -45,18 +123,33 @@ class ResponseBuilder:
         self._head = {"id": request_id, "created": created, "model": model}
 
     def whole(self, text: str, finish_reason: str | None, usage: UsageLike | None) -> dict[str, Any]:
-        """The non-streamed answer."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head, "object": obj, "choices": [choice], "usage": usage_json(usage)}
+        """The non-streamed answer of one choice."""
+        return self.whole_choices([Choice(0, text, finish_reason)], usage)
 
-    def chunk(self, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-        """A stream chunk; a chat's first delta carries the assistant role (usage: `usage_chunk`)."""
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    def whole_choices(self, choices: Sequence[Choice], usage: UsageLike | None) -> dict[str, Any]:
+        """The non-streamed answer, its choices in index order."""
+        out = []
+        for c in sorted(choices, key=lambda c: c.index):
+            choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": c.logprobs}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+            else:
+                choice["text"] = c.text
+            out.append(choice)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._head, "object": obj, "choices": out, "usage": usage_json(usage)}
+
+    def chunk(
+        self,
+        text: str,
+        finish_reason: str | None,
+        first: bool,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A stream chunk of choice `index`; a chat choice's first delta carries the assistant role (usage:
+        `usage_chunk`)."""
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
         else:

@@ -126,6 +126,9 @@ HTTP_RULES: Mapping[tuple[str, str, str], Rule] = {
     ("router", "GET", "/v1/models"): _ROUTER_CLIENT_API,
     ("router", "POST", "/v1/completions"): _ROUTER_CLIENT_API,
     ("router", "POST", "/v1/chat/completions"): _ROUTER_CLIENT_API,
+    ("router", "POST", "/tokenize"): _ROUTER_CLIENT_API,  # vLLM's extras, with the router's tokenizer
+    ("router", "POST", "/detokenize"): _ROUTER_CLIENT_API,
+    ("router", "GET", "/version"): _ROUTER_CLIENT_API,
     ("router", "POST", "/admin/rebalance"): _ADMIN,
     ("router", "GET", "/admin/workers"): _ADMIN,
     ("router", "POST", "/admin/drain"): _ADMIN,

@@ -51,6 +51,8 @@ class ModelSettings:
     name: str = ""  # served model name (/v1/models; "" = the folder's name)
     block_size: int = _f(32, min=1)
     salt: str = ""  # model string of the KV index hash salt (cache-manager --model, router --salt-model)
+    tool_call_parser: str = ""  # the routers' --tool-call-parser (vLLM's parser names; "" = no "auto" tool calls)
+    reasoning_parser: str = ""  # the routers' --reasoning-parser (vLLM's names; "" = reasoning stays in the text)
 
 
 @dataclass(frozen=True)

@@ -314,6 +314,8 @@ def _start_router(
     flags += ["--worker-transport", r.worker_transport]
     flags += ["--model", s.model.path] if s.model.path else []
     flags += ["--model-name", s.model.name] if s.model.name else []
+    flags += ["--tool-call-parser", s.model.tool_call_parser] if s.model.tool_call_parser else []
+    flags += ["--reasoning-parser", s.model.reasoning_parser] if s.model.reasoning_parser else []
     flags += ["--api-keys-file", r.api_keys_file] if r.api_keys_file else []
     if isinstance(r.profile, dict):  # an inline routing profile: the router reads it from a file
         profile = rd / f"routing-profile-{z.name}.yaml"

@@ -24,6 +24,7 @@ import pytest
 from kvmesh.suite.launcher import free_port
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
+from tests.support.models import tiny_model
 from tests.support.procs import ServiceProcess, stop_process_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -36,17 +37,7 @@ GPU_BLOCKS = 48  # small enough for a few filler prompts to evict a prompt's blo
 def vllm_server() -> Iterator[tuple[int, str, str, Path]]:
     """One vLLM server for the module's tests (each follows it with its own cache-manager, which replays what
     the server published before it; the tests' prompts share no block)."""
-    model = (
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    model = tiny_model()
     scratch = Path(tempfile.mkdtemp(prefix="kvz", dir="/tmp"))
     pub, replay = f"ipc://{scratch}/pub", f"ipc://{scratch}/replay"
     port = free_port()

@@ -115,7 +115,9 @@ def shape(value: Any, path: str = "", out: dict[str, set[str]] | None = None) ->
         out.setdefault(path, set()).add(kind)
     if isinstance(value, dict):
         for k, v in value.items():
-            shape(v, f"{path}.{k}" if path else k, out)
+            # completions' top_logprobs are maps from token text to log-probability: their keys are data
+            key = "{token}" if path.endswith("logprobs.top_logprobs[]") else k
+            shape(v, f"{path}.{key}" if path else key, out)
     elif isinstance(value, list):
         for v in value:
             shape(v, f"{path}[]", out)

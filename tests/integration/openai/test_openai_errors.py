@@ -64,7 +64,7 @@ BOTH = {
     "max-tokens-0": bad("max_tokens", {"prompt": [5], "max_tokens": 0}),
     "max-tokens-over-limit": bad("max_tokens", {"prompt": [5], "max_tokens": 9000}),
     "stop-type": bad("stop", {"prompt": [5], "stop": 5}),
-    "n-2": bad("n", {"prompt": [5], "n": 2}),
+    "n-0": bad("n", {"prompt": [5], "n": 0}),
     "seed-negative": bad("seed", {"prompt": [5], "seed": -1}),
     "stream-bad-field": bad("top_p", {"prompt": [5], "top_p": 0, "stream": True}),
     "chat-no-messages": bad("messages", {"messages": "nope"}, chat=True),
@@ -78,15 +78,15 @@ BOTH = {
     "json-nested-100000-deep": bad("body", raw=b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
     "prompt-booleans": bad("prompt", {"prompt": [True, False]}),
     "stop-token-ids-booleans": bad("stop_token_ids", {"prompt": [5], "stop_token_ids": [True, False]}),
-    "n-5": bad("n", {"prompt": [5], "n": 5}),
+    "n-17": bad("n", {"prompt": [5], "n": 17}),  # above kvmesh's bound
     "best-of": bad("best_of", {"prompt": [5], "best_of": 3}),
-    "logprobs": bad("logprobs", {"prompt": [5], "logprobs": 2}),
-    "chat-logprobs": bad("logprobs", {"messages": CHAT, "logprobs": True}, chat=True),
+    "logprobs": bad("logprobs", {"prompt": [5], "logprobs": 21}),  # above vLLM's max_logprobs
+    "chat-logprobs": bad("logprobs", {"messages": CHAT, "logprobs": 2}, chat=True),  # a boolean in chat
     "chat-top-logprobs": bad("top_logprobs", {"messages": CHAT, "top_logprobs": 3}, chat=True),
-    "echo": bad("echo", {"prompt": [5], "echo": True}),
+    "echo": bad("echo", {"prompt": [5], "echo": "yes"}),
     "suffix": bad("suffix", {"prompt": [5], "suffix": "x"}),
     "logit-bias-malformed": bad("logit_bias", {"prompt": [5], "logit_bias": [1, 2]}),
-    "logit-bias-unsupported": bad("logit_bias", {"prompt": [5], "logit_bias": {"5": 10}}),
+    "logit-bias-key": bad("logit_bias", {"prompt": [5], "logit_bias": {"five": 10}}),
     "unknown-field": bad("frobnicate", {"prompt": [5], "frobnicate": 1}),
     "chat-field-on-completions": bad("messages", {"prompt": [5], "messages": CHAT}),
 }

@@ -4,10 +4,7 @@ describing exactly the cached blocks, cancel -> abort, INVALID_ARGUMENT, and the
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -15,43 +12,18 @@ import pytest_asyncio
 
 from kvmesh.core.kvevents import is_tier
 from kvmesh.rpc.errors import bad_request_fields
-from kvmesh.suite.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from tests.support.models import start_vllm_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[3]
 BS = 32
 MAX_LEN = 512
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    model = (
-        subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "build_tiny_model.py")],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    sp = start_service(
-        "worker",
-        tmp_path_factory.mktemp("vw"),
-        "--engine",
-        "vllm",
-        "--model",
-        model,
-        "--block-size",
-        str(BS),
-        "--max-model-len",
-        str(MAX_LEN),
-        "--vllm-dtype",
-        "bfloat16",
-        timeout=300,
-    )
+    sp = start_vllm_worker(tmp_path_factory.mktemp("vw"))
     yield sp
     assert sp.terminate(timeout=60) == 0
 

@@ -11,7 +11,7 @@ import pytest
 
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.openai.fields import FIELDS, Field, render_markdown
-from kvmesh.openai.protocol import parse_request
+from kvmesh.openai.protocol import Message, parse_request
 
 pytestmark = pytest.mark.unit
 DOC = Path(__file__).resolve().parents[3] / "docs" / "openai-compatibility.md"
@@ -63,7 +63,7 @@ def test_unknown_fields_and_the_other_endpoints_fields_are_refused() -> None:
 
 def test_content_parts_text_only() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert parse({"messages": [{"role": "user", "content": parts}]}, True).messages == (("user", "ab"),)
+    assert parse({"messages": [{"role": "user", "content": parts}]}, True).messages == (Message("user", "ab"),)
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     mixed = [{"role": "user", "content": [parts[0], image]}]
     assert refused_field({"messages": mixed}, True) == "messages[0].content[1].type"
@@ -71,8 +71,12 @@ def test_content_parts_text_only() -> None:
     assert refused_field({"messages": untyped}, True) == "messages[0].content[0].type"
     assert refused_field({"messages": [{"role": "user", "content": ["a"]}]}, True) == "messages[0].content[0]"
     named = [{"role": "user", "content": "a", "name": "bob"}]
-    assert refused_field({"messages": named}, True) == "messages[0].name"
-    assert parse({"messages": [{"role": "user", "content": "a", "name": None}]}, True).messages == (("user", "a"),)
+    assert parse({"messages": named}, True).messages == (Message("user", "a", name="bob"),)
+    assert (
+        refused_field({"messages": [{"role": "user", "content": "a", "refusal": "x"}]}, True) == "messages[0].refusal"
+    )
+    unnamed = parse({"messages": [{"role": "user", "content": "a", "name": None}]}, True)
+    assert unnamed.messages == (Message("user", "a"),)
 
 
 def test_max_completion_tokens_wins_as_in_vllm() -> None:

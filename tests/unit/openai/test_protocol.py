@@ -13,7 +13,7 @@ from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import Usage
 from kvmesh.core.sampling import TEMPERATURE_MAX
 from kvmesh.openai.errors import http_error, status_and_type
-from kvmesh.openai.protocol import parse_messages, parse_prompt, parse_request, parse_sampling
+from kvmesh.openai.protocol import Message, parse_messages, parse_prompts, parse_request, parse_sampling
 from kvmesh.openai.responses import SSE_DONE, ResponseBuilder, sse_event, usage_json
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.worker.openai_http import render_chat
@@ -34,23 +34,23 @@ def test_openai_helpers() -> None:
     assert render_chat(messages) == "<|user|>\nhi\n<|assistant|>\n"
     with pytest.raises(InvalidArgument):
         parse_messages({"messages": []})
-    assert parse_prompt({"prompt": [1, 2]}) == ((1, 2), None)
-    assert parse_prompt({"prompt": ["abc"]}) == (None, "abc")
+    assert parse_prompts({"prompt": [1, 2]}) == (((1, 2), None),)
+    assert parse_prompts({"prompt": ["abc"]}) == ((None, "abc"),)
     with pytest.raises(InvalidArgument) as ei:
-        parse_prompt({"prompt": 5})
+        parse_prompts({"prompt": 5})
     assert ei.value.field == "prompt"
     sp = parse_sampling({"max_tokens": 7, "stop": "x", "temperature": 0}, False, None, 16)
     assert sp.max_tokens == 7 and sp.stop == ("x",) and sp.temperature == 0.0
     assert parse_sampling({}, True, None, None).max_tokens is None
     assert parse_sampling({}, False, None, 16).max_tokens == 16
     with pytest.raises(InvalidArgument) as ei:
-        parse_request({"prompt": "x", "n": 2}, False, None, 16)
+        parse_request({"prompt": "x", "n": 0}, False, None, 16)
     assert ei.value.field == "n"
 
 
 def test_messages_text_parts_and_bad_entries() -> None:
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
-    assert parse_messages(parts) == (("user", "ab"),)
+    assert parse_messages(parts) == (Message("user", "ab"),)
     assert field_of(parse_messages, {"messages": [{"content": "x"}]}) == "messages[0]"
     assert field_of(parse_messages, {"messages": [{"role": "user", "content": 3}]}) == "messages[0].content"
     assert field_of(parse_messages, {}) == "messages"
@@ -118,7 +118,7 @@ def test_parse_request_completion_and_chat() -> None:
     assert (r.model, r.prompt_text, r.prompt_ids, r.user) == ("m", "hi", None, "u")
     assert r.stream and r.include_usage
     c = parse_request({"messages": [{"role": "user", "content": "x"}], "session_id": "s"}, True, 100, None)
-    assert c.chat and c.messages == (("user", "x"),) and c.user == "s" and not c.stream
+    assert c.chat and c.messages == (Message("user", "x"),) and c.user == "s" and not c.stream
     assert field_of(parse_request, {"model": 3, "prompt": "x"}, False, 100, None) == "model"
     assert field_of(parse_request, {"prompt": ""}, False, 100, None) == "prompt"
     assert field_of(parse_request, {"prompt": [1, -2]}, False, 100, None) == "prompt"
@@ -191,17 +191,17 @@ def test_http_error_table(exc: BaseException, status: int, etype: str) -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"prompt": [5], "n": 5}, "n"),
+        ({"prompt": [5], "n": 17}, "n"),
         ({"prompt": [5], "n": True}, "n"),  # True == 1 in Python, but it is not the integer 1
         ({"prompt": [5], "best_of": 2}, "best_of"),
-        ({"prompt": [5], "logprobs": 1}, "logprobs"),
-        ({"prompt": [5], "logprobs": 0}, "logprobs"),  # 0 asks vLLM for the sampled token's logprob
+        ({"prompt": [5], "logprobs": 21}, "logprobs"),
+        ({"prompt": [5], "logprobs": -1}, "logprobs"),
         ({"prompt": [5], "logprobs": True}, "logprobs"),
-        ({"prompt": [5], "echo": True}, "echo"),
+        ({"prompt": [5], "echo": 1}, "echo"),
         ({"prompt": [5], "suffix": "s"}, "suffix"),
         ({"prompt": [5], "logit_bias": {"x": 1}}, "logit_bias"),
-        ({"prompt": [5], "logit_bias": {"5": 500}}, "logit_bias"),
-        ({"prompt": [5], "logit_bias": {"5": 5}}, "logit_bias"),
+        ({"prompt": [5], "logit_bias": {"5": "1"}}, "logit_bias"),
+        ({"prompt": [5], "logit_bias": [5]}, "logit_bias"),
         ({"prompt": [5], "top_logprobs": 0}, "top_logprobs"),  # a chat field, unknown to completions
         ({"prompt": [5], "tools": []}, "tools"),
         ({"prompt": "\ud800"}, "prompt"),
@@ -231,5 +231,5 @@ def test_off_values_of_unsupported_fields_are_accepted() -> None:
     nulls = dict.fromkeys(off)
     assert parse_request({"prompt": [5], **nulls}, False, 64, None).prompt_ids == (5,)
     chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": False, "top_logprobs": 0, "n": 1}
-    assert parse_request(chat, True, 64, None).messages == (("user", "hi"),)
+    assert parse_request(chat, True, 64, None).messages == (Message("user", "hi"),)
     assert parse_request({"prompt": [5], "repetition_penalty": 1.2}, False, 64, None).sampling.repetition_penalty == 1.2

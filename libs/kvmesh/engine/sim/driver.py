@@ -70,12 +70,12 @@ class SimEngine:
         tiers: HostTiers | None = None,
         pull_transport: PullTransport | None = None,
     ) -> None:
-        self.core = SimEngineCore(config, worker_id=worker_id, tiers=tiers)
+        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
+        self.core = SimEngineCore(config, worker_id=worker_id, tiers=tiers, encode=self.tokenizer.encode)
         self.pull_transport = pull_transport
         self.pulls: Counter[str] = Counter()  # outcomes of pull_prefix: pulled, held, void, failed, ...
         self._pulling: dict[bytes, asyncio.Task[PullOutcome]] = {}
         self.clock: Clock = clock or RealClock()
-        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self._model_name = model_name
         self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
         self.events = EventFanout(event_queue_limit)
@@ -150,18 +150,19 @@ class SimEngine:
         q: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self._streams[req.request_id] = q
         self._wake.set()
-        finished = False
+        open_ = set(range(1 if req.prefill_only else req.sampling.n))  # the sequences not finished yet
         try:
-            while not finished:
+            while open_:
                 out = await q.get()
-                finished = out.finished
+                if out.finished:
+                    open_.discard(out.index)
                 if out.token_ids:
                     out = dataclasses.replace(out, text=self.tokenizer.decode(out.token_ids))
                 yield out
         finally:
             self._streams.pop(req.request_id, None)
-            if not finished:
-                self.core.abort(req.request_id, self.clock.now())
+            if open_:
+                self.core.abort_request(req.request_id, self.clock.now())
 
     async def pull_prefix(self, req: EngineRequest, pull: KvPull) -> PullOutcome:
         """Pull the prompt's leading blocks `pull` names into the CPU tier (see the module docstring), where
@@ -230,13 +231,12 @@ class SimEngine:
         return transfer_costs(self.block_size, transfer_figures(self.core.config.perf))
 
     async def abort(self, request_id: str) -> bool:
-        out = self.core.abort(request_id, self.clock.now())
-        if out is None:
-            return False
+        outs = self.core.abort_request(request_id, self.clock.now())
         q = self._streams.get(request_id)
         if q is not None:
-            q.put_nowait(out)
-        return True
+            for out in outs:
+                q.put_nowait(out)
+        return bool(outs)
 
     def load_report(self) -> LoadReport:
         return self.core.load_report(self.clock.now())
@@ -250,6 +250,9 @@ class SimEngine:
 
     async def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
+
+    def decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
 
     async def export_blocks(self, block_hashes: Sequence[int]) -> list[KvBlockData]:
         return self.core.export_blocks(block_hashes)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import PositionLogprobs, TokenLogprob
 from kvmesh.security.guardrails import RuleSet, build_rule_set, parse_rule_file
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.core import Chunk
@@ -182,3 +183,41 @@ async def test_per_tenant_streams() -> None:
     assert "".join(c.text for c in await collect(guard, Inner(["an ", "apple"]), "bob")) == "an apple"
     out = await collect(guard, Inner(["an ", "apple"]), "alice")
     assert out[-1].finish_reason == common_pb2.FINISH_REASON_CONTENT_FILTER and out[-1].text == "an "
+
+
+def lp(token_id: int) -> PositionLogprobs:
+    return PositionLogprobs(TokenLogprob(token_id, -1.0, 1))
+
+
+async def two_sequences(steps: list[tuple[int, str, bool]]) -> AsyncGenerator[Chunk, None]:
+    """Interleaved chunks of a request with n = 2: (index, text, ends its sequence); usage on the last."""
+    for i, (index, text, ends) in enumerate(steps):
+        last = i == len(steps) - 1
+        usage = common_pb2.Usage(prompt_tokens=7, completion_tokens=len(steps)) if last else None
+        finish = common_pb2.FINISH_REASON_STOP if ends else common_pb2.FINISH_REASON_UNSPECIFIED
+        yield Chunk([200 + i], text, "w1", 0, finish, usage, index, (lp(200 + i),))
+
+
+async def test_a_stop_in_one_of_n_sequences_ends_that_sequence_only() -> None:
+    guard = OutputGuard(rule_set("rules: [{name: bad, words: [kaboom], action: stop}]"))
+    steps = [(0, "fine ", False), (1, "also ", False), (0, "kaboom", False), (1, "fine", False)]
+    steps += [(0, " dropped", True), (1, ".", True)]
+    out = [c async for c in guard.filter(two_sequences(steps), "r1", "", 7, n=2)]
+    by_index = {i: [c for c in out if c.index == i] for i in (0, 1)}
+    assert "".join(c.text for c in by_index[0]) == "fine "
+    assert by_index[0][-1].finish_reason == common_pb2.FINISH_REASON_CONTENT_FILTER
+    assert "".join(c.text for c in by_index[1]) == "also fine."
+    assert by_index[1][-1].finish_reason == common_pb2.FINISH_REASON_STOP
+    # the request's usage comes once, at its end (the engine's, as sequence 1 ran to its finish)
+    assert [c.usage.completion_tokens for c in out if c.usage is not None] == [6]
+    assert out[-1].usage is not None
+
+
+async def test_held_back_tokens_keep_their_log_probabilities() -> None:
+    guard = OutputGuard(rule_set("rules: [{name: pw, words: [hunter2], action: mask}]"))
+    steps = [(0, "my hun", False), (1, "ok", False), (0, "ter2 is", False), (1, "!", True), (0, " out", True)]
+    out = [c async for c in guard.filter(two_sequences(steps), "r1", "", 7, n=2)]
+    for c in out:  # one log-probability per token id sent, for that very token
+        assert [x.token.token_id for x in c.logprobs if x is not None] == c.token_ids
+    assert sorted(i for c in out for i in c.token_ids) == [200, 201, 202, 203, 204]
+    assert "hunter2" not in "".join(c.text for c in out if c.index == 0)

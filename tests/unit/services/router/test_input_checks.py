@@ -9,6 +9,7 @@ import pytest
 from aiohttp.http_exceptions import BadHttpMessage
 
 from kvmesh.core.errors import InvalidArgument
+from kvmesh.openai.protocol import Message
 from kvmesh.routing import attempts as at
 from kvmesh.rpc.interceptors import MessageBounds, RefusedRequest, safe_deserializer
 from kvmesh.rpc.server import QuietClientErrors
@@ -43,12 +44,16 @@ def test_text_and_chat_sizes() -> None:
     with pytest.raises(InvalidArgument) as ei:
         check_text_size("x" * 11, 10, "prompt")
     assert ei.value.field == "prompt"
-    check_chat_size([("user", "x" * 6)], 2, 10)
+    check_chat_size([Message("user", "x" * 6)], 2, 10)
     with pytest.raises(InvalidArgument, match="3 messages"):
-        check_chat_size([("user", "a")] * 3, 2, 100)
+        check_chat_size([Message("user", "a")] * 3, 2, 100)
     with pytest.raises(InvalidArgument) as ei:
-        check_chat_size([("user", "x" * 4), ("assistant", "y")], 2, 10)
+        check_chat_size([Message("user", "x" * 4), Message("assistant", "y")], 2, 10)
     assert ei.value.field == "messages"
+    with pytest.raises(InvalidArgument):  # a past call's arguments and the tools count too
+        check_chat_size([Message("assistant", "", tool_calls=(("c", "f", '{"a": 1}'),))], 2, 10)
+    with pytest.raises(InvalidArgument):
+        check_chat_size([Message("user", "x")], 2, 10, extra_chars=9)
 
 
 def test_resumed_tokens_are_not_generated() -> None:
