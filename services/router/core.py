@@ -91,7 +91,8 @@ class RouterCore:
     async def _run(self, req: RouterRequest, started: float, migrations: int = 0) -> AsyncIterator[Chunk]:
         """The attempts loop; `migrations`: already used (a resumed sequence's, `sequences`)."""
         lim, rid = self.limits, req.request_id
-        att = at.Attempts(rid, at.Limits(lim.max_retries, lim.max_migrations, req.max_tokens), req.resume_ids)
+        limits = at.Limits(lim.max_retries, lim.max_migrations, req.max_tokens, req.sampling.structured_output is None)
+        att = at.Attempts(rid, limits, req.resume_ids)
         att.migrations = migrations
         seqs = Sequences(req.sampling.n)
         n_prompt = len(req.prompt)

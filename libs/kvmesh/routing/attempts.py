@@ -129,6 +129,9 @@ class Limits:
     max_retries: int
     max_migrations: int
     max_tokens: int
+    # False for a structured output: its grammar would start again on another worker's prompt + tokens so
+    # far, so an output that is half a JSON object would go on as a new one; such a request fails instead
+    resumable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,9 @@ def decide(
             error = Unavailable(f"request {request_id} failed on {retry} workers: {reason}")
             return AttemptDecision(Action.FAIL, breaker, retry=retry, reason=reason, error=error)
         return AttemptDecision(Action.RETRY, breaker, retry=retry, reason=reason)
+    if not limits.resumable:
+        error = Unavailable(f"request {request_id} failed mid-stream and its structured output cannot resume: {reason}")
+        return AttemptDecision(Action.FAIL, breaker, reason=reason, error=error)
     migration = migrations + 1
     if migration > limits.max_migrations:
         error = Unavailable(f"request {request_id} migrated {migration} times: {reason}")

@@ -15,6 +15,7 @@ import grpc
 import httpx
 import pytest
 
+from kvmesh.core.sampling import N_MAX
 from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.support.sim_worker import BS
@@ -87,7 +88,7 @@ HTTP_REFUSED = {
     "prompt-booleans": ({"prompt": [True, False]}, "prompt"),
     "lone-surrogate": (b'{"prompt": "x\\ud800y"}', "prompt"),
     "deep-json": (b"[" * 100_000 + b"]" * 100_000, "body"),
-    "n-5": ({"prompt": [5], "n": 5}, "n"),
+    "n-above-the-bound": ({"prompt": [5], "n": N_MAX + 1}, "n"),
     "logit-bias": ({"prompt": [5], "logit_bias": "nope"}, "logit_bias"),
 }
 

@@ -223,3 +223,13 @@ def test_a_worker_dying_after_every_token_fails_after_max_migrations_plus_one(ma
     else:
         assert how == "fail" and att.migrations == max_migrations + 1
     assert emitted == [truth(i) for i in range(len(emitted))]
+
+
+def test_a_structured_output_retries_before_a_token_but_never_migrates() -> None:
+    fixed = Limits(max_retries=2, max_migrations=2, max_tokens=10, resumable=False)
+    before = decide("r", Failed(Failure.WORKER, "UNAVAILABLE: gone"), 0, 0, 0, fixed)
+    assert before.action is Action.RETRY and before.retry == 1
+    after = decide("r", Failed(Failure.WORKER, "UNAVAILABLE: gone"), 3, 0, 0, fixed)
+    assert after.action is Action.FAIL and after.migration == 0
+    assert isinstance(after.error, Unavailable) and "structured output cannot resume" in str(after.error)
+    assert after.breaker == BreakerTrip("UNAVAILABLE: gone")  # the worker failed all the same

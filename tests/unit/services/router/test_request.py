@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.core.generation import SamplingParams
+from kvmesh.core.generation import SamplingParams, StructuredOutput
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.request import RouterRequest
 from kvmesh.wire.token_ids import TokenIdArray
@@ -58,3 +58,11 @@ def test_a_checked_request_keeps_the_prompt_it_was_given_and_the_effective_budge
 def test_no_request_is_built_unchecked() -> None:
     with pytest.raises(TypeError, match=r"RouterRequest\.checked"):
         RouterRequest("r", TokenIdArray.of([1]), SamplingParams(), 4, "", "", (), "")
+
+
+def test_a_structured_output_cannot_resume_mid_way() -> None:
+    grammar = SamplingParams(max_tokens=4, structured_output=StructuredOutput(json_object=True))
+    assert RouterRequest.checked(LIMITS, "r", (1, 2), grammar).resume_ids == ()
+    with pytest.raises(InvalidArgument) as ei:
+        RouterRequest.checked(LIMITS, "r", (1, 2), grammar, resume_ids=[3])
+    assert ei.value.field == "resume_token_ids" and "structured output" in ei.value.message
