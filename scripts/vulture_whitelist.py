@@ -32,6 +32,13 @@ _.intercept_stream_unary
 _.intercept_stream_stream
 _.intercept_service
 
+# vllm: LogitsProcessor, what vLLM calls on kvmesh.engine.vllm_grammar (loaded by its qualified name)
+ResumedGrammar
+is_pin_memory
+_.validate_params
+_.is_argmax_invariant
+_.update_state
+
 # vllm: KVConnectorBase_V1 / KVConnectorStats, what vLLM calls on kvmesh.kvplane.vllm_connector (by module path)
 KvmeshConnector
 _.add_events  # KVConnectorKVEvents

@@ -27,6 +27,13 @@ ROUTED_PREFIXES = Counter(
     "kvmesh_cache_routed_prefixes_total", "Prompts routers reported routing from their index replicas, counted"
 )
 MISS_RATIO = Gauge("kvmesh_cache_miss_ratio", "1 − kvmesh_cache_hit_ratio")
+QUERIED_BLOCKS = Counter(
+    "kvmesh_cache_queried_blocks_total", "Blocks of the prompts queried or routed (FindMatches and routed reports)"
+)
+HIT_BLOCKS = Counter(
+    "kvmesh_cache_hit_blocks_total",
+    "Of those, the leading blocks the best-matching worker held (the hit ratio's numerator)",
+)
 WARMING = Counter("kvmesh_cache_warming_actions_total", "Prefill-only warming requests issued", ["reason"])
 WARMING_COOLED = Counter("kvmesh_cache_warming_cooled_total", "Prefixes the LFU+LRU policy stopped keeping warm")
 CHECKPOINTS = Counter("kvmesh_cache_checkpoints_total", "Checkpoints written")

@@ -85,8 +85,31 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         self.warmer = warmer
         self.stopping = stopping
         self.location = location
+        self._exported = (0, 0)  # the queried and hit blocks the counters hold
+
+    def _export_queries(self) -> None:
+        """After queries were counted: the since-start hit- and miss-ratio gauges, and the queried and hit block
+        counters (what a rate over a window needs: an idle cache-manager's ratio is no signal)."""
+        q = self.core.queries
+        queried, hit = self._exported
+        m.QUERIED_BLOCKS.inc(max(q.blocks_queried - queried, 0))
+        m.HIT_BLOCKS.inc(max(q.blocks_hit - hit, 0))
+        self._exported = (q.blocks_queried, q.blocks_hit)
+        m.HIT_RATIO.set(q.hit_ratio)
+        m.MISS_RATIO.set(1.0 - q.hit_ratio)
 
     # ---------------------------------------------------------------- ingestion
+    def _hello_ack(self, worker_id: str, instance_id: str) -> pb.PublishKvEventsResponse:
+        """The answer to a hello: where this instance's batches resume. An instance other than the one the index
+        holds for the worker (a restarted worker, or one a checkpoint of another run knew) has sent nothing yet
+        here: it is told 0, so it starts with a dump, which replaces the earlier instance's entries. Told the
+        earlier instance's next sequence, it would replay its own batches from there and its first live batch
+        would count as a gap (and a resync) on every first sync after a restart."""
+        st = self.core.ingestor.workers.get(worker_id)
+        if st is not None and st.instance_id != instance_id:
+            return pb.PublishKvEventsResponse(next_sequence=0)
+        return self._ack(worker_id, None)
+
     def _ack(self, worker_id: str, res: IngestResult | None) -> pb.PublishKvEventsResponse:
         st = self.core.ingestor.workers.get(worker_id)
         need = st is not None and st.phase is Phase.DUMP_NEEDED
@@ -115,7 +138,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
                     )
                 self.warmer.register(worker_id, req.hello.address)
                 if not req.HasField("batch"):
-                    yield self._ack(worker_id, None)
+                    yield self._hello_ack(worker_id, instance_id)
                     continue
             require(bool(worker_id or req.batch.worker_id), "hello", "the first message must carry a hello")
             wid = req.batch.worker_id or worker_id
@@ -165,7 +188,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         t0 = time.perf_counter()
         matches = core.find_matches(hashes, time.time(), tokens, tenant)
         m.QUERY_LATENCY.observe(time.perf_counter() - t0)
-        set_hit_ratio(core)
+        self._export_queries()
         tiers = core.tier_blocks(hashes, matches)
         found = [ZoneMatch(self.zone, w, n, tiers[w]) for w, n in matches.items()]
         if request.all_zones and self.zones is not None:
@@ -191,7 +214,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             tokens = p.token_ids or None
             self.core.count_query(p.blocks, p.checkpoint_hashes, p.hit_blocks, now, tokens, p.tenant or None)
         m.ROUTED_PREFIXES.inc(len(request.prefixes))
-        set_hit_ratio(self.core)
+        self._export_queries()
         return pb.ReportRoutedPrefixesResponse(accepted=len(request.prefixes))
 
     async def ReplicatePrefixes(  # type: ignore[override]
@@ -382,12 +405,6 @@ def top_prefixes(core: CacheCore, n: int) -> list[pb.PrefixStat]:
         )
         for k, v in core.stats.top(time.time(), n)
     ]
-
-
-def set_hit_ratio(core: CacheCore) -> None:
-    """The hit- and miss-ratio gauges, after queries were counted."""
-    m.HIT_RATIO.set(core.queries.hit_ratio)
-    m.MISS_RATIO.set(1.0 - core.queries.hit_ratio)
 
 
 def refresh_gauges(core: CacheCore) -> None:

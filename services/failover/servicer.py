@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
@@ -78,6 +78,15 @@ def check_self(instance_id: str, role: Role | None, field: str) -> None:
     if instance_id != caller.id or (role is not None and role is not own):
         what = f"{role.value} {instance_id!r}" if role is not None else repr(instance_id)
         raise PermissionDenied(f"{field}: caller {caller} may register or deregister only itself, not {what}")
+
+
+def known_names(field: str, what: str, weights: Mapping[str, float], known: set[str]) -> None:
+    """Weights name real zones (versions) only: a typo would otherwise take every real one out of traffic
+    (a zone the weights do not name gets none). InvalidArgument names the first unknown one and the known ones."""
+    for name in sorted(weights):
+        if name not in known:
+            listed = ", ".join(sorted(known)) or "none"
+            raise InvalidArgument(f"{field}[{name}]", f"unknown {what} {name!r} (known: {listed})")
 
 
 def endpoint_pb(i: ServiceInstance) -> common_pb2.Endpoint:
@@ -196,6 +205,14 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             a["removed"] = True
             return failover_pb2.DeregisterResponse(removed=True)
 
+    def known_zones(self) -> set[str]:
+        """The zones this service decides for: its configured ones and every zone an instance registered in."""
+        return set(self.publisher.decision.views)
+
+    def known_versions(self) -> set[str]:
+        """The versions registered instances run."""
+        return {i.version for i in self.publisher.watcher.snapshot.instances}
+
     def _weights(self) -> failover_pb2.TrafficWeights:
         return failover_pb2.TrafficWeights(
             zone_weights=dict(self.publisher.policy.zone_plan.weights),
@@ -213,8 +230,10 @@ class FailoverServicer(failover_pb2_grpc.FailoverServiceServicer):
             # Validate at the API boundary so errors name the request's field path.
             if zw:
                 normalise_weights("weights.zone_weights", zw)
+                known_names("weights.zone_weights", "zone", zw, self.known_zones())
             if vw:
                 normalise_weights("weights.version_weights", vw)
+                known_names("weights.version_weights", "version", vw, self.known_versions())
             await self.publisher.set_weights(zw, vw)
             return failover_pb2.SetTrafficWeightsResponse(weights=self._weights())
 

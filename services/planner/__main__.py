@@ -3,9 +3,9 @@
 Wiring: one :class:`~kvmesh.ops.planner.zone.ZonePlanner` per zone of ``--routers`` (the sizing rules from the
 settings), the actuator (``--actuator dry-run|local|kubernetes``), the history checkpoint
 (``--history-file``, loaded at start), and the planning step every ``--interval-s`` on the service
-skeleton's background tasks. The planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the
-authorisation table enforced, give it a token or certificate of role planner (or admin). It does not
-register itself in Consul.
+skeleton's background tasks; `PlannerService/GetPlan` serves what it forecast and decided (role admin). The
+planner calls the routers' admin RPCs (ListWorkers, DrainWorker): with the authorisation table enforced, give
+it a token or certificate of role planner (or admin). It does not register itself in Consul.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from kvmesh.ops.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.rpc.server import ServiceRunner, run_service
 from kvmesh.services.planner.actuators import make_actuator
 from kvmesh.services.planner.loop import PlannerLoop
+from kvmesh.services.planner.servicer import PlannerServicer
 from kvmesh.services.planner.settings import PlannerSettings, zone_map
+from kvmesh.v1 import planner_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,11 @@ async def build(runner: ServiceRunner, settings: PlannerSettings) -> None:
         settings.drain_timeout_s,
     )
     loop.restore()
+    runner.add_servicer(
+        planner_pb2_grpc.add_PlannerServiceServicer_to_server,
+        PlannerServicer(loop, actuator.name, settings.interval_s),
+        "kvmesh.v1.PlannerService",
+    )
     runner.every(settings.interval_s, loop.step, name="plan")
     runner.on_stopping.append(loop.close)
     log.info("planning zones %s with the %s actuator", sorted(routers), actuator.name)

@@ -5,7 +5,10 @@ Per zone, every ``interval_s``: ``ListWorkers`` on the zone's router gives each 
 :class:`~kvmesh.ops.planner.zone.ZonePlanner` decides; a scale-out starts workers in the background (they count
 as starting until the router lists them as passing); a scale-in drains the chosen workers through the
 router (``DrainWorker``) and stops each once the router has nothing in flight on it and its queue is empty
-(or after ``drain_timeout_s``), so no request is lost. The history is checkpointed after every step.
+(or after ``drain_timeout_s``), so no request is lost. The history is checkpointed after every step. Each
+zone's last decision, forecast and step error, and its recent decisions that did or refused something (`Step`,
+at most `DECISIONS_KEPT`, one repeated step after step kept once), are what `PlannerService/GetPlan`
+(`kvmesh planner`) shows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,12 +36,39 @@ log = logging.getLogger(__name__)
 PASSING = common_pb2.HEALTH_STATE_PASSING
 
 
+DECISIONS_KEPT = 200  # recent decisions that did or refused something, per zone
+
+
+@dataclass(frozen=True)
+class Step:
+    """One planning step of a zone, as `kvmesh planner` shows it."""
+
+    at: float
+    decision: Decision
+    serving: int
+    starting: int
+    queued: int
+
+    def same_as(self, other: Step) -> bool:
+        """The same decision on the same fleet (the time and the forecast's figures aside)."""
+        a, b = self.decision, other.decision
+        return (a.action, a.desired, self.serving, self.starting) == (
+            b.action,
+            b.desired,
+            other.serving,
+            other.starting,
+        )
+
+
 @dataclass
 class ZoneRuntime:
     """What the loop tracks for one zone besides its planner."""
 
     planner: ZonePlanner
     stub: router_pb2_grpc.RouterAdminServiceStub
+    last: Step | None = None
+    steps: deque[Step] = field(default_factory=lambda: deque(maxlen=DECISIONS_KEPT))
+    error: str = ""  # the last step's failure ("" when it succeeded)
     starting: set[asyncio.Task[str]] = field(default_factory=set)
     announced: set[str] = field(default_factory=set)  # ids of started workers not yet passing at the router
     started_at: dict[str, float] = field(default_factory=dict)  # address → when it first served
@@ -84,8 +115,10 @@ class PlannerLoop:
         for zone, rt in self.zones.items():
             try:
                 await self._zone_step(zone, rt, time.time())
-            except Exception:
+                rt.error = ""
+            except Exception as exc:
                 m.STEP_ERRORS.labels(zone).inc()
+                rt.error = f"{type(exc).__name__}: {exc}"
                 log.exception("planning step of zone %s failed", zone)
         self.checkpoint()
 
@@ -103,7 +136,12 @@ class PlannerLoop:
         queued = sum(w.load.waiting for w in resp.workers)
         rt.announced -= {status[a].endpoint.id for a in passing}
         removable = self.actuator.removable(zone) if self.actuator.carries_out else None
-        d = rt.planner.step(now, serving, len(rt.starting) + len(rt.announced), queued, removable)
+        starting = len(rt.starting) + len(rt.announced)
+        d = rt.planner.step(now, serving, starting, queued, removable)
+        step = Step(now, d, len(serving), starting, queued)
+        if (d.action.add or d.action.remove or d.action.reason) and not (rt.steps and rt.steps[-1].same_as(step)):
+            rt.steps.append(step)  # a decision repeated step after step (a dry run's) is kept once, when it began
+        rt.last = step
         await self._carry_out(zone, rt, d, status, now)
         m.DESIRED.labels(zone).set(d.desired)
         m.SERVING.labels(zone).set(len(serving))

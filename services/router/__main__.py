@@ -143,7 +143,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
         )
     if settings.guardrails:  # a bad rule file fails the start, naming the file, line and rule
         guard = front.guard = OutputGuard()
-        watch = GuardrailsWatch(settings.guardrails, settings.guardrails_max_match_chars, guard.swap)
+        watch = front.guardrails = GuardrailsWatch(settings.guardrails, settings.guardrails_max_match_chars, guard.swap)
         watch.load()
         runner.every(settings.guardrails_reload_s, watch.poll, name="guardrails")
     runner.add_servicer(add_router_service, RouterServicer(front), "kvmesh.v1.RouterService")

@@ -1,7 +1,8 @@
 """Waiting for an admission slot: `kvmesh.routing.Admission` decides, `AdmissionGate` parks the waiters.
 
 A request the admission queues cannot run yet waits (at most `queue_timeout_s`) until a release grants it
-a slot; past the timeout it fails with RESOURCE_EXHAUSTED and the queue's retry-after.
+a slot, the waiting granted by their `priority` (the lowest value first, first come first served within
+one); past the timeout it fails with RESOURCE_EXHAUSTED and the queue's retry-after.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ class AdmissionGate:
         self.queue_timeout_s = queue_timeout_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
 
-    async def admit(self, rid: str, n_prompt: int) -> None:
+    async def admit(self, rid: str, n_prompt: int, priority: int = 0) -> None:
         """Returns once request `rid` holds a slot; raises ResourceExhausted after `queue_timeout_s`."""
-        if self.admission.admit(rid, n_prompt, time.monotonic()):
+        if self.admission.admit(rid, n_prompt, time.monotonic(), priority):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut

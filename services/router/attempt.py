@@ -30,6 +30,7 @@ class Attempt:
     n_new: int  # prompt tokens the worker has to compute (not cached there)
     kv_tokens: int
     watch: StallWatch
+    sequences: int = 1  # the request's n: its call ends once each has finished
     call: WorkerCall | None = None
     hedge: bool = False
     _it: AsyncIterator[worker_pb2.GenerateResponse] | None = None
@@ -45,7 +46,7 @@ class Attempt:
     async def send(self, carrier: dict[str, str]) -> None:
         """Sends the attempt's request to its worker (`carrier`: the trace context); the stall watch's clock
         starts."""
-        self.call = await self.h.generate(self.request_id, self.request, carrier)
+        self.call = await self.h.generate(self.request_id, self.request, carrier, self.sequences)
         self.watch.sent(time.monotonic())
 
     def take(self, other: Attempt) -> None:
@@ -60,6 +61,11 @@ def worker_request(rid: str, req: RouterRequest, plan: NextAttempt, so_far: list
     chose (its `KvPullHint`)."""
     hint = pull_to_proto(pull) if pull is not None else None
     head = worker_pb2.GenerateRequest(
-        request_id=rid, tenant=req.tenant, lora_name=req.lora, detokenize=True, kv_pull=hint
+        request_id=rid,
+        tenant=req.tenant,
+        lora_name=req.lora,
+        detokenize=True,
+        kv_pull=hint,
+        resumed_output_tokens=len(so_far),
     )
     return attempt_request_bytes(head, sampling_to_proto(req.sampling), plan, req.prompt.wire, so_far)

@@ -35,6 +35,7 @@ from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN
 from kvmesh.routing.stall import StallConfig, WorkerLatency
+from kvmesh.rpc.errors import invalid_field
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
 from kvmesh.services.router.attempt import Attempt, worker_request
@@ -81,7 +82,7 @@ class RouterCore:
     async def generate(self, req: RouterRequest) -> AsyncIterator[Chunk]:
         """Streams the request's tokens, retrying and migrating across workers as needed."""
         started = time.monotonic()
-        await self.gate.admit(req.request_id, len(req.prompt))
+        await self.gate.admit(req.request_id, len(req.prompt), req.sampling.priority)
         try:
             async for c in self._run(req, started):
                 yield c
@@ -91,7 +92,7 @@ class RouterCore:
     async def _run(self, req: RouterRequest, started: float, migrations: int = 0) -> AsyncIterator[Chunk]:
         """The attempts loop; `migrations`: already used (a resumed sequence's, `sequences`)."""
         lim, rid = self.limits, req.request_id
-        limits = at.Limits(lim.max_retries, lim.max_migrations, req.max_tokens, req.sampling.structured_output is None)
+        limits = at.Limits(lim.max_retries, lim.max_migrations, req.max_tokens)
         att = at.Attempts(rid, limits, req.resume_ids)
         att.migrations = migrations
         seqs = Sequences(req.sampling.n)
@@ -152,7 +153,8 @@ class RouterCore:
             except TimeoutError:  # a hedged race that neither racer answered
                 outcome = at.Stalled(cur.watch.detail(cur.wid))
             except grpc.aio.AioRpcError as e:
-                outcome, own_error = at.Failed(classify(e, cur.call), f"{e.code().name}: {e.details()}"), e
+                failure, detail = classify(e, cur.call), f"{e.code().name}: {e.details()}"
+                outcome, own_error = at.Failed(failure, detail, invalid_field(e)), e
             finally:
                 cur.watch.disarm()
                 close_call(cur.call, isinstance(outcome, at.Finished))
@@ -191,7 +193,7 @@ class RouterCore:
             lambda: h.last_report_rx,
             lambda: self._routable_besides(exclude | {wid}),  # `exclude` as it is then
         )
-        return Attempt(rid, wid, h, request, n_new, len(prompt), watch)
+        return Attempt(rid, wid, h, request, n_new, len(prompt), watch, req.sampling.n)
 
     def _routable_besides(self, worker_ids: set[str]) -> bool:
         """Whether a worker outside `worker_ids` could take a request now."""

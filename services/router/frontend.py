@@ -7,10 +7,10 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
-from kvmesh.core.errors import NotFound, PermissionDenied
+from kvmesh.core.errors import FailedPrecondition, NotFound, PermissionDenied
 from kvmesh.core.sampling import check_penalties, check_temperature, check_top_k, check_top_p
 from kvmesh.openai.protocol import Message
-from kvmesh.routing import Profile
+from kvmesh.routing import Profile, WorkerView
 from kvmesh.rpc.validate import in_range, require
 from kvmesh.security.client_keys import ClientKey, ClientKeys
 from kvmesh.security.identity import CallerRole, Identity, current_identity, identity_var
@@ -18,6 +18,7 @@ from kvmesh.security.signing import SignedRequest
 from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import Chunk, RouterCore
 from kvmesh.services.router.guarded import OutputGuard
+from kvmesh.services.router.guardrails_watch import GuardrailsWatch
 from kvmesh.services.router.limits import CoreLimits, check_chat_size, check_text_size
 from kvmesh.services.router.request import RouterRequest
 from kvmesh.services.router.tokenize import ChatTemplateOptions, RouterTokenizer
@@ -48,6 +49,9 @@ class Frontend:
         self.model_name = model_name
         self.lora_adapters = tuple(lora_adapters)
         self.guard = guard or OutputGuard()
+        self.guardrails: GuardrailsWatch | None = (
+            None  # the rule files behind `guard` (--guardrails), for the admin RPCs
+        )
 
     def generate(self, req: RouterRequest) -> AsyncGenerator[Chunk, None]:
         """The request's stream from the core, through the output guardrails when they are on."""
@@ -179,10 +183,19 @@ class Frontend:
         a = next((v for k, v in w.items() if k.endswith(".prefill_weight")), 0.5)
         return a, 1.0 - a
 
-    def drain(self, worker_id: str, drain: bool) -> int:
+    def drain(self, worker_id: str, drain: bool, force: bool = False) -> int:
+        """Drains (or undrains) a worker; a drain that would leave its zone with no worker in rotation is
+        FailedPrecondition naming the zone unless `force` (`last_in_rotation`)."""
         h = self.core.pool.by_id.get(worker_id)
         if h is None:
             raise NotFound(f"unknown worker {worker_id!r}")
+        if drain and not force and not h.view.draining:
+            zone = last_in_rotation(self.core.pool.views(time.monotonic()), worker_id)
+            if zone is not None:
+                raise FailedPrecondition(
+                    f"draining {worker_id} would leave zone {zone!r} with no worker in rotation (its others are "
+                    "draining, unhealthy or their circuit is open); a drain with force set takes it out anyway"
+                )
         h.view.draining = drain
         return h.view.inflight_requests
 
@@ -207,6 +220,16 @@ class Frontend:
             st.in_flight = v.inflight_requests
             st.selections_total = h.selections_total
         return out
+
+
+def last_in_rotation(views: Sequence[WorkerView], worker_id: str) -> str | None:
+    """The zone of `worker_id` (as it reports it) when no other worker of this router is routable (healthy, not
+    draining, circuit not open), so that draining it leaves the router, and the zone it serves, nothing to route
+    to; None otherwise. A router's workers are its zone's (whatever zone a worker names), hence the pool. Pure."""
+    zone = next((v.zone for v in views if v.id == worker_id), None)
+    if zone is None or any(v.routable for v in views if v.id != worker_id):
+        return None
+    return zone
 
 
 def _skeleton_client() -> Identity | None:

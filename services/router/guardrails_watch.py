@@ -9,7 +9,9 @@ when one differs, or while a file's mtime is within `_RACY_S` of the last poll (
 timestamp tick keeps mtime and size: the content hash catches it). A new digest is parsed and compiled; good
 rules replace the current set (streams use them from their next chunk), bad ones are logged (file, line,
 rule) and counted once (a racy re-read of the same bad content is not counted again), and the previous set stays
-in force. A bad file at start-up fails the start.
+in force. A bad file at start-up fails the start. `reload()` (the admin RPC `ReloadGuardrails`) reads the files
+now whatever their stats say, and raises the bad ones' error instead of logging it; `loaded()` says what is in
+force.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class GuardrailsWatch:
         self._polled = 0.0  # wall time of the last poll (file mtimes are wall times)
         self._version = 0
         self._n_rules = 0
+        self._loaded_at = 0.0  # wall time the rules in force were read
+        self._lock = asyncio.Lock()  # a poll and a reload never read and accept at the same time
 
     def load(self) -> RuleSet:
         """The start-up load: InvalidArgument("guardrails", "<file>:<line>: rule ...") when a file is bad."""
@@ -74,8 +78,35 @@ class GuardrailsWatch:
         self._accept(got)
         return got.rules
 
+    def loaded(self) -> tuple[int, int, float]:
+        """(rules, version, loaded at: seconds since the epoch) of the set in force."""
+        return self._n_rules, self._version, self._loaded_at
+
+    async def reload(self) -> bool:
+        """Reads the files now: True when their content changed and the new rules are in force, False when it did
+        not; InvalidArgument("guardrails", "<file>:<line>: rule ...") for bad files (the previous set stays)."""
+        async with self._lock:
+            try:
+                got = await asyncio.to_thread(self._read, self._version + 1)
+            except (RuleError, OSError) as e:
+                m.GUARDRAIL_RELOADS.labels("error").inc()
+                log.error("guardrail rules not reloaded, the previous %d stay in force: %s", self._n_rules, e)
+                raise InvalidArgument("guardrails", str(e)) from None
+            self._polled = time.time()
+            if got.digest == self._digest:
+                self._stats = got.stats
+                return False
+            self._accept(got)
+            m.GUARDRAIL_RELOADS.labels("ok").inc()
+            log.info("guardrail rules reloaded on request: %d rules (version %d)", self._n_rules, self._version)
+            return True
+
     async def poll(self) -> bool:
         """Reloads when the files changed (see the module docstring); True when new rules are in force."""
+        async with self._lock:
+            return await self._poll()
+
+    async def _poll(self) -> bool:
         now = time.time()
         try:
             got = await asyncio.to_thread(self._changed, now)
@@ -95,6 +126,7 @@ class GuardrailsWatch:
     def _accept(self, got: Loaded) -> None:
         self._digest, self._stats, self._version = got.digest, got.stats, got.rules.version
         self._n_rules = len(got.rules.rules)
+        self._loaded_at = time.time()
         m.GUARDRAIL_RULES.set(self._n_rules)
         self.apply(got.rules)
 

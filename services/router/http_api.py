@@ -1,6 +1,7 @@
 """OpenAI-compatible HTTP API and admin endpoints, on the service's aiohttp app.
 
     GET  /v1/models               (each with vLLM's `max_model_len`)
+    GET  /health, GET|POST /ping  vLLM's probes: 200 and an empty body while serving, 503 draining; no credential
     POST /tokenize, /detokenize, GET /version   vLLM's extras (http_extras.py)
     POST /v1/completions          {"prompt": str | [int], "max_tokens", "temperature", "top_p", "stream", ...}
     POST /v1/chat/completions     {"messages": [{"role", "content"}], ...}   (SSE when "stream": true)
@@ -50,6 +51,7 @@ from kvmesh.openai.aio import (
 from kvmesh.openai.protocol import OpenAIRequest, parse_model, parse_request
 from kvmesh.openai.responses import ResponseBuilder
 from kvmesh.rpc.audit import audited
+from kvmesh.rpc.server import probe
 from kvmesh.security.admin import UnsupportedMediaType, require_json, typed_fields
 from kvmesh.security.client_keys import bind_tenant
 from kvmesh.security.identity import Identity
@@ -69,7 +71,7 @@ TENANT_HEADER = "X-Kvmesh-Tenant"
 
 SERVICE = "router"  # as the audit log names it
 REBALANCE_BODY: dict[str, type] = {"prefill_weight": float, "decode_weight": float}
-DRAIN_BODY: dict[str, type] = {"worker_id": str, "drain": bool}
+DRAIN_BODY: dict[str, type] = {"worker_id": str, "drain": bool, "force": bool}
 MAX_WEIGHT = 1e9
 AdminHandler = Callable[[web.Request, dict[str, object]], Awaitable[web.StreamResponse]]
 
@@ -113,6 +115,9 @@ class HttpApi:
         app.router.add_post("/admin/rebalance", self._admin(self.rebalance))
         app.router.add_get("/admin/workers", self._admin(self.workers))
         app.router.add_post("/admin/drain", self._admin(self.drain))
+        for path in ("/health", "/ping"):  # vLLM's probe paths, without credentials (kvmesh.rpc.server.probe)
+            app.router.add_get(path, probe)
+        app.router.add_post("/ping", probe)
 
     # ---- helpers -----------------------------------------------------------------------------------
     async def _auth(self, request: web.Request, client: bool = True) -> tuple[Identity | None, bytes]:
@@ -161,11 +166,8 @@ class HttpApi:
         uint32)."""
         session = _header(request, "X-Session-Id") or parsed.user
         rid = f"http-{uuid.uuid4().hex}"
-        sampling = parsed.sampling
-        if parsed.echo and sampling.logprobs is not None and sampling.prompt_logprobs is None:
-            sampling = dataclasses.replace(sampling, prompt_logprobs=sampling.logprobs)  # echoed, as vLLM does
         return RouterRequest.checked(
-            self.front.limits, rid, prompt, sampling, session_id=session, tenant=tenant, lora=lora
+            self.front.limits, rid, prompt, parsed.sampling, session_id=session, tenant=tenant, lora=lora
         )
 
     # ---- OpenAI ------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ class HttpApi:
         wid = body.get("worker_id")
         if not wid:
             raise InvalidArgument("worker_id", "must be a non-empty string")
-        n = self.front.drain(wid, body.get("drain", True))
+        n = self.front.drain(wid, body.get("drain", True), body.get("force", False))
         return web.json_response({"in_flight": n})
 
 

@@ -21,6 +21,7 @@ from kvmesh.openai.responses import (
     ResponseBuilder,
     chat_logprobs,
     merge_completion_logprobs,
+    prompt_logprobs_json,
 )
 from kvmesh.services.router.chunks import Chunk, Logprobs
 from kvmesh.services.router.request import RouterRequest
@@ -115,15 +116,24 @@ class Choices:
 
     def whole(self) -> dict[str, Any]:
         """The non-streamed answer: every choice (one whose stream ended without a finish reason: `stop`; no
-        chunk at all: one `error` choice)."""
+        chunk at all: one `error` choice), with vLLM's `prompt_logprobs` when asked for (a completions
+        choice: its prompt's; a chat answer: at the top)."""
         out = []
         for i, ch in self._choices.items():
             lp: dict[str, Any] | None = None
             if self.logprobs:
                 chat = {"content": ch.chat_entries}
                 lp = chat if self.build.chat else merge_completion_logprobs(ch.completion_parts)
-            out.append(Choice(i, "".join(ch.texts), ch.finish or "stop", lp))
-        return self.build.whole_choices(out or [Choice(0, "", "error")], self.usage)
+            plp = None if self.build.chat else self._prompt_logprobs_json(i // self.n)
+            out.append(Choice(i, "".join(ch.texts), ch.finish or "stop", lp, plp))
+        top = self._prompt_logprobs_json(0) if self.build.chat else None
+        return self.build.whole_choices(out or [Choice(0, "", "error")], self.usage, top)
+
+    def _prompt_logprobs_json(self, prompt: int) -> list[dict[str, Any] | None] | None:
+        """Prompt `prompt`'s `prompt_logprobs` in vLLM's shape; None when the request did not ask for them."""
+        if self.runs[prompt].req.sampling.prompt_logprobs is None:
+            return None
+        return prompt_logprobs_json(self._prompt_logprobs.get(prompt, ()), self.decode)
 
     @property
     def usage(self) -> common_pb2.Usage | None:
@@ -139,8 +149,8 @@ class Choices:
 
     def _take(self, prompt: int, c: Chunk) -> tuple[int, _Choice]:
         """The chunk's choice; notes its prompt's log-probabilities and usage."""
-        if c.prompt_logprobs:
-            self._prompt_logprobs[prompt] = c.prompt_logprobs
+        if c.prompt_logprobs:  # the first attempt's: a migrated one's cover the prompt and the tokens so far
+            self._prompt_logprobs.setdefault(prompt, c.prompt_logprobs)
         if c.usage is not None:
             self._usage[prompt] = c.usage
         index = prompt * self.n + c.index

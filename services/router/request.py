@@ -8,8 +8,8 @@ The checks, in order (the first that fails is the answer, InvalidArgument naming
 - the prompt: not empty, at most `max_prompt_tokens`;
 - `max_tokens` (the request's, else `default_max_tokens`) at most `max_tokens_limit`;
 - `resume_token_ids`, the tokens a client already has from a broken stream: at most `max_tokens`, only
-  with `n = 1` (one list of tokens resumes one sequence) and without a structured output (its grammar would
-  start again after them);
+  with `n = 1` (one list of tokens resumes one sequence); a structured output resumes too (the worker
+  advances its grammar over them);
 - prompt, stop, resumed, allowed and biased token ids within the vocabulary (a client's ids are checked
   before they become uint32, which an id of 2**40 would not fit).
 """
@@ -74,9 +74,6 @@ class RouterRequest:
             raise InvalidArgument("resume_token_ids", f"{len(resume_ids)} tokens > max_tokens {max_tokens}")
         if resume_ids and sampling.n > 1:
             raise InvalidArgument("resume_token_ids", f"resumes one sequence, the request asks for n={sampling.n}")
-        if resume_ids and sampling.structured_output is not None:
-            # the engine's grammar would start again after the resumed tokens: send the request again whole
-            raise InvalidArgument("resume_token_ids", "a structured output cannot resume mid-way")
         ids = prompt.array if isinstance(prompt, TokenIdArray) else prompt
         check_token_ids(ids, limits.vocab_size, "prompt")
         check_token_ids(sampling.stop_token_ids, limits.vocab_size, "stop_token_ids")

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from kvmesh.core.errors import FailedPrecondition
 from kvmesh.core.sampling import check_extensions
 from kvmesh.openai.protocol import Message
 from kvmesh.rpc.audit import audited
@@ -186,8 +187,45 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
     async def DrainWorker(  # type: ignore[override]
         self, request: router_pb2.DrainWorkerRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.DrainWorkerResponse:
-        with audited(SERVICE, "RouterAdminService/DrainWorker", worker_id=request.worker_id, drain=request.drain):
+        with audited(
+            SERVICE,
+            "RouterAdminService/DrainWorker",
+            worker_id=request.worker_id,
+            drain=request.drain,
+            force=request.force,
+        ):
             self._auth(context, "DrainWorker", request)
             no_unknown_fields(request)
             non_empty(request.worker_id, "worker_id")
-            return router_pb2.DrainWorkerResponse(in_flight=self.front.drain(request.worker_id, request.drain))
+            in_flight = self.front.drain(request.worker_id, request.drain, request.force)
+            return router_pb2.DrainWorkerResponse(in_flight=in_flight)
+
+    async def GetGuardrails(  # type: ignore[override]
+        self, request: router_pb2.GetGuardrailsRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.GetGuardrailsResponse:
+        with audited(SERVICE, "RouterAdminService/GetGuardrails"):
+            self._auth(context, "GetGuardrails", request)
+            no_unknown_fields(request)
+            return router_pb2.GetGuardrailsResponse(guardrails=self._guardrails())
+
+    async def ReloadGuardrails(  # type: ignore[override]
+        self, request: router_pb2.ReloadGuardrailsRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ReloadGuardrailsResponse:
+        with audited(SERVICE, "RouterAdminService/ReloadGuardrails") as a:
+            self._auth(context, "ReloadGuardrails", request)
+            no_unknown_fields(request)
+            watch = self.front.guardrails
+            if watch is None:
+                raise FailedPrecondition("this router runs without guardrails (start it with --guardrails PATH)")
+            changed = await watch.reload()
+            a["changed"] = changed
+            return router_pb2.ReloadGuardrailsResponse(guardrails=self._guardrails(), changed=changed)
+
+    def _guardrails(self) -> router_pb2.GuardrailsState:
+        watch = self.front.guardrails
+        if watch is None:
+            return router_pb2.GuardrailsState(enabled=False)
+        rules, version, at = watch.loaded()
+        return router_pb2.GuardrailsState(
+            enabled=True, path=str(watch.path), rules=rules, version=version, loaded_at=at
+        )

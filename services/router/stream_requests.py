@@ -8,7 +8,8 @@ once, and a request retries, migrates and cancels the same on either.
 
 `StreamedRequest` is used by the router's request path like a grpc.aio unary-stream call:
 
-- iterating yields the worker's `GenerateResponse` steps and stops after the final one;
+- iterating yields the worker's `GenerateResponse` steps and stops after the final one: the step that
+  finishes the last of the request's `sequences` (its n; each sequence's last step has a finish reason);
 - a worker error for that request (`error_code`) or its connection breaking (the worker died, restarted or
   shut down) raises `grpc.aio.AioRpcError` with the status code a `Generate` call would have ended with, so
   retries, migrations and breaker accounting do not depend on the transport;
@@ -24,6 +25,7 @@ from typing import Protocol
 import grpc
 from grpc.aio import Metadata
 
+from kvmesh.rpc.errors import details_trailers
 from kvmesh.v1 import worker_pb2
 from kvmesh.wire.protowire import length_delimited
 
@@ -52,9 +54,10 @@ def status_code(error_code: int) -> grpc.StatusCode:
     return _STATUS_CODES.get(error_code, grpc.StatusCode.UNKNOWN)
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error a `Generate` call would have raised."""
-    return grpc.aio.AioRpcError(code, Metadata(), Metadata(), details=details)
+def rpc_error(code: grpc.StatusCode, details: str, status: bytes = b"") -> grpc.aio.AioRpcError:
+    """The error a `Generate` call would have raised, its trailers carrying `status` (a worker's serialised
+    google.rpc.Status: the field it named, `kvmesh.rpc.errors.invalid_field`)."""
+    return grpc.aio.AioRpcError(code, Metadata(), Metadata(*details_trailers(status)), details=details)
 
 
 class RequestCarrier(Protocol):
@@ -68,11 +71,12 @@ class RequestCarrier(Protocol):
 class StreamedRequest:
     """One request on a worker transport, used like a grpc.aio unary-stream call (see the module docstring)."""
 
-    __slots__ = ("_cancelled", "_done", "_queue", "_stream", "call", "request_id")
+    __slots__ = ("_cancelled", "_done", "_queue", "_stream", "_unfinished", "call", "request_id")
 
-    def __init__(self, stream: RequestCarrier, request_id: str, call: object) -> None:
+    def __init__(self, stream: RequestCarrier, request_id: str, call: object, sequences: int = 1) -> None:
         self._stream = stream
         self.request_id = request_id
+        self._unfinished = sequences
         self.call = call  # the stream call (or frames connection) it was sent on: a break fails its requests
         self._queue: asyncio.Queue[worker_pb2.GenerateStreamResponse | grpc.aio.AioRpcError] = asyncio.Queue()
         self._done = False
@@ -89,10 +93,12 @@ class StreamedRequest:
                 raise item
             if item.error_code:
                 self._finish()
-                raise rpc_error(status_code(item.error_code), item.error_message)
+                raise rpc_error(status_code(item.error_code), item.error_message, item.error_status)
             step = item.response
             if step.finish_reason:
-                self._finish()  # done before the final step is handed out: the caller may stop iterating there
+                self._unfinished -= 1
+                if self._unfinished <= 0:
+                    self._finish()  # done before the final step is handed out: the caller may stop iterating there
             yield step
 
     def deliver(self, item: worker_pb2.GenerateStreamResponse | grpc.aio.AioRpcError) -> None:

@@ -117,7 +117,9 @@ class FramedWorkerStream:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def start(self, request_id: str, request_bytes: bytes, traceparent: str = "") -> StreamedRequest:
+    async def start(
+        self, request_id: str, request_bytes: bytes, traceparent: str = "", sequences: int = 1
+    ) -> StreamedRequest:
         """Sends a serialised `GenerateRequest` (whose request_id is `request_id`) and returns its handle;
         raises `ConnectFailed` when the worker's listener cannot be reached."""
         if request_id in self._pending:
@@ -127,7 +129,7 @@ class FramedWorkerStream:
             conn = await self._connection()
             if conn.error is not None:  # failed (refused, closed) while this request waited for it
                 raise conn.error
-        req = self._pending[request_id] = StreamedRequest(self, request_id, conn)
+        req = self._pending[request_id] = StreamedRequest(self, request_id, conn, sequences)
         self._idle.clear()
         conn.write(start_message(request_bytes, traceparent))
         if not conn.writable.is_set():

@@ -55,7 +55,9 @@ class WorkerStream:
     def pending(self) -> int:
         return len(self._pending)
 
-    async def start(self, request_id: str, request_bytes: bytes, traceparent: str = "") -> StreamedRequest:
+    async def start(
+        self, request_id: str, request_bytes: bytes, traceparent: str = "", sequences: int = 1
+    ) -> StreamedRequest:
         """Sends a serialised `GenerateRequest` (whose request_id is `request_id`) and returns its handle."""
         if request_id in self._pending:
             raise rpc_error(grpc.StatusCode.INVALID_ARGUMENT, f"request {request_id!r} already in flight here")
@@ -63,7 +65,7 @@ class WorkerStream:
         if call is None or call.done():
             call = self._call = self._open()
             self._spawn(self._read(call))
-        req = self._pending[request_id] = StreamedRequest(self, request_id, call)
+        req = self._pending[request_id] = StreamedRequest(self, request_id, call, sequences)
         try:
             async with self._write_lock:
                 await call.write(start_message(request_bytes, traceparent))
@@ -152,10 +154,12 @@ def attempt_request_bytes(
 ) -> bytes:
     """Wire bytes of one attempt's request: `head` with `sampling` as `plan` adjusts it, and as token ids
     `prompt_bytes` (a serialised `TokenIds`) followed by `so_far`, the tokens generated before (a migration
-    resumes there)."""
+    resumes there; the prompt's log-probabilities went with the first attempt, they are not asked again)."""
     sp = head.sampling
     sp.CopyFrom(sampling)
     sp.max_tokens, sp.min_tokens = plan.max_tokens, plan.min_tokens
+    if so_far:  # a resumed attempt's would cover the tokens so far too, and reach a gRPC client twice
+        sp.ClearField("prompt_logprobs")
     ids = prompt_bytes + common_pb2.TokenIds(ids=so_far).SerializeToString() if so_far else prompt_bytes
     return worker_request_bytes(head, ids)
 

@@ -81,20 +81,23 @@ class WorkerHandle:
     frames_off_until: float = float("-inf")  # monotonic: its listener did not answer, use the gRPC stream
     disagreement: str = ""  # why the worker is not routed to: its settings disagree with the router's
 
-    async def generate(self, request_id: str, request_bytes: bytes, carrier: dict[str, str]) -> StreamedRequest:
+    async def generate(
+        self, request_id: str, request_bytes: bytes, carrier: dict[str, str], sequences: int = 1
+    ) -> StreamedRequest:
         """Sends a serialised GenerateRequest; returns a call-like handle of its response steps. On generate
         frames where the router opted in and the worker offers them; a worker whose frames port does not
         answer gets its requests on the gRPC stream for `FRAMES_RETRY_S` (a firewall that lets gRPC through
-        and not the frames port); otherwise on the gRPC stream."""
+        and not the frames port); otherwise on the gRPC stream. `sequences`: the request's n (its handle ends
+        once each has a finish reason)."""
         traceparent = carrier.get("traceparent", "")
         if self.frames is not None and self.frames_off_until < time.monotonic():
             try:
-                return await self.frames.start(request_id, request_bytes, traceparent)
+                return await self.frames.start(request_id, request_bytes, traceparent, sequences)
             except ConnectFailed as exc:
                 self.frames_off_until = time.monotonic() + FRAMES_RETRY_S
                 m.WORKER_FRAMES_UNREACHABLE.inc()
                 log.warning("worker %s: %s; using its gRPC stream for %.0f s", self.address, exc, FRAMES_RETRY_S)
-        return await self.stream.start(request_id, request_bytes, traceparent)
+        return await self.stream.start(request_id, request_bytes, traceparent, sequences)
 
 
 def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:

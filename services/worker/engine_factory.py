@@ -97,7 +97,8 @@ def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
             pull_transport=peers,
         )
     if s.engine == "vllm":
-        from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+        from kvmesh.engine.vllm_config import VllmEngineConfig
+        from kvmesh.engine.vllm_engine import VllmEngine
 
         model = model_name(s)
         if not s.model and not Path(model).exists():

@@ -2,10 +2,11 @@
 
 The router opens one such stream per worker and sends every request it routes there as a `start` message;
 each request runs as its own task, and its steps come back tagged with its request id, in order. A request
-ends with its final step, or with one message carrying `error_code` / `error_message` (the status `Generate`
-would have ended with, mapped by `kvmesh.rpc.errors`). `cancel_request_id` aborts one request; the stream
-closing (the router going away) aborts all of them. While the worker shuts down, new starts are refused with
-UNAVAILABLE and the stream ends once its requests have finished, so the router moves on to other workers.
+ends with its final step, or with one message carrying `error_code` / `error_message` / `error_status` (the
+status `Generate` would have ended with and its rich details, mapped by `kvmesh.rpc.errors`).
+`cancel_request_id` aborts one request; the stream closing (the router going away) aborts all of them. While
+the worker shuts down, new starts are refused with UNAVAILABLE and the stream ends once its requests have
+finished, so the router moves on to other workers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import grpc
 from opentelemetry import context as otel_context
 
 from kvmesh.core.errors import InvalidArgument, Unavailable
-from kvmesh.rpc.errors import status_code_for, to_grpc_status
+from kvmesh.rpc.errors import status_code_for, status_details, to_grpc_status
 from kvmesh.telemetry import tracing
 from kvmesh.telemetry.context import request_id_var
 from kvmesh.v1 import worker_pb2
@@ -106,7 +107,12 @@ class GenerateStreamSession:
     def _error(self, rid: str, exc: BaseException) -> None:
         st = to_grpc_status(exc, rid)
         self._out.put_nowait(
-            worker_pb2.GenerateStreamResponse(request_id=rid, error_code=st.code.value[0], error_message=st.details)
+            worker_pb2.GenerateStreamResponse(
+                request_id=rid,
+                error_code=st.code.value[0],
+                error_message=st.details,
+                error_status=status_details(st),  # the field an InvalidArgument names reaches the client
+            )
         )
 
     async def _end_when_stopping(self) -> None:

@@ -40,14 +40,16 @@ def _finish(out: EngineOutput) -> str | None:
 
 
 def refuse_unserved(parsed: OpenAIRequest) -> None:
-    """What only the router's HTTP API serves (a batch of prompts, echo, tools) is refused here, never
-    silently dropped."""
+    """What only the router's HTTP API serves (a batch of prompts, echo, tools, prompt log-probabilities) is
+    refused here, never silently dropped."""
     if len(parsed.prompts) > 1:
         raise InvalidArgument("prompt", "a worker serves one prompt per request: send batches to the router")
     if parsed.echo:
         raise InvalidArgument("echo", "not served by a worker's HTTP API: use the router's")
     if parsed.tools:
         raise InvalidArgument("tools", "not served by a worker's HTTP API: use the router's")
+    if parsed.sampling.prompt_logprobs is not None:
+        raise InvalidArgument("prompt_logprobs", "not served by a worker's HTTP API: use the router's")
 
 
 class _Choices:

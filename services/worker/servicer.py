@@ -40,6 +40,13 @@ def validate_generate(request: worker_pb2.GenerateRequest) -> None:
     require(kind is not None, "prompt", "one of token_ids or text is required")
     if kind == "token_ids":
         non_empty(request.token_ids.ids, "token_ids.ids")
+        # at least one token of the original prompt precedes the output a request resumes from
+        n_ids = len(request.token_ids.ids)
+        require(
+            request.resumed_output_tokens < n_ids,
+            "resumed_output_tokens",
+            f"must be below the prompt's {n_ids} tokens (they end with the output so far)",
+        )
     check_temperature(request.sampling.temperature, "sampling.temperature")
     check_top_p(request.sampling.top_p, "sampling.top_p", zero_means_unset=True)
     # n, log-probabilities, token lists, the structured output: refused here, before a pull or the batching

@@ -21,6 +21,7 @@ import pytest
 
 from kvmesh.client import Client
 from kvmesh.rpc.channel import ChannelSecurity
+from kvmesh.rpc.tls import client_ssl_context
 from kvmesh.suite.observe import gone
 from kvmesh.v1 import (
     cache_manager_pb2,
@@ -313,10 +314,25 @@ def _admin_cli_over_mtls(home: Path, state: dict[str, Any], pki: Path) -> None:
     assert as_client.returncode == 3 and "needs role admin" in as_client.stderr, as_client.stdout + as_client.stderr
 
 
+def _http_is_tls_only(state: dict[str, Any], up_stdout: str) -> None:
+    """The router's OpenAI API and admin routes over HTTPS verified with the suite's CA, as `up` prints its URL;
+    a plaintext request to that port, even with the operator's token, is never served."""
+    router = next(s for s in state["services"] if s["name"] == "router")
+    address = f"127.0.0.1:{router['http_port']}"
+    assert f"OpenAI API     https://{address}/v1" in up_stdout, up_stdout
+    admin = {"Authorization": _bearer(state["auth"]["tokens"]["admin"])[0][1]}
+    req = urllib.request.Request(f"https://{address}/admin/workers", headers=admin)
+    with urllib.request.urlopen(req, timeout=10, context=client_ssl_context(state["auth"]["tls"]["ca"])) as reply:
+        assert reply.status == 200 and "prefill_weight" in json.loads(reply.read())
+    plain = urllib.request.Request(f"http://{address}/admin/workers", headers=admin)
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # the TLS port closes on plaintext
+        urllib.request.urlopen(plain, timeout=10)
+
+
 def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -> None:
     """`kvmesh up --tls`: the suite serves (status, demo, kvmesh.client through the failover service) with
     identities from its development CA; a plaintext caller gets nothing, and a worker's certificate neither
-    reads the index nor drains."""
+    reads the index nor drains; the HTTP API is HTTPS only."""
     home = tmp_path / "home"
     up = kvmesh_cli(home, "up", "--detach", "--ports", "auto", "--workers", "1", "--tls")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -327,6 +343,8 @@ def test_up_tls_runs_every_connection_over_mtls_with_the_table(tmp_path: Path) -
         assert status.returncode == 0 and status.stdout.count("SERVING") == 5, status.stdout
         demo = kvmesh_cli(home, "demo", "--max-tokens", "4", timeout=120)
         assert demo.returncode == 0 and "completion=4" in demo.stdout, demo.stdout + demo.stderr
+        assert "OpenAI API https://127.0.0.1:" in demo.stdout, demo.stdout  # its HTTP call, with the suite CA
+        _http_is_tls_only(state, up.stdout)
         pki = home / "run" / "pki"
 
         def creds(stem: str) -> grpc.ChannelCredentials:

@@ -17,6 +17,13 @@ limit, as where they have their own cores; a copy the supervisor restarts mid-ru
 8 per process for several); ``--worker-transport frames`` sends the router's requests to the workers on generate
 frames (opt-in, opaque to a service mesh) instead of the default gRPC ``GenerateStream``: the same run with each
 shows what the fast path saves.
+``--max-tokens N`` has every request generate N tokens (default 1). ``--logprobs K`` and ``--response-format
+json|json_schema`` (gRPC and ``--api http``) also measure requests asking for log-probabilities or a structured
+output as paths of their own in the same run, on the same workers, and add under ``features.<feature>.<P>`` what
+each costs the router against the plain path: ``extra_ms_per_request`` / ``extra_us_per_token`` (c1 overhead)
+and ``extra_cpu_us_per_request`` / ``extra_cpu_us_per_token`` (router CPU); with a structured output the
+workers are bench-only stand-ins that accept the grammar without constraining (`kvmesh.bench.router_features`,
+`kvmesh.bench.grammar_stand_in`).
 The c1 samples of the two paths are taken in 4 interleaved rounds after a warm-up of both, so a slow spell of
 the shared machine cannot land on one path only. Every request is a prefix-cache miss on both paths (one of
 64 random token-id prompts with a per-request first token); the client is grpc.aio in this process.

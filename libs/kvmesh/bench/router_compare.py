@@ -48,13 +48,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from kvmesh.bench.load_client import ProcessClients, completion_sender
+from kvmesh.bench.router_features import Feature, c1_rounds, path, split_features
 from kvmesh.engine.tokenizer import Tokenizer
 from kvmesh.suite.launcher import free_port
 
@@ -283,11 +284,15 @@ async def run_http(
     pids: dict[str, list[int]],
     distinct: int = DISTINCT,
     client_processes: int = 1,
+    features: Sequence[Feature] = (),
+    max_tokens: int = 1,
 ) -> dict[str, Any]:
     """`model`: the served model name (the routers' /v1/models), sent as the body's "model"; `pids`: each
     router's processes (their CPU time per request); `distinct`: different prompts per size, sent in turn (the
     kvmesh router tokenises a repeated text once: `distinct` >= the requests sent makes every prompt new);
-    `client_processes` > 1: the concurrency runs are sent by that many client processes (`ProcessClients`)."""
+    `client_processes` > 1: the concurrency runs are sent by that many client processes (`ProcessClients`);
+    `features`: each also measured as `kvmesh+<feature>` and `direct+<feature>` against the plain paths
+    (`kvmesh.bench.router_features`, in-process client only); `max_tokens`: generated per request."""
     rng = random.Random(0)
     out: dict[str, Any] = {name: {} for name in targets}
     conn = aiohttp.TCPConnector(limit=4 * concurrency)
@@ -299,7 +304,7 @@ async def run_http(
             for p in sizes:
                 texts = [make_text(tok, p, rng) for _ in range(distinct)]
                 out.setdefault("prompt_tokens", {})[str(p)] = round(sum(len(tok.encode(t)) for t in texts) / distinct)
-                bodies = [{"model": model, "prompt": t, "max_tokens": 1, "ignore_eos": True} for t in texts]
+                bodies = [{"model": model, "prompt": t, "max_tokens": max_tokens, "ignore_eos": True} for t in texts]
 
                 concurrent = None
                 if client_processes > 1:
@@ -307,7 +312,16 @@ async def run_http(
                     bodies_file.write_text(json.dumps(bodies))
                     concurrent = ProcessClients(client_processes, targets, bodies_file, tmp)
                 sends = {name: completion_sender(session, urls, bodies) for name, urls in targets.items()}
-                got = await measure(sends, c1_requests, requests, concurrency, pids=pids, concurrent=concurrent)
-                for name, figures in got.items():
-                    out[name][str(p)] = figures
+                feature_pids = dict(pids)
+                for f in features:
+                    with_f = [f.http_body(b) for b in bodies]
+                    for name in ("direct", "kvmesh"):
+                        sends[path(name, f)] = completion_sender(session, targets[name], with_f)
+                    feature_pids[path("kvmesh", f)] = pids["kvmesh"]
+                rounds = c1_rounds(features, c1_requests)
+                got = await measure(sends, c1_requests, requests, concurrency, rounds, feature_pids, concurrent)
+                for name in targets:
+                    out[name][str(p)] = got[name]
+                for fname, figures in split_features(got, "kvmesh", features, max_tokens).items():
+                    out.setdefault("features", {}).setdefault(fname, {})[str(p)] = figures
     return out

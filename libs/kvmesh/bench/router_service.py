@@ -8,15 +8,30 @@ import json
 import random
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 
 from kvmesh.bench.cpu_cap import CpuCapError, CpuCaps
-from kvmesh.bench.router_compare import measure, run_http, start_third_party
+from kvmesh.bench.grammar_stand_in import ACCEPTED_LOG, start_stand_in_worker
+from kvmesh.bench.router_compare import measure, run_http, start_third_party, wait_http
+from kvmesh.bench.router_features import (
+    RESPONSE_FORMATS,
+    STAND_IN,
+    Feature,
+    FeatureCheckError,
+    c1_rounds,
+    check_grpc,
+    check_http,
+    features_from_flags,
+    split_features,
+)
 from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.core.sampling import LOGPROBS_MAX
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.suite.launcher import ServiceProcess, free_port, start_service
 from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
@@ -65,7 +80,11 @@ async def _run(
     concurrency: int,
     c1_requests: int,
     connections_per_process: int = 0,
+    features: Sequence[Feature] = (),
+    max_tokens: int = 1,
 ) -> dict[str, Any]:
+    """The gRPC run (module `kvmesh.bench.router`); `features`: each also measured as its own router and direct
+    paths against the plain ones (`kvmesh.bench.router_features`)."""
     rng = random.Random(0)
     out: dict[str, Any] = {"router": {}, "direct": {}, "overhead_p50_ms": {}}
     # one connection per router process would pin a process to a connection: with several processes, 8 own
@@ -79,27 +98,38 @@ async def _run(
     router_calls = _generate_calls(rchs, "RouterService", router_pb2.RouterServiceGenerateResponse.FromString)
     wchs = [grpc.aio.insecure_channel(w.address, options=OPTS) for w in workers]
     worker_generate = _generate_calls(wchs, "WorkerService", worker_pb2.GenerateResponse.FromString)
-    sp = common_pb2.SamplingParams(max_tokens=1, ignore_eos=True)
-    router_tail = router_pb2.RouterServiceGenerateRequest(sampling=sp).SerializeToString()
+    sp = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     router_ids_field = router_pb2.RouterServiceGenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
     worker_ids_field = worker_pb2.GenerateRequest.DESCRIPTOR.fields_by_name["token_ids"].number
     for p in sizes:
         prompts = UniquePrompts([[rng.randrange(3, UNIQUE_BASE) for _ in range(p)] for _ in range(DISTINCT)])
 
-        async def via_router(i: int, prompts: UniquePrompts = prompts) -> None:
-            body = length_delimited(router_ids_field, prompts.token_ids_bytes()) + router_tail
-            await _drain(router_calls[i % len(router_calls)](body, timeout=120))
+        def paths(
+            sampling: common_pb2.SamplingParams, p: int = p, prompts: UniquePrompts = prompts
+        ) -> tuple[Callable[[int], Awaitable[None]], Callable[[int], Awaitable[None]]]:
+            router_tail = router_pb2.RouterServiceGenerateRequest(sampling=sampling).SerializeToString()
 
-        async def direct(i: int, p: int = p, prompts: UniquePrompts = prompts) -> None:
-            k = prompts.next
-            head = worker_pb2.GenerateRequest(request_id=f"d{p}-{k}", sampling=sp).SerializeToString()
-            body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
-            await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
+            async def via_router(i: int) -> None:
+                body = length_delimited(router_ids_field, prompts.token_ids_bytes()) + router_tail
+                await _drain(router_calls[i % len(router_calls)](body, timeout=120))
 
-        pids = {"router": [router.proc.pid]}
-        got = await measure({"direct": direct, "router": via_router}, c1_requests, requests, concurrency, pids=pids)
+            async def direct(i: int) -> None:
+                k = prompts.next
+                head = worker_pb2.GenerateRequest(request_id=f"d{p}-{k}", sampling=sampling).SerializeToString()
+                body = head + length_delimited(worker_ids_field, prompts.token_ids_bytes())
+                await _drain(worker_generate[k % len(worker_generate)](body, timeout=120))
+
+            return direct, via_router
+
+        sends: dict[str, Callable[[int], Awaitable[None]]] = {}
+        for name, sampling in [("", sp), *((f"+{f.name}", f.grpc_sampling(sp)) for f in features)]:
+            sends["direct" + name], sends["router" + name] = paths(sampling)  # direct first, as ever
+        pids = {name: [router.proc.pid] for name in sends if name.startswith("router")}
+        got = await measure(sends, c1_requests, requests, concurrency, c1_rounds(features, c1_requests), pids)
         out["direct"][str(p)] = got["direct"]
         out["router"][str(p)] = got["router"]
+        for fname, figures in split_features(got, "router", features, max_tokens).items():
+            out.setdefault("features", {}).setdefault(fname, {})[str(p)] = figures
         out["overhead_p50_ms"][str(p)] = round(
             out["router"][str(p)]["c1_p50_ms"] - out["direct"][str(p)]["c1_p50_ms"], 3
         )
@@ -119,6 +149,42 @@ def router_pids(router: ServiceProcess) -> list[int]:
     in its ready file (not their supervisor, which serves none)."""
     copies = [int(c["pid"]) for c in router.info.get("processes", [])]
     return copies or [router.proc.pid]
+
+
+def _check_features(
+    api: str,
+    router: ServiceProcess,
+    workers: list[ServiceProcess],
+    prompt_tokens: int,
+    max_tokens: int,
+    features: Sequence[Feature],
+    model_dir: Path | None,
+) -> None:
+    """One checked request per path before the run (`kvmesh.bench.router_features`); a failed check ends the
+    bench with its reason (exit 1) instead of pricing a feature the router dropped or refused."""
+
+    def grammar_seen() -> bool:
+        return any(ACCEPTED_LOG in w.log() for w in workers)
+
+    async def over_http() -> None:
+        url = f"http://127.0.0.1:{router.http_port}"
+        # the served name is the router's tokenizer folder (as `run_http` sends it)
+        served = model_dir.name if model_dir else ""
+        body = {"model": served, "prompt": "The quick brown fox", "max_tokens": max_tokens, "ignore_eos": True}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await wait_http(session, url, None)
+            await check_http(session, url, f"http://127.0.0.1:{workers[0].http_port}", body, features, grammar_seen)
+
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, UNIQUE_BASE) for _ in range(prompt_tokens)]
+    sp = common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    try:
+        if api == "grpc":
+            asyncio.run(check_grpc(router.address, workers[0].address, sp, features, prompt, grammar_seen))
+        else:
+            asyncio.run(over_http())
+    except FeatureCheckError as exc:
+        raise SystemExit(f"python -m kvmesh.bench router: {exc}") from None
 
 
 _CM_ARGS = ("--checkpoint-interval-s", "0", "--warm-interval-s", "0", "--log-level", "WARNING")
@@ -173,7 +239,31 @@ def main(argv: Sequence[str]) -> int:
         default=1,
         help="http only: client processes sending the concurrency runs (where one client is the bottleneck)",
     )
+    ap.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request (ignore_eos)")
+    ap.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also measure requests asking for each token's log-probability and its K most likely alternatives, "
+        "against the plain path in the same run (kvmesh.bench.router_features)",
+    )
+    ap.add_argument(
+        "--response-format",
+        choices=RESPONSE_FORMATS,
+        default="",
+        help="also measure requests with a structured output (json: any JSON object, json_schema: a small schema) "
+        "against the plain path; the workers are then bench-only grammar stand-ins (kvmesh.bench.grammar_stand_in: "
+        "they accept the grammar and do not constrain)",
+    )
     a = ap.parse_args(list(argv))
+    if a.max_tokens < 1:
+        ap.error(f"--max-tokens must be >= 1, got {a.max_tokens}")
+    if a.logprobs is not None and not 0 <= a.logprobs <= LOGPROBS_MAX:
+        ap.error(f"--logprobs must be in [0, {LOGPROBS_MAX}], got {a.logprobs}")
+    features = features_from_flags(a.logprobs, a.response_format)
+    if features and (a.compare or a.client_processes > 1):
+        ap.error("--logprobs and --response-format measure kvmesh alone: not with --compare or --client-processes")
     if a.client_processes < 1:
         ap.error(f"--client-processes must be >= 1, got {a.client_processes}")
     if a.client_processes > 1 and a.api != "http":
@@ -193,7 +283,7 @@ def main(argv: Sequence[str]) -> int:
             ap.error(f"--router-cpu-cap: {exc}")
     compare = [c for c in a.compare.split(",") if c]
     sizes = [int(x) for x in a.prompt_tokens.split(",")]
-    max_len = int(max(sizes) * 1.05) + 64  # text prompts are only about P tokens
+    max_len = int(max(sizes) * 1.05) + 64 + a.max_tokens  # text prompts are only about P tokens
     kv_blocks = max(65536, 4 * a.concurrency * max_len // a.block_size)
     procs: list[ServiceProcess] = []
     others: dict[str, subprocess.Popen[bytes]] = {}
@@ -227,8 +317,12 @@ def main(argv: Sequence[str]) -> int:
                 procs.append(cm)
                 wargs += ["--cache-manager", cm.address]
             # the normal worker serves the probe paths third-party routers use (/health, /model_info, ...)
+            # a structured output needs workers that accept one: the bench-only stand-in (module docstring)
+            start_worker = (
+                start_stand_in_worker if any(f.grammar for f in features) else partial(start_service, "worker")
+            )
             workers = [
-                start_service("worker", Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if compare and zmq else []))
+                start_worker(Path(tmp), *wargs, *(["--zmq-publish", zmq[i]] if compare and zmq else []))
                 for i in range(a.workers)
             ]
             procs += workers
@@ -263,9 +357,21 @@ def main(argv: Sequence[str]) -> int:
                 except CpuCapError as exc:
                     ap.error(f"--router-cpu-cap: {exc}")  # exits 2; the processes stop below
                 capped = len(caps.groups)
+            if features:
+                _check_features(a.api, router, workers, sizes[0], a.max_tokens, features, model_dir)
             if a.api == "grpc":
                 res = asyncio.run(
-                    _run(router, workers, sizes, a.requests, a.concurrency, a.c1_requests, a.router_connections)
+                    _run(
+                        router,
+                        workers,
+                        sizes,
+                        a.requests,
+                        a.concurrency,
+                        a.c1_requests,
+                        a.router_connections,
+                        features,
+                        a.max_tokens,
+                    )
                 )
             else:
                 wurls = [f"http://127.0.0.1:{w.http_port}" for w in workers]
@@ -294,6 +400,8 @@ def main(argv: Sequence[str]) -> int:
                         pids,
                         a.distinct_prompts,
                         a.client_processes,
+                        features,
+                        a.max_tokens,
                     )
                 )
         finally:
@@ -313,7 +421,9 @@ def main(argv: Sequence[str]) -> int:
     res.update(
         {"bench": "router", "api": a.api, "workers": a.workers, "requests": a.requests, "concurrency": a.concurrency}
         | {"router_processes": a.router_processes, "router_cpu_cap": a.router_cpu_cap, "router_cpu_capped": capped}
-        | {"worker_transport": a.worker_transport}
+        | {"worker_transport": a.worker_transport, "max_tokens": a.max_tokens}
+        | ({"logprobs": a.logprobs} if a.logprobs is not None else {})
+        | ({"response_format": a.response_format, "grammar_workers": STAND_IN} if a.response_format else {})
         | ({"router_connections": a.router_connections} if a.router_connections else {})
         | ({"distinct_prompts": a.distinct_prompts, "client_processes": a.client_processes} if a.api == "http" else {})
     )

@@ -12,7 +12,8 @@
   `logprobs` when asked for; the first may carry the prompt's `prompt_logprobs`), a finish reason ends its
   own sequence and the stream ends once every sequence has finished; a failure after tokens cannot resume
   several sequences with one `resume_token_ids` and is raised as Unavailable (before any token it is retried
-  like any other); so is one of a request with a structured output, whose grammar cannot resume mid-way;
+  like any other); a request with a structured output resumes like any other (the worker advances its
+  grammar over the resumed tokens);
 * at most `max_attempts` sends and `timeout_s` seconds in all; INVALID_ARGUMENT and other caller
   errors are raised at once. Retryable: UNAVAILABLE, ABORTED, CANCELLED (server side),
   RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN and a stream ending with FINISH_REASON_ERROR.
@@ -232,8 +233,8 @@ class AsyncClient:
                     self._eject(rid, target)
             except _Broken as e:
                 last_error = f"{rid}: {e.reason}"
-            if any_token and (n > 1 or req.sampling.HasField("structured_output")):
-                # one resume_token_ids list cannot resume several sequences, and a grammar cannot resume at all
+            if any_token and n > 1:
+                # one resume_token_ids list cannot resume several sequences
                 raise Unavailable(f"request {req.request_id}: broke after tokens and cannot resume ({last_error})")
             failed.add(rid)
             log.info(

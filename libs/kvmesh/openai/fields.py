@@ -18,10 +18,8 @@ Support = Literal["supported", "off only", "refused"]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
-_NO_LOGPROBS = (
-    "the engines' log-probabilities (the simulated engine's are synthetic: docs/engine-model.md) in "
-    "OpenAI's `logprobs` object"
-)
+_ENGINE_LOGPROBS = "the engines' log-probabilities (the simulated engine's are synthetic: docs/engine-model.md)"
+_NO_LOGPROBS = _ENGINE_LOGPROBS + " in OpenAI's `logprobs` object"
 _ENGINE = "applied by the workers' engines (vLLM's sampling; the simulated engine's: docs/engine-model.md)"
 # the most prompts one completions request may carry (vLLM's VLLM_MAX_COMPLETION_PROMPTS default)
 MAX_PROMPTS = 1024
@@ -122,10 +120,10 @@ FIELDS: tuple[Field, ...] = (
     Field("min_p", BOTH, "supported", "[0, 1]; " + _ENGINE, 0.1, origin="vLLM"),
     Field("skip_special_tokens", BOTH, "supported", "a boolean (default `true`); " + _ENGINE, False,
           origin="vLLM"),
-    Field("prompt_logprobs", BOTH, "refused", "[0, 20], not with `stream` (as vLLM): parsed into "
-          "`SamplingParams.prompt_logprobs` and computed by the workers, but the router's responses carry no "
-          "`prompt_logprobs` yet (with `echo` and `logprobs`, a completion's choice has the prompt's)", 1,
-          origin="vLLM"),
+    Field("prompt_logprobs", BOTH, "supported", "[0, 20] alternatives per prompt position; not with `stream` "
+          "(a value above 0, as vLLM): vLLM's `prompt_logprobs`, a completions choice's (its prompt's) or a chat "
+          "answer's (at the top): null for the first position, then {token id: {`logprob`, `rank`, "
+          "`decoded_token`}}, the prompt's token first: " + _ENGINE_LOGPROBS, 1, origin="vLLM"),
     Field("bad_words", BOTH, "supported", "a list of non-empty strings; " + _ENGINE, ["the"], origin="vLLM"),
     Field("allowed_token_ids", BOTH, "supported", "a non-empty list of token ids within the vocabulary (vLLM "
           "refuses `[]`); " + _ENGINE, [2, 3], origin="vLLM"),
@@ -134,9 +132,10 @@ FIELDS: tuple[Field, ...] = (
           "`choice`, `grammar`, `json_object` (vLLM's StructuredOutputsParams; its other options only at their "
           "defaults): vLLM workers' structured outputs; a simulated worker refuses them (400)", {"regex": "[ab]+"},
           origin="vLLM"),
-    Field("priority", BOTH, "off only", "an integer (lower first, as vLLM): parsed into `SamplingParams."
-          "priority`; not served yet: the router's queues and the engines schedule first come, first served "
-          "(vLLM too refuses another value without priority scheduling)", 1, off=(0,), origin="vLLM"),
+    Field("priority", BOTH, "supported", "an integer in [-2**31, 2**31) (kvmesh's wire is int32), lower first, "
+          "first come first served within one, as vLLM's `--scheduling-policy priority`: the router's admission "
+          "queue grants its waiting requests so and the vLLM workers' schedulers run with that policy (the "
+          "simulated engine's own queue ignores it: docs/engine-model.md)", 1, origin="vLLM"),
     # what sglang-router adds to every request it forwards, at these values
     Field("no_stop_trim", BOTH, "off only", "a matched stop string is always trimmed from the text", True,
           off=(False,), origin="SGLang"),

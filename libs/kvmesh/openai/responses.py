@@ -5,8 +5,11 @@ A response has one choice per sequence (`index`: with `n > 1`, and in a completi
 `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}`
 (`chat_logprobs`), completions `{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
 "text_offset"}` (`CompletionLogprobs`: a completions entry's top list holds the sampled token too, and a
-prompt's first position, echoed, has none: null). Token strings are the caller's (`Decode`: the model's
-tokenizer on one id); a log-probability of -inf is written as -9999.0, as vLLM and OpenAI do.
+prompt's first position, echoed, has none: null). vLLM's `prompt_logprobs` (`prompt_logprobs_json`) are
+a list per prompt position: null for the first (nothing precedes it), then {token id (a string key):
+{"logprob", "rank", "decoded_token"}}; a completions choice carries its prompt's, a chat answer its one
+prompt's at the top level, as vLLM's server places them. Token strings are the caller's (`Decode`: the
+model's tokenizer on one id); a log-probability of -inf is written as -9999.0, as vLLM and OpenAI do.
 """
 
 from __future__ import annotations
@@ -72,6 +75,24 @@ def chat_logprobs(entries: Sequence[PositionLogprobs | None], decode: Decode) ->
     return {"content": content}
 
 
+def prompt_logprobs_json(entries: Sequence[PositionLogprobs | None], decode: Decode) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per position null (the first) or the prompt's own token first, then the top
+    alternatives by rank, each `{"logprob", "rank", "decoded_token"}` keyed by its id (a token among the top
+    ones once, where vLLM's dict keeps it: first)."""
+    out: list[dict[str, Any] | None] = []
+    for e in entries:
+        if e is None:
+            out.append(None)
+            continue
+        position: dict[str, Any] = {}
+        for x in (e.token, *e.top):
+            key = str(x.token_id)
+            if key not in position:
+                position[key] = {"logprob": _logprob(x), "rank": x.rank, "decoded_token": decode(x.token_id)}
+        out.append(position)
+    return out
+
+
 class CompletionLogprobs:
     """One completions choice's `logprobs` as its tokens come (`text_offset` runs on across a stream's
     chunks, from the echoed prompt's first character)."""
@@ -107,12 +128,14 @@ def merge_completion_logprobs(parts: Sequence[dict[str, Any]]) -> dict[str, Any]
 
 @dataclass(slots=True)
 class Choice:
-    """One whole choice: its index, text, finish reason and `logprobs` object (None when not asked for)."""
+    """One whole choice: its index, text, finish reason, `logprobs` object and, for a completion, its
+    prompt's `prompt_logprobs` (`prompt_logprobs_json`; None: not asked for, and no key)."""
 
     index: int
     text: str
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None
 
 
 class ResponseBuilder:
@@ -126,8 +149,14 @@ class ResponseBuilder:
         """The non-streamed answer of one choice."""
         return self.whole_choices([Choice(0, text, finish_reason)], usage)
 
-    def whole_choices(self, choices: Sequence[Choice], usage: UsageLike | None) -> dict[str, Any]:
-        """The non-streamed answer, its choices in index order."""
+    def whole_choices(
+        self,
+        choices: Sequence[Choice],
+        usage: UsageLike | None,
+        prompt_logprobs: list[dict[str, Any] | None] | None = None,
+    ) -> dict[str, Any]:
+        """The non-streamed answer, its choices in index order; `prompt_logprobs`: a chat answer's (its key
+        only when asked for; a completion's are its choices')."""
         out = []
         for c in sorted(choices, key=lambda c: c.index):
             choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": c.logprobs}
@@ -135,9 +164,14 @@ class ResponseBuilder:
                 choice["message"] = {"role": "assistant", "content": c.text}
             else:
                 choice["text"] = c.text
+                if c.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = c.prompt_logprobs
             out.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head, "object": obj, "choices": out, "usage": usage_json(usage)}
+        whole = {**self._head, "object": obj, "choices": out, "usage": usage_json(usage)}
+        if self.chat and prompt_logprobs is not None:
+            whole["prompt_logprobs"] = prompt_logprobs
+        return whole
 
     def chunk(
         self,

@@ -1,6 +1,8 @@
 """Tool calling in the OpenAI chat API, as vLLM serves it (pure): the `tools` and `tool_choice` fields,
 the JSON schema that forces a call (`tool_choice: "required"` or a named function, enforced by structured
-outputs on the worker), and the answer's `tool_calls`.
+outputs on the worker: `forced_call_sampling`), the answer's `tool_calls`, and the past calls an assistant
+message of the history carries (`parse_past_calls`). A tool and a call are checked by one function object
+reader (`_function`): the same keys rule, the same name rule.
 
 What vLLM does, and so kvmesh:
 - `tools` must be a non-empty list of `{"type": "function", "function": {"name", "description",
@@ -19,15 +21,21 @@ importing vLLM here would make the router load it for every request.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
 
 from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.generation import SamplingParams, StructuredOutput
+from kvmesh.openai.values import check_keys, check_text
 
 TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_KEYS = frozenset({"type", "function"})
-_FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
+_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+_CALL_KEYS = frozenset({"id", "type", "function"})
+_CALLED_KEYS = ("name", "arguments")
+ToolCallIn = tuple[str, str, str]  # a past call in the history: (id, function name, arguments as JSON text)
 _NAMED_USAGE = 'correct usage: {"type": "function", "function": {"name": "my_function"}}'
 
 
@@ -42,19 +50,10 @@ def parse_tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise InvalidArgument(where, "must be an object")
-        extra = next((k for k in tool if k not in _TOOL_KEYS), None)
-        if extra is not None:
-            raise InvalidArgument(f"{where}.{extra}", "unknown key: a tool is {type, function}")
+        check_keys(tool, _TOOL_KEYS, where, "unknown key: a tool is {type, function}")
         if tool.get("type", "function") != "function":
             raise InvalidArgument(f"{where}.type", 'only "function" tools are served')
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise InvalidArgument(f"{where}.function", "must be an object")
-        extra = next((k for k in fn if k not in _FUNCTION_KEYS), None)
-        if extra is not None:
-            raise InvalidArgument(f"{where}.function.{extra}", "unknown key: {name, description, parameters, strict}")
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise InvalidArgument(f"{where}.function.name", "must be a non-empty string")
+        fn = _function(tool.get("function"), f"{where}.function", _FUNCTION_KEYS)
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise InvalidArgument(f"{where}.function.description", "must be a string")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
@@ -62,6 +61,53 @@ def parse_tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
             raise InvalidArgument(f"{where}.function.strict", "must be a boolean")
     return tuple(tools)
+
+
+def _function(fn: object, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A tool's or a call's `function` object: only `keys`, a non-empty string `name`."""
+    if not isinstance(fn, dict):
+        raise InvalidArgument(where, "must be an object {" + ", ".join(keys) + "}")
+    check_keys(fn, keys, where, "unknown key: a function is {" + ", ".join(keys) + "}")
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise InvalidArgument(f"{where}.name", "must be a non-empty string")
+    return fn
+
+
+def parse_past_calls(calls: object, role: str, where: str) -> tuple[ToolCallIn, ...]:
+    """An assistant message's past `tool_calls`: [{id, type: "function", function: {name, arguments}}], the
+    arguments a JSON object's text (vLLM coerces a malformed one to {}; kvmesh refuses it rather than
+    render a call that was not made)."""
+    if calls is None:
+        return ()
+    if role != "assistant":
+        raise InvalidArgument(where, "only an assistant message has tool_calls")
+    if not isinstance(calls, list):
+        raise InvalidArgument(where, "must be a list of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        w = f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise InvalidArgument(w, "must be an object")
+        check_keys(call, _CALL_KEYS, w, "unknown key: a tool call is {id, type, function}")
+        if call.get("type", "function") != "function":
+            raise InvalidArgument(f"{w}.type", 'only "function" tool calls')
+        fn = _function(call.get("function"), f"{w}.function", _CALLED_KEYS)
+        args = fn.get("arguments")
+        if not isinstance(args, str) or not _is_json_object(args):
+            raise InvalidArgument(f"{w}.function.arguments", "must be the JSON text of an object")
+        call_id = call.get("id", "")
+        if not isinstance(call_id, str):
+            raise InvalidArgument(f"{w}.id", "must be a string")
+        names = (f"{w}.id", f"{w}.function.name", f"{w}.function.arguments")
+        out.append((check_text(call_id, names[0]), check_text(fn["name"], names[1]), check_text(args, names[2])))
+    return tuple(out)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def parse_tool_choice(body: dict[str, Any], tools: tuple[dict[str, Any], ...]) -> str | dict[str, Any]:
@@ -134,6 +180,17 @@ def forced_call_schema(
     if defs:
         schema["$defs"] = defs
     return schema
+
+
+def forced_call_sampling(
+    sp: SamplingParams, tool_choice: str | dict[str, Any], tools: tuple[dict[str, Any], ...], parallel: bool
+) -> SamplingParams:
+    """`sp` constrained to a tool call when `tool_choice` forces one ("required", a named function): as in
+    vLLM, the call's schema replaces any other output constraint (`response_format`)."""
+    schema = forced_call_schema(tool_choice, tools, parallel)
+    if schema is None:
+        return sp
+    return dataclasses.replace(sp, structured_output=StructuredOutput(json_schema=json.dumps(schema)))
 
 
 def _params_or_empty_object(params: dict[str, Any] | None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ ends, `decide` says what comes next and what the worker's circuit breaker record
 - `Finished` (the worker sent a finish reason): DONE; breaker: a success sample of the attempt's worst
   inter-token gap (ms).
 - `Failed(CLIENT_ERROR)` (INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION: the request is wrong, not the
-  worker): FAIL with InvalidArgument; breaker: nothing.
+  worker): FAIL with InvalidArgument naming the field the worker named; breaker: nothing.
 - `Failed(CANCELLED)` (the caller cancelled the call): FAIL, re-raising the caller's own error (`error` is
   None); breaker: nothing.
 - `Failed(RESOURCE_EXHAUSTED)` (the worker is full): RETRY / MIGRATE; breaker: a success sample of 0 ms (it
@@ -75,10 +75,12 @@ class Ended:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The attempt failed; `detail` ("CODE: details") goes into logs and errors."""
+    """The attempt failed; `detail` ("CODE: details") goes into logs and errors; `field`: the request field a
+    CLIENT_ERROR names (the worker's BadRequest detail; "request" when it names none)."""
 
     failure: Failure
     detail: str
+    field: str = "request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +131,6 @@ class Limits:
     max_retries: int
     max_migrations: int
     max_tokens: int
-    # False for a structured output: its grammar would start again on another worker's prompt + tokens so
-    # far, so an output that is half a JSON object would go on as a new one; such a request fails instead
-    resumable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +169,7 @@ def decide(
     breaker: BreakerRecord = None
     if isinstance(outcome, Failed):
         if outcome.failure is Failure.CLIENT_ERROR:
-            rejected = InvalidArgument("request", f"worker rejected the request: {outcome.detail}")
+            rejected = InvalidArgument(outcome.field, f"worker rejected the request: {outcome.detail}")
             return AttemptDecision(Action.FAIL, reason=outcome.detail, error=rejected)
         if outcome.failure is Failure.CANCELLED:
             return AttemptDecision(Action.FAIL, reason=outcome.detail)
@@ -185,9 +184,6 @@ def decide(
             error = Unavailable(f"request {request_id} failed on {retry} workers: {reason}")
             return AttemptDecision(Action.FAIL, breaker, retry=retry, reason=reason, error=error)
         return AttemptDecision(Action.RETRY, breaker, retry=retry, reason=reason)
-    if not limits.resumable:
-        error = Unavailable(f"request {request_id} failed mid-stream and its structured output cannot resume: {reason}")
-        return AttemptDecision(Action.FAIL, breaker, reason=reason, error=error)
     migration = migrations + 1
     if migration > limits.max_migrations:
         error = Unavailable(f"request {request_id} migrated {migration} times: {reason}")

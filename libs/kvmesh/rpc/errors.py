@@ -1,7 +1,11 @@
 """The one place that maps kvmesh domain errors to gRPC status codes (with `google.rpc` rich details).
 
 INVALID_ARGUMENT carries a `google.rpc.BadRequest` naming the field; RESOURCE_EXHAUSTED carries a
-`google.rpc.RetryInfo` and a `retry-after` trailer (seconds) for clients that don't parse details.
+`google.rpc.RetryInfo` and a `retry-after` trailer (seconds) for clients that don't parse details. A
+request failing inside a stream of many (`GenerateStream`, generate frames) carries the same
+`google.rpc.Status` in its message (`status_details`), and the router rebuilds a call's trailers from it
+(`details_trailers`), so `bad_request_fields` / `invalid_field` read the field a worker named on every
+transport.
 Anything that is not a `KvmeshError` becomes INTERNAL with a generic message and the request id: the
 stack trace goes to the log, never to the client. The HTTP table for the same classes (OpenAI-compatible
 endpoints) is `kvmesh.openai.errors.HTTP_ERRORS`.
@@ -17,6 +21,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from kvmesh.core import errors
+
+_DETAILS_KEY = "grpc-status-details-bin"  # where gRPC carries a status's google.rpc.Status
 
 _CODES: dict[type[errors.KvmeshError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -74,6 +80,30 @@ def to_grpc_status(exc: BaseException, request_id: str = "") -> grpc.Status:
     if extra_trailers:
         return _Status(status.code, status.details, tuple(status.trailing_metadata) + tuple(extra_trailers))
     return status
+
+
+def status_details(status: grpc.Status) -> bytes:
+    """The serialised `google.rpc.Status` a status built by `to_grpc_status` carries in its trailers (its
+    rich details); b"" when it has none."""
+    for key, value in status.trailing_metadata or ():
+        if key == _DETAILS_KEY and isinstance(value, bytes):
+            return value
+    return b""
+
+
+def details_trailers(details: bytes) -> tuple[tuple[str, bytes], ...]:
+    """The trailing metadata of a failed call that carried `details` (`status_details`); () for none."""
+    return ((_DETAILS_KEY, details),) if details else ()
+
+
+def invalid_field(err: grpc.aio.AioRpcError | grpc.RpcError, default: str = "request") -> str:
+    """The field a failed call's BadRequest names first; `default` when it names none (or its details do
+    not match its status: unreadable, never a failure of their own)."""
+    try:
+        fields = bad_request_fields(err)
+    except ValueError:
+        return default
+    return next((f for f in fields if f), default)
 
 
 def retry_after_s(err: grpc.aio.AioRpcError | grpc.RpcError) -> float | None:

@@ -4,8 +4,9 @@ The supervisor reserves the gRPC and HTTP ports (a bound, non-listening SO_REUSE
 port 0 is fixed once and no one else takes it), starts N copies of the service with `--reuse-port` on those
 ports and each with its own /metrics port (a scrape of the shared port lands on any one of them): copy i on
 `--process-http-port` + i where the supervisor was given one (fixed ports, e.g. a pod's declared container
-ports), else an ephemeral one (listed in the ready file). It waits until every copy is ready, then writes
-one ready file naming the shared ports and every process. The kernel spreads new connections over the copies.
+ports), else an ephemeral one (listed in the ready file); `--plain-http-port` likewise. It waits until every
+copy is ready, then writes one ready file naming the shared ports and every process. The kernel spreads new
+connections over the copies.
 
 It restarts a copy that dies (at most `MAX_RESTARTS` in `RESTART_WINDOW_S`, then it stops them all and
 fails), forwards SIGTERM/SIGINT to every copy and waits for them to drain. Each copy gets SIGTERM if the
@@ -126,6 +127,8 @@ class Supervisor:
         flags += ["--http-port", str(self.http_port if self.http_port is not None else -1)]
         own_port = self.settings.process_http_port + i if self.settings.process_http_port > 0 else 0
         flags += ["--process-http-port", str(own_port), "--ready-file", str(ready)]
+        plain = self.settings.plain_http_port  # a fixed one as the --process-http-port: copy i on it + i
+        flags += ["--plain-http-port", str(plain + i if plain > 0 else plain)]
         flags += ["--service-id", f"{self.base_id}-p{i}"]
         cmd = [sys.executable, "-m", self.module, *self.argv, *flags, *self.extra(i)]
         return _Copy(i, subprocess.Popen(cmd, preexec_fn=_die_with_parent), ready)
@@ -169,8 +172,10 @@ class Supervisor:
             "grpc": f"{self.settings.host}:{self.grpc_port}",
             "grpc_port": self.grpc_port,
             "http_port": self.http_port,
+            "http_scheme": "https" if self.settings.tls_cert else "http",
             "processes": [
                 {"id": c.info.get("id"), "pid": c.proc.pid, "process_http_port": c.info.get("process_http_port")}
+                | ({"plain_http_port": c.info["plain_http_port"]} if "plain_http_port" in c.info else {})
                 for c in self.copies
             ],
         }

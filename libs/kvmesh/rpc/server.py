@@ -4,7 +4,11 @@
 - gRPC: the service's servicers wrapped by `InstrumentedServer` (request id, deadline, tracing, metrics,
   error map per handler), `grpc.health.v1` health and server reflection, optional TLS / mTLS;
 - HTTP: `GET /metrics` (Prometheus), `GET /healthz`, plus any routes the service adds (OpenAI API, admin);
-  a malformed HTTP request or a client that went away is logged at INFO without a traceback;
+  a malformed HTTP request or a client that went away is logged at INFO without a traceback; with TLS
+  (`tls_cert`) the HTTP ports speak HTTPS only, with the gRPC port's certificate (a client certificate is
+  optional there and, when presented, names the caller as on gRPC); `plain_http_port` adds a plaintext port
+  serving only `/healthz` and `/metrics`; `probe` answers vLLM's `/health` and `/ping` for a service that
+  installs them;
 - authorisation (`kvmesh.security`): when the settings give an identity source (`auth_tokens_file`, mTLS) or
   `auth_mode=enforce`, every gRPC call (health and reflection included) and every HTTP request is admitted
   by the one table (`kvmesh.security.authz`) before its handler runs, the caller's identity set in
@@ -36,6 +40,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,7 +63,7 @@ from kvmesh.rpc.auth import Guard, GuardedServer
 from kvmesh.rpc.background import BackgroundTasks, Job
 from kvmesh.rpc.http_auth import http_guard
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
-from kvmesh.rpc.tls import server_credentials
+from kvmesh.rpc.tls import server_credentials, server_ssl_context
 from kvmesh.telemetry import metrics
 from kvmesh.telemetry.logging import setup_logging
 from kvmesh.telemetry.tracing import setup_tracing
@@ -69,6 +74,14 @@ S = TypeVar("S", bound=ServerSettings)
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = DEFAULT_MAX_MESSAGE_BYTES // 2
+STOPPING = web.AppKey("kvmesh_stopping", asyncio.Event)  # the runner's `stopping`, for handlers on its HTTP app
+
+
+async def probe(request: web.Request) -> web.Response:
+    """vLLM's `GET /health` and `GET|POST /ping` (vllm/entrypoints/serve/instrumentator/health.py, sagemaker):
+    200 with an empty body while the service serves, 503 once it drains (vLLM: once its engine is dead)."""
+    stopping = request.app.get(STOPPING)
+    return web.Response(status=503 if stopping is not None and stopping.is_set() else 200)
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,7 @@ class ServiceRunner:
     stopping: asyncio.Event = field(init=False)
     ports: BoundPorts | None = field(init=False, default=None)
     process_http_port: int | None = field(init=False, default=None)
+    plain_http_port: int | None = field(init=False, default=None)
     frozen_objects: int = field(init=False, default=0)
     on_started: list[Callable[[BoundPorts], Awaitable[None]]] = field(init=False, default_factory=list)
     on_stopping: list[Hook] = field(init=False, default_factory=list)
@@ -187,6 +201,7 @@ class ServiceRunner:
     registration: Registration | None = field(init=False, default=None)
     _service_names: list[str] = field(init=False, default_factory=list)
     _http_runner: web.AppRunner | None = field(init=False, default=None)
+    _plain_runner: web.AppRunner | None = field(init=False, default=None)
     _register_task: asyncio.Task[None] | None = field(init=False, default=None)
     _registered: str = field(init=False, default="")
     _instance: ServiceInstance | None = field(init=False, default=None)  # registered; meta without set_meta's
@@ -201,6 +216,7 @@ class ServiceRunner:
         self.stopping = asyncio.Event()
         self.background = BackgroundTasks(self.stopping)
         self.http_app = web.Application(client_max_size=self.limits.http_max_body_bytes)
+        self.http_app[STOPPING] = self.stopping
         if self.guard is not None:
             self.http_app.middlewares.append(http_guard(self.guard))
         if _QUIET not in logging.getLogger("aiohttp.server").filters:
@@ -301,8 +317,9 @@ class ServiceRunner:
             with contextlib.suppress(Exception):
                 await hook()
         await self.server.stop(self.settings.grace_s)
-        if self._http_runner is not None:
-            await self._http_runner.cleanup()
+        for runner in (self._http_runner, self._plain_runner):
+            if runner is not None:
+                await runner.cleanup()
         await self.background.stop()
         for hook in self.on_stopped:
             try:
@@ -391,16 +408,24 @@ class ServiceRunner:
 
     async def _start_http(self) -> int:
         s = self.settings
+        # HTTPS with the gRPC port's files: the OpenAI API and the admin routes never go in the clear
+        tls = server_ssl_context(s.tls_cert, s.tls_key, s.tls_client_ca, False) if s.tls_cert else None
         self._http_runner = web.AppRunner(self.http_app, access_log=None)
         await self._http_runner.setup()
-        port = await self._start_site(s.http_port, s.reuse_port)
+        port = await self._start_site(self._http_runner, s.http_port, s.reuse_port, tls)
         if s.process_http_port >= 0:
-            self.process_http_port = await self._start_site(s.process_http_port, False)
+            self.process_http_port = await self._start_site(self._http_runner, s.process_http_port, False, tls)
+        if s.plain_http_port >= 0:  # probes and scrapers without TLS: these two routes and nothing else
+            plain = web.Application()
+            plain.router.add_get("/metrics", self._metrics)
+            plain.router.add_get("/healthz", self._healthz)
+            self._plain_runner = web.AppRunner(plain, access_log=None)
+            await self._plain_runner.setup()
+            self.plain_http_port = await self._start_site(self._plain_runner, s.plain_http_port, False, None)
         return port
 
-    async def _start_site(self, port: int, reuse_port: bool) -> int:
-        assert self._http_runner is not None
-        site = web.TCPSite(self._http_runner, self.settings.host, port, reuse_port=reuse_port or None)
+    async def _start_site(self, runner: web.AppRunner, port: int, reuse_port: bool, tls: ssl.SSLContext | None) -> int:
+        site = web.TCPSite(runner, self.settings.host, port, reuse_port=reuse_port or None, ssl_context=tls)
         await site.start()
         sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr,attr-defined]
         return int(sockets[0].getsockname()[1])
@@ -419,6 +444,10 @@ class ServiceRunner:
         }
         if self.process_http_port is not None:
             payload["process_http_port"] = self.process_http_port
+        if self.plain_http_port is not None:
+            payload["plain_http_port"] = self.plain_http_port
+        if self.ports.http_port is not None:
+            payload["http_scheme"] = "https" if self.settings.tls_cert else "http"
         if self.frozen_objects:
             payload["gc_frozen_objects"] = self.frozen_objects
         write_ready_file(Path(self.settings.ready_file), payload)

@@ -36,15 +36,17 @@ def channel_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelC
     )
 
 
-def server_ssl_context(cert: str, key: str, client_ca: str = "") -> ssl.SSLContext:
-    """`server_credentials` for a plain TLS listener (the worker's generate frames): the same files, so the
-    same identities; with `client_ca` a client must present a certificate signed by it."""
+def server_ssl_context(cert: str, key: str, client_ca: str = "", client_cert_required: bool = True) -> ssl.SSLContext:
+    """`server_credentials` for a plain TLS listener (the worker's generate frames, the HTTP servers): the same
+    files, so the same identities; with `client_ca` a client must present a certificate signed by it, or, with
+    `client_cert_required=False` (HTTPS, where an OpenAI client has an API key but no certificate), may: one it
+    presents is still verified against `client_ca`."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(cert, key)
         if client_ca:
             ctx.load_verify_locations(client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.verify_mode = ssl.CERT_REQUIRED if client_cert_required else ssl.CERT_OPTIONAL
     except (OSError, ssl.SSLError) as exc:
         raise FailedPrecondition(f"cannot load TLS files {cert!r}, {key!r}, {client_ca!r}: {exc}") from exc
     return ctx

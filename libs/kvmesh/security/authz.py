@@ -59,6 +59,7 @@ def _open(*roles: CallerRole) -> Rule:
 _CM = "/kvmesh.v1.CacheManagerService/"
 _FO = "/kvmesh.v1.FailoverService/"
 _KS = "/kvmesh.v1.KvSyncService/"
+_PL = "/kvmesh.v1.PlannerService/"
 _RT = "/kvmesh.v1.RouterService/"
 _RA = "/kvmesh.v1.RouterAdminService/"
 _WK = "/kvmesh.v1.WorkerService/"
@@ -99,6 +100,10 @@ GRPC_RULES: Mapping[str, Rule] = {
     _RA + "Rebalance": _ADMIN,
     _RA + "ListWorkers": _only(R.ADMIN, R.PLANNER),  # the planner's load history and scale-in drains
     _RA + "DrainWorker": _only(R.ADMIN, R.PLANNER),
+    _RA + "GetGuardrails": _ADMIN,
+    _RA + "ReloadGuardrails": _ADMIN,
+    # planner: its forecasts and decisions, for operators
+    _PL + "GetPlan": _ADMIN,
     # worker
     # the cache-manager's prefix warming generates; the failover service's canary probes a rollout's versions
     _WK + "Generate": _only(R.ROUTER, R.CACHE_MANAGER, R.FAILOVER),
@@ -129,6 +134,10 @@ HTTP_RULES: Mapping[tuple[str, str, str], Rule] = {
     ("router", "POST", "/tokenize"): _ROUTER_CLIENT_API,  # vLLM's extras, with the router's tokenizer
     ("router", "POST", "/detokenize"): _ROUTER_CLIENT_API,
     ("router", "GET", "/version"): _ROUTER_CLIENT_API,
+    # vLLM's probe paths, answered as vLLM does: a load balancer or orchestrator probing has no credential
+    ("router", "GET", "/health"): _open(),
+    ("router", "GET", "/ping"): _open(),
+    ("router", "POST", "/ping"): _open(),
     ("router", "POST", "/admin/rebalance"): _ADMIN,
     ("router", "GET", "/admin/workers"): _ADMIN,
     ("router", "POST", "/admin/drain"): _ADMIN,

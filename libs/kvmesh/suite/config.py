@@ -63,6 +63,9 @@ class RouterSettings:
     processes: int = _f(1, min=0)  # router processes sharing the router's ports (0 = one per core, at most 8)
     profile: str | dict[str, Any] | None = _f(None, profile=True)  # routing profile: a file path, or inline
     api_keys_file: str = ""  # client API keys (docs/security.md); "" = the suite's provisioned tokens only
+    # output guardrail rules: a YAML file or a directory of them (docs/security.md), re-read when they change and
+    # on `kvmesh guardrails --reload`; relative to the config file; "" = none
+    guardrails: str = ""
     # router → worker requests: stream (one gRPC GenerateStream per worker, which a service mesh sees) or frames
     # (the opt-in fast path on the workers' frames port, opaque to a mesh: docs/operations.md)
     worker_transport: str = _f("stream", choices=("stream", "frames"))
@@ -373,6 +376,7 @@ def _file_profiles(s: SuiteSettings, base: Path) -> SuiteSettings:
     and checked by the profile parser: a missing or bad one is a ConfigError before anything starts."""
 
     def fix(k: int, z: ZoneSettings) -> ZoneSettings:
+        z = _guardrails_path(k, z)
         p = z.router.profile
         if not isinstance(p, str) or not p:
             return z
@@ -387,6 +391,17 @@ def _file_profiles(s: SuiteSettings, base: Path) -> SuiteSettings:
         except yaml.YAMLError as exc:
             raise ConfigError(where, f"{path} is not YAML: {exc}") from exc
         return dataclasses.replace(z, router=dataclasses.replace(z.router, profile=str(path)))
+
+    def _guardrails_path(k: int, z: ZoneSettings) -> ZoneSettings:
+        """`router.guardrails` made absolute (relative to `base`); a path that does not exist is a ConfigError."""
+        g = z.router.guardrails
+        if not g:
+            return z
+        path = Path(g) if Path(g).is_absolute() else base / g
+        if not path.exists():
+            where = f"zones[{k}].router.guardrails" if s.zones_listed else "router.guardrails"
+            raise ConfigError(where, f"{path} does not exist (a rule file, or a directory of them)")
+        return dataclasses.replace(z, router=dataclasses.replace(z.router, guardrails=str(path)))
 
     return dataclasses.replace(s, zones=tuple(fix(k, z) for k, z in enumerate(s.zones)))
 

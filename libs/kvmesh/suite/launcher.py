@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -104,6 +104,18 @@ def vllm_core_env(n: int, pinned: bool = True) -> list[dict[str, str]]:
 _STARTS = itertools.count()  # with the clock, a unique ready-file name when threads start services together
 
 
+class StartWatch(Protocol):
+    """Told of each service `start_service` starts: once its process exists (`args`: its flags), and once it
+    serves (`sp.info` then holds its ready file); and by `kvmesh.suite.local.start` of the suite's credentials
+    (`SuiteAuth.state`) once provisioned. `kvmesh up` records and prints them (`kvmesh.suite.runs`)."""
+
+    def provisioned(self, auth: dict[str, Any]) -> None: ...
+
+    def spawned(self, sp: ServiceProcess, args: Sequence[str]) -> None: ...
+
+    def ready(self, sp: ServiceProcess) -> None: ...
+
+
 def start_service(
     name: str,
     tmp: Path,
@@ -114,9 +126,10 @@ def start_service(
     port: int = 0,
     http_port: int = 0,
     credentials: grpc.ChannelCredentials | None = None,
+    watch: StartWatch | None = None,
 ) -> ServiceProcess:
     """Starts `python -m <service> --port P --http-port H --ready-file ...` and waits until it serves (its
-    health checked over TLS with `credentials` when given)."""
+    health checked over TLS with `credentials` when given); `watch` is told when it exists and when it serves."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{name}-{time.monotonic_ns()}-{next(_STARTS)}.ready.json"
     log_path = ready.with_suffix(".log")
@@ -136,9 +149,13 @@ def start_service(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     sp = ServiceProcess(name, proc, ready, log_path)
+    if watch is not None:
+        watch.spawned(sp, args)
     wait_ready(sp, timeout)
     if wait_healthy:
         wait_serving(sp.address, timeout, credentials=credentials)
+    if watch is not None:
+        watch.ready(sp)
     return sp
 
 

@@ -35,7 +35,7 @@ from kvmesh.security.certs import DevPki, make_dev_pki
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.suite.config import PlannedPort, SuiteSettings, ZoneSettings, plan
-from kvmesh.suite.launcher import ServiceProcess, free_port, ports_in_use, start_service, vllm_core_env
+from kvmesh.suite.launcher import ServiceProcess, StartWatch, free_port, ports_in_use, start_service, vllm_core_env
 
 HOST = "127.0.0.1"
 
@@ -154,31 +154,36 @@ def check_ports(s: SuiteSettings) -> None:
         raise PortsInUse([p for p in planned if p.port in busy])
 
 
-def start(s: SuiteSettings, rd: Path) -> Suite:
-    """Checks the ports and the model, then starts every zone; kills what it started if anything fails."""
+def start(s: SuiteSettings, rd: Path, run: Path | None = None, watch: StartWatch | None = None) -> Suite:
+    """Checks the ports and the model, then starts every zone; kills what it started if anything fails. The
+    identities live in `rd`, this run's state (logs, checkpoints, registry, planner history) in `run` (default
+    `rd`); `watch` is told of each service as it starts and as it serves."""
+    run = run or rd
     check_ports(s)
     s = _with_model(_zone_peers_addressable(s))
     auth = SuiteAuth(rd, [(z.name, z.worker.replicas) for z in s.zones], s.tls.enabled)
+    if watch is not None:
+        watch.provisioned(auth.state())
     suite = Suite([], None, auth)
     try:
         redis_url = s.redis.url
         if s.redis.enabled and not redis_url:
-            suite.redis, redis_url = _start_redis(rd / "redis", s.redis.port)
+            suite.redis, redis_url = _start_redis(run / "redis", s.redis.port)
         total = sum(z.worker.replicas for z in s.zones)
         envs = vllm_core_env(total) if any(z.worker.engine == "vllm" for z in s.zones) else [{}] * total
         starts = []
         for z in s.zones:
             zone_envs, envs = envs[: z.worker.replicas], envs[z.worker.replicas :]
-            starts.append(partial(_start_zone, s, z, rd, auth, redis_url, zone_envs))
+            starts.append(partial(_start_zone, s, z, run, auth, redis_url, zone_envs, watch))
         suite.services += _start_together(starts)
-        registry = rd / "registry.yaml"
+        registry = run / "registry.yaml"
         _write_registry(registry, suite.services)
         for z in s.zones:
-            suite.services.append(_start_failover(s, z, rd, auth, registry))
+            suite.services.append(_start_failover(s, z, run, auth, registry, watch))
         routers = {str(p.info.get("zone")): p.address for p in suite.services if p.name == "router"}
         for z in s.zones:
             if z.planner.enabled:
-                suite.services.append(_start_planner(s, z, rd, auth, routers[z.name]))
+                suite.services.append(_start_planner(s, z, run, auth, routers[z.name], watch))
     except BaseException:
         suite.kill()
         raise
@@ -228,7 +233,13 @@ def _common(s: SuiteSettings, z: ZoneSettings, auth: SuiteAuth, ident: str) -> l
 
 
 def _start_zone(
-    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, redis_url: str, envs: list[dict[str, str]]
+    s: SuiteSettings,
+    z: ZoneSettings,
+    rd: Path,
+    auth: SuiteAuth,
+    redis_url: str,
+    envs: list[dict[str, str]],
+    watch: StartWatch | None = None,
 ) -> list[ServiceProcess]:
     logs, creds, bs, cm_s = rd / "logs", auth.credentials(), str(s.model.block_size), z.cache_manager
     started: list[ServiceProcess] = []
@@ -246,12 +257,13 @@ def _start_zone(
             credentials=creds,
             port=cm_s.grpc_port,
             http_port=cm_s.http_port,
+            watch=watch,
         )
         started.append(cache)
         started += _start_together(
-            [partial(_start_worker, s, z, rd, auth, cache.address, i, envs[i]) for i in range(z.worker.replicas)]
+            [partial(_start_worker, s, z, rd, auth, cache.address, i, envs[i], watch) for i in range(z.worker.replicas)]
         )
-        started.append(_start_router(s, z, rd, auth, cache.address, [p.address for p in started[1:]]))
+        started.append(_start_router(s, z, rd, auth, cache.address, [p.address for p in started[1:]], watch))
     except BaseException:
         for sp in reversed(started):
             sp.kill()
@@ -260,7 +272,14 @@ def _start_zone(
 
 
 def _start_worker(
-    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, cache: str, i: int, env: dict[str, str]
+    s: SuiteSettings,
+    z: ZoneSettings,
+    rd: Path,
+    auth: SuiteAuth,
+    cache: str,
+    i: int,
+    env: dict[str, str],
+    watch: StartWatch | None = None,
 ) -> ServiceProcess:
     w, sid = z.worker, f"worker-{z.name}-{i}"
     flags = [*_common(s, z, auth, sid), "--service-id", sid, "--engine", w.engine]
@@ -279,6 +298,7 @@ def _start_worker(
         credentials=auth.credentials(),
         port=w.grpc_port + i if w.grpc_port else 0,
         http_port=w.http_port + i if w.http_port else 0,
+        watch=watch,
     )
 
 
@@ -305,7 +325,13 @@ def _as_list(started: ServiceProcess | list[ServiceProcess]) -> list[ServiceProc
 
 
 def _start_router(
-    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, cache: str, workers: list[str]
+    s: SuiteSettings,
+    z: ZoneSettings,
+    rd: Path,
+    auth: SuiteAuth,
+    cache: str,
+    workers: list[str],
+    watch: StartWatch | None = None,
 ) -> ServiceProcess:
     r = z.router
     flags = [*_common(s, z, auth, f"router-{z.name}"), "--block-size", str(s.model.block_size)]
@@ -317,6 +343,7 @@ def _start_router(
     flags += ["--tool-call-parser", s.model.tool_call_parser] if s.model.tool_call_parser else []
     flags += ["--reasoning-parser", s.model.reasoning_parser] if s.model.reasoning_parser else []
     flags += ["--api-keys-file", r.api_keys_file] if r.api_keys_file else []
+    flags += ["--guardrails", r.guardrails] if r.guardrails else []
     if isinstance(r.profile, dict):  # an inline routing profile: the router reads it from a file
         profile = rd / f"routing-profile-{z.name}.yaml"
         profile.write_text(yaml.safe_dump(r.profile, sort_keys=False))
@@ -327,22 +354,40 @@ def _start_router(
         flags += ["--vocab-size", "0"]
     creds = auth.credentials()
     return start_service(
-        "router", rd / "logs", *flags, timeout=120, credentials=creds, port=r.grpc_port, http_port=r.http_port
+        "router",
+        rd / "logs",
+        *flags,
+        timeout=120,
+        credentials=creds,
+        port=r.grpc_port,
+        http_port=r.http_port,
+        watch=watch,
     )
 
 
-def _start_failover(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, registry: Path) -> ServiceProcess:
+def _start_failover(
+    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, registry: Path, watch: StartWatch | None = None
+) -> ServiceProcess:
     f = z.failover
     flags = [*_common(s, z, auth, f"failover-{z.name}"), "--registry-file", str(registry)]
     flags += ["--zones", ",".join(x.name for x in s.zones), "--health-interval-s", str(f.health_interval_s)]
     flags += ["--lkg-file", str(rd / f"lkg-{z.name}.json")]
     creds = auth.credentials()
     return start_service(
-        "failover", rd / "logs", *flags, timeout=60, credentials=creds, port=f.grpc_port, http_port=f.http_port
+        "failover",
+        rd / "logs",
+        *flags,
+        timeout=60,
+        credentials=creds,
+        port=f.grpc_port,
+        http_port=f.http_port,
+        watch=watch,
     )
 
 
-def _start_planner(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, router: str) -> ServiceProcess:
+def _start_planner(
+    s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth, router: str, watch: StartWatch | None = None
+) -> ServiceProcess:
     """The zone's planner in dry-run: it reads its router's load and says what it would scale (metrics, log)."""
     p = z.planner
     flags = [*_common(s, z, auth, f"planner-{z.name}"), "--routers", f"{z.name}={router}", "--actuator", "dry-run"]
@@ -357,6 +402,7 @@ def _start_planner(s: SuiteSettings, z: ZoneSettings, rd: Path, auth: SuiteAuth,
         credentials=auth.credentials(),
         port=p.grpc_port,
         http_port=p.http_port,
+        watch=watch,
     )
 
 

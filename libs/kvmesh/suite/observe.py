@@ -1,9 +1,10 @@
 """A real local Prometheus for a running suite (`kvmesh up --observe`).
 
 `start(directory, state, port=...)` writes `directory/prometheus.yml`, one scrape job per service of the suite
-(`state` is `run/suite.json`: each service's `/metrics` on its HTTP port, plain HTTP on loopback: `/metrics` is
-open to anyone in the authorisation table), with deploy/prometheus/alerts.yaml as its rule file, and starts
-Debian's `prometheus` (installed by scripts/bootstrap.sh) on 127.0.0.1:`port`, its data in `directory/data`.
+(`state` is `run/suite.json`: each service's `/metrics` on its HTTP port on loopback, HTTPS verified with the
+suite's CA when it runs TLS; `/metrics` is open to anyone in the authorisation table), with
+deploy/prometheus/alerts.yaml as its rule file, and starts Debian's `prometheus` (installed by
+scripts/bootstrap.sh) on 127.0.0.1:`port`, its data in `directory/data`.
 It returns once Prometheus answers `/-/ready`; `stop(pid)` ends it. A missing binary, a port in use or a
 Prometheus that exits at start is a `FailedPrecondition` naming the cause.
 """
@@ -49,11 +50,14 @@ def scrape_config(state: dict[str, Any], rules: Path, interval_s: float) -> dict
         for port, ident in own or [(svc["http_port"], svc["id"])]:
             jobs.setdefault(svc["name"], []).append({"targets": [f"127.0.0.1:{port}"], "labels": {"kvmesh_id": ident}})
     interval = f"{max(1, round(interval_s))}s"
+    tls = (state.get("auth") or {}).get("tls")  # a --tls suite serves HTTPS only: verified with its CA
+    scheme = {"scheme": "https", "tls_config": {"ca_file": tls["ca"]}} if tls else {}
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(rules)],
         "scrape_configs": [
-            {"job_name": name, "metrics_path": "/metrics", "static_configs": targets} for name, targets in jobs.items()
+            {"job_name": name, "metrics_path": "/metrics", **scheme, "static_configs": targets}
+            for name, targets in jobs.items()
         ],
     }
 

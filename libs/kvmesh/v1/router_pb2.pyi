@@ -114,7 +114,7 @@ class RouterServiceGenerateRequest(_message.Message):
     @_builtins.property
     def resume_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Tokens already received by the client from an earlier, broken stream of the same request: the router
-        resumes after them instead of starting again.
+        resumes after them instead of starting again (a structured output's grammar goes on after them too).
         """
 
     def __init__(
@@ -362,19 +362,23 @@ class DrainWorkerRequest(_message.Message):
 
     WORKER_ID_FIELD_NUMBER: _builtins.int
     DRAIN_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     drain: _builtins.bool
     """False puts a drained worker back into rotation."""
+    force: _builtins.bool
+    """Drain even when no other worker of its zone is in rotation (the zone then cannot serve)."""
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         drain: _builtins.bool = ...,
+        force: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drain", b"drain", "force", b"force", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,3 +405,127 @@ class DrainWorkerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainWorkerResponse: _TypeAlias = DrainWorkerResponse  # noqa: Y015
+
+@_typing.final
+class GetGuardrailsRequest(_message.Message):
+    """Asks for the guardrail rules in force."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGuardrailsRequest: _TypeAlias = GetGuardrailsRequest  # noqa: Y015
+
+@_typing.final
+class GuardrailsState(_message.Message):
+    """The output guardrails of a router."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    RULES_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    LOADED_AT_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    """False when the router runs without guardrails (no --guardrails)."""
+    path: _builtins.str
+    """The rule file or directory (--guardrails)."""
+    rules: _builtins.int
+    """Rules in force."""
+    version: _builtins.int
+    """Version of the rule set in force (1 at start, +1 per reload that changed the rules)."""
+    loaded_at: _builtins.float
+    """When the rules in force were loaded, seconds since the Unix epoch."""
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        path: _builtins.str = ...,
+        rules: _builtins.int = ...,
+        version: _builtins.int = ...,
+        loaded_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enabled", b"enabled", "loaded_at", b"loaded_at", "path", b"path", "rules", b"rules", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GuardrailsState: _TypeAlias = GuardrailsState  # noqa: Y015
+
+@_typing.final
+class GetGuardrailsResponse(_message.Message):
+    """The guardrail rules in force."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GUARDRAILS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def guardrails(self) -> Global___GuardrailsState:
+        """The state."""
+
+    def __init__(
+        self,
+        *,
+        guardrails: Global___GuardrailsState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["guardrails", b"guardrails"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["guardrails", b"guardrails"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetGuardrailsResponse: _TypeAlias = GetGuardrailsResponse  # noqa: Y015
+
+@_typing.final
+class ReloadGuardrailsRequest(_message.Message):
+    """Reloads the guardrail rule files now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadGuardrailsRequest: _TypeAlias = ReloadGuardrailsRequest  # noqa: Y015
+
+@_typing.final
+class ReloadGuardrailsResponse(_message.Message):
+    """The guardrail rules in force after the reload."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GUARDRAILS_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """True when the files' content changed and the new rules are in force."""
+    @_builtins.property
+    def guardrails(self) -> Global___GuardrailsState:
+        """The state."""
+
+    def __init__(
+        self,
+        *,
+        guardrails: Global___GuardrailsState | None = ...,
+        changed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["guardrails", b"guardrails"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "guardrails", b"guardrails"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadGuardrailsResponse: _TypeAlias = ReloadGuardrailsResponse  # noqa: Y015

@@ -126,6 +126,16 @@ class RouterAdminServiceStub:
                 request_serializer=kvmesh_dot_v1_dot_router__pb2.DrainWorkerRequest.SerializeToString,
                 response_deserializer=kvmesh_dot_v1_dot_router__pb2.DrainWorkerResponse.FromString,
                 _registered_method=True)
+        self.GetGuardrails = channel.unary_unary(
+                '/kvmesh.v1.RouterAdminService/GetGuardrails',
+                request_serializer=kvmesh_dot_v1_dot_router__pb2.GetGuardrailsRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_router__pb2.GetGuardrailsResponse.FromString,
+                _registered_method=True)
+        self.ReloadGuardrails = channel.unary_unary(
+                '/kvmesh.v1.RouterAdminService/ReloadGuardrails',
+                request_serializer=kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsRequest.SerializeToString,
+                response_deserializer=kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsResponse.FromString,
+                _registered_method=True)
 
 
 class RouterAdminServiceServicer:
@@ -147,7 +157,23 @@ class RouterAdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DrainWorker(self, request, context):
-        """Stops routing new requests to a worker (in-flight requests finish).
+        """Stops routing new requests to a worker (in-flight requests finish). A drain that would leave the worker's
+        zone with no worker in rotation fails FAILED_PRECONDITION naming the zone unless `force` is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGuardrails(self, request, context):
+        """The output guardrail rules in force (--guardrails).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReloadGuardrails(self, request, context):
+        """Reads the guardrail rule files now: good rules replace the set in force; bad ones fail INVALID_ARGUMENT
+        naming the file, line and rule, and the previous set stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,6 +196,16 @@ def add_RouterAdminServiceServicer_to_server(servicer, server):
                     servicer.DrainWorker,
                     request_deserializer=kvmesh_dot_v1_dot_router__pb2.DrainWorkerRequest.FromString,
                     response_serializer=kvmesh_dot_v1_dot_router__pb2.DrainWorkerResponse.SerializeToString,
+            ),
+            'GetGuardrails': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGuardrails,
+                    request_deserializer=kvmesh_dot_v1_dot_router__pb2.GetGuardrailsRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_router__pb2.GetGuardrailsResponse.SerializeToString,
+            ),
+            'ReloadGuardrails': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadGuardrails,
+                    request_deserializer=kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsRequest.FromString,
+                    response_serializer=kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -254,6 +290,60 @@ class RouterAdminService:
             '/kvmesh.v1.RouterAdminService/DrainWorker',
             kvmesh_dot_v1_dot_router__pb2.DrainWorkerRequest.SerializeToString,
             kvmesh_dot_v1_dot_router__pb2.DrainWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGuardrails(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.RouterAdminService/GetGuardrails',
+            kvmesh_dot_v1_dot_router__pb2.GetGuardrailsRequest.SerializeToString,
+            kvmesh_dot_v1_dot_router__pb2.GetGuardrailsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadGuardrails(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvmesh.v1.RouterAdminService/ReloadGuardrails',
+            kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsRequest.SerializeToString,
+            kvmesh_dot_v1_dot_router__pb2.ReloadGuardrailsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,7 +69,15 @@ class RouterAdminServiceStub:
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_router_pb2.ListWorkersRequest, _router_pb2.ListWorkersResponse]
     """Lists the workers the router knows, with their state and last scores."""
     DrainWorker: _grpc.UnaryUnaryMultiCallable[_router_pb2.DrainWorkerRequest, _router_pb2.DrainWorkerResponse]
-    """Stops routing new requests to a worker (in-flight requests finish)."""
+    """Stops routing new requests to a worker (in-flight requests finish). A drain that would leave the worker's
+    zone with no worker in rotation fails FAILED_PRECONDITION naming the zone unless `force` is set.
+    """
+    GetGuardrails: _grpc.UnaryUnaryMultiCallable[_router_pb2.GetGuardrailsRequest, _router_pb2.GetGuardrailsResponse]
+    """The output guardrail rules in force (--guardrails)."""
+    ReloadGuardrails: _grpc.UnaryUnaryMultiCallable[_router_pb2.ReloadGuardrailsRequest, _router_pb2.ReloadGuardrailsResponse]
+    """Reads the guardrail rule files now: good rules replace the set in force; bad ones fail INVALID_ARGUMENT
+    naming the file, line and rule, and the previous set stays.
+    """
 
 @_typing.type_check_only
 class RouterAdminServiceAsyncStub(RouterAdminServiceStub):
@@ -81,7 +89,15 @@ class RouterAdminServiceAsyncStub(RouterAdminServiceStub):
     ListWorkers: _aio.UnaryUnaryMultiCallable[_router_pb2.ListWorkersRequest, _router_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """Lists the workers the router knows, with their state and last scores."""
     DrainWorker: _aio.UnaryUnaryMultiCallable[_router_pb2.DrainWorkerRequest, _router_pb2.DrainWorkerResponse]  # type: ignore[assignment]
-    """Stops routing new requests to a worker (in-flight requests finish)."""
+    """Stops routing new requests to a worker (in-flight requests finish). A drain that would leave the worker's
+    zone with no worker in rotation fails FAILED_PRECONDITION naming the zone unless `force` is set.
+    """
+    GetGuardrails: _aio.UnaryUnaryMultiCallable[_router_pb2.GetGuardrailsRequest, _router_pb2.GetGuardrailsResponse]  # type: ignore[assignment]
+    """The output guardrail rules in force (--guardrails)."""
+    ReloadGuardrails: _aio.UnaryUnaryMultiCallable[_router_pb2.ReloadGuardrailsRequest, _router_pb2.ReloadGuardrailsResponse]  # type: ignore[assignment]
+    """Reads the guardrail rule files now: good rules replace the set in force; bad ones fail INVALID_ARGUMENT
+    naming the file, line and rule, and the previous set stays.
+    """
 
 class RouterAdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Operator controls of a router."""
@@ -108,6 +124,26 @@ class RouterAdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _router_pb2.DrainWorkerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_router_pb2.DrainWorkerResponse, _abc.Awaitable[_router_pb2.DrainWorkerResponse]]:
-        """Stops routing new requests to a worker (in-flight requests finish)."""
+        """Stops routing new requests to a worker (in-flight requests finish). A drain that would leave the worker's
+        zone with no worker in rotation fails FAILED_PRECONDITION naming the zone unless `force` is set.
+        """
+
+    @_abc_1.abstractmethod
+    def GetGuardrails(
+        self,
+        request: _router_pb2.GetGuardrailsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.GetGuardrailsResponse, _abc.Awaitable[_router_pb2.GetGuardrailsResponse]]:
+        """The output guardrail rules in force (--guardrails)."""
+
+    @_abc_1.abstractmethod
+    def ReloadGuardrails(
+        self,
+        request: _router_pb2.ReloadGuardrailsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_pb2.ReloadGuardrailsResponse, _abc.Awaitable[_router_pb2.ReloadGuardrailsResponse]]:
+        """Reads the guardrail rule files now: good rules replace the set in force; bad ones fail INVALID_ARGUMENT
+        naming the file, line and rule, and the previous set stays.
+        """
 
 def add_RouterAdminServiceServicer_to_server(servicer: RouterAdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

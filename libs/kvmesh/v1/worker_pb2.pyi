@@ -34,6 +34,7 @@ class GenerateRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     DETOKENIZE_FIELD_NUMBER: _builtins.int
     KV_PULL_FIELD_NUMBER: _builtins.int
+    RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, unique per worker while in flight; used by Abort and in logs."""
     text: _builtins.str
@@ -46,6 +47,11 @@ class GenerateRequest(_message.Message):
     """Tenant, part of the KV isolation salt."""
     detokenize: _builtins.bool
     """Return decoded text with each message as well as token ids."""
+    resumed_output_tokens: _builtins.int
+    """The prompt's last `resumed_output_tokens` tokens are this request's own output so far (a migration, or a
+    client's resume, continues from them): a structured output's grammar is advanced over them, so the rest
+    completes the document the client already holds. 0: a fresh request.
+    """
     @_builtins.property
     def token_ids(self) -> _common_pb2.TokenIds:
         """Token ids (preferred: the router tokenises once)."""
@@ -72,10 +78,11 @@ class GenerateRequest(_message.Message):
         tenant: _builtins.str = ...,
         detokenize: _builtins.bool = ...,
         kv_pull: Global___KvPullHint | None = ...,
+        resumed_output_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["kv_pull", b"kv_pull", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "kv_pull", b"kv_pull", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "kv_pull", b"kv_pull", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "resumed_output_tokens", b"resumed_output_tokens", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["token_ids", "text"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
@@ -245,12 +252,17 @@ class GenerateStreamResponse(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    ERROR_STATUS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """The request this message belongs to."""
     error_code: _builtins.int
     """Non-zero when the request failed instead: a gRPC status code (what Generate would have ended with)."""
     error_message: _builtins.str
     """The error's details."""
+    error_status: _builtins.bytes
+    """The error's google.rpc.Status (code, message and rich details: a BadRequest naming the invalid field, a
+    RetryInfo), serialised: what a Generate call's `grpc-status-details-bin` trailer would carry. Empty: none.
+    """
     @_builtins.property
     def response(self) -> Global___GenerateResponse:
         """One step of its generation (as Generate streams them)."""
@@ -262,10 +274,11 @@ class GenerateStreamResponse(_message.Message):
         response: Global___GenerateResponse | None = ...,
         error_code: _builtins.int = ...,
         error_message: _builtins.str = ...,
+        error_status: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "request_id", b"request_id", "response", b"response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "error_status", b"error_status", "request_id", b"request_id", "response", b"response"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

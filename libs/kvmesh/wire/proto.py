@@ -154,6 +154,7 @@ def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
         prefill_only=r.prefill_only,
         lora_name=r.lora_name or None,
         tenant=r.tenant or None,
+        resumed_output_tokens=r.resumed_output_tokens,
     )
 
 

@@ -230,8 +230,9 @@ def test_gpu_workers_and_grpc_probes(rendered: tuple[dict[str, Any], list[dict[s
         http_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
         for probe in probes:
             handler = set(container[probe]) - {"periodSeconds", "failureThreshold"}
-            if values["tls"]["enabled"]:  # the kubelet's gRPC probes speak no TLS: /healthz on the plain HTTP port
-                assert handler == {"httpGet"} and container[probe]["httpGet"] == {"path": "/healthz", "port": http_port}
+            if values["tls"]["enabled"]:  # the kubelet's gRPC probes speak no TLS: /healthz, HTTPS on the HTTP port
+                get = {"path": "/healthz", "port": http_port, "scheme": "HTTPS"}
+                assert handler == {"httpGet"} and container[probe]["httpGet"] == get
             else:
                 assert handler == {"grpc"} and container[probe]["grpc"]["port"] == grpc_port, probe
         env = {e["name"]: e for e in container["env"]}

@@ -4,15 +4,17 @@ with KV events that describe exactly the cached blocks, abort, invalid arguments
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams
+from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams, StructuredOutput
 from kvmesh.core.kvevents import BlockRemoved, BlockStored, KvEvent, is_tier
-from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from kvmesh.engine.vllm_config import VllmEngineConfig
+from kvmesh.engine.vllm_engine import VllmEngine
 from tests.support.models import tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -126,10 +128,58 @@ async def test_invalid_arguments_and_engine_keeps_serving(engine: VllmEngine) ->
     with pytest.raises(InvalidArgument) as ei:
         await collect(engine, EngineRequest("vocab", (5, 10**6)))
     assert ei.value.field == "prompt_token_ids"
+    with pytest.raises(InvalidArgument) as ei:  # vLLM's rule, named: n greedy sequences would be one
+        await collect(engine, EngineRequest("greedy-n", (5, 6), sampling=SamplingParams(n=2, temperature=0.0)))
+    assert ei.value.field == "n"
     outs = await collect(engine, EngineRequest("ok", (5, 6, 7), sampling=SamplingParams(max_tokens=3)))
     assert outs[-1].finished and outs[-1].usage is not None and outs[-1].usage.completion_tokens == 3
     text = await collect(engine, EngineRequest("txt", prompt="hello there", sampling=SamplingParams(max_tokens=2)))
     assert text[-1].usage is not None and text[-1].usage.prompt_tokens == len(await engine.tokenize("hello there"))
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"enum": ["red", "green", "blue"]}, "b": {"type": "boolean"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_resumed_structured_output_continues_its_grammar(engine: VllmEngine) -> None:
+    """A request resumed after k of its tokens (prompt + those k, `resumed_output_tokens=k`) goes on exactly as
+    the uninterrupted one did under greedy decoding: its grammar was advanced over the k tokens. The same
+    tokens resumed as a plain prompt restart the grammar (a new document), which is what the field prevents."""
+    grammar = StructuredOutput(json_schema=json.dumps(SCHEMA))
+    prompt = tuple(range(5, 40))
+
+    async def tokens(rid: str, ids: tuple[int, ...], max_tokens: int, resumed: int) -> list[int]:
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, structured_output=grammar)
+        req = EngineRequest(rid, ids, sampling=sampling, resumed_output_tokens=resumed)
+        return [t for o in await collect(engine, req) for t in o.token_ids]
+
+    whole = await tokens("whole", prompt, 40, 0)
+    assert len(whole) == 40
+    for k in (1, 3, 20):
+        rest = await tokens(f"resumed-{k}", prompt + tuple(whole[:k]), 40 - k, k)
+        assert whole[:k] + rest == whole, k
+    restarted = await tokens("restarted", prompt + tuple(whole[:3]), 37, 0)
+    assert whole[:3] + restarted != whole
+    with pytest.raises(InvalidArgument) as ei:  # the resumed tokens come after at least one prompt token
+        await tokens("all-resumed", prompt, 4, len(prompt))
+    assert ei.value.field == "resumed_output_tokens"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_prompt_cut_inside_a_character_is_not_sent_back_as_text(engine: VllmEngine) -> None:
+    """Ids 3..122 of the tiny model are bytes, the last ones lone bytes of multi-byte characters: the prompt
+    ends inside one, and vLLM's own first text of such a prompt is the prompt's whole text plus the new
+    token's. The engine's text is the output's only."""
+    prompt = tuple(range(3, 123))
+    outs = await collect(engine, EngineRequest("cut", prompt, sampling=SamplingParams(max_tokens=4, ignore_eos=True)))
+    text = "".join(o.text for o in outs)
+    assert '!"#$%&' not in text, text  # the prompt's first characters (ids 3..8 are "!" to "&")
+    assert text == text.lstrip("\ufffd") and len(text) <= 4 * 16  # 4 tokens' worth, not 120 prompt characters
 
 
 @pytest.mark.asyncio(loop_scope="module")

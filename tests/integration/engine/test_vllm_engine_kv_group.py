@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvmesh.core.kvevents import BlockStored
-from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from kvmesh.engine.vllm_config import VllmEngineConfig
+from kvmesh.engine.vllm_engine import VllmEngine
 
 kv = pytest.importorskip("vllm.distributed.kv_events")
 pytestmark = pytest.mark.integration

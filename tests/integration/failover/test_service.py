@@ -169,13 +169,25 @@ async def test_critical_worker_and_zone_failover_and_weights(
                 )
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         before = await stub.GetTrafficWeights(failover_pb2.GetTrafficWeightsRequest())
+        # weights name real zones and versions only: a typo would take the real ones out of traffic
+        typos = (
+            ({"zone_weights": {"a": 1, "c": 1}}, "weights.zone_weights[c]: unknown zone 'c'"),
+            ({"version_weights": {"v2": 1}}, "weights.version_weights[v2]: unknown version 'v2'"),
+        )
+        for typo, field in typos:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.SetTrafficWeights(
+                    failover_pb2.SetTrafficWeightsRequest(weights=failover_pb2.TrafficWeights(**typo))
+                )
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in (e.value.details() or "")
+        assert await stub.GetTrafficWeights(failover_pb2.GetTrafficWeightsRequest()) == before
         got = await stub.SetTrafficWeights(
             failover_pb2.SetTrafficWeightsRequest(
-                weights=failover_pb2.TrafficWeights(zone_weights={"a": 3, "b": 1}, version_weights={"v1": 95, "v2": 5})
+                weights=failover_pb2.TrafficWeights(zone_weights={"a": 3, "b": 1}, version_weights={"v1": 95})
             )
         )
         assert dict(got.weights.zone_weights) == pytest.approx({"a": 0.75, "b": 0.25})
-        assert dict(got.weights.version_weights) == pytest.approx({"v1": 0.95, "v2": 0.05})
+        assert dict(got.weights.version_weights) == pytest.approx({"v1": 1.0})
         r = await next_matching(stream, lambda r: abs(zone(r, "a").weight - 0.75) < 1e-6)
         back = await stub.RollbackTrafficWeights(failover_pb2.RollbackTrafficWeightsRequest())
         assert back.weights == before.weights

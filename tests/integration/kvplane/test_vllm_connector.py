@@ -26,7 +26,8 @@ import pytest
 import pytest_asyncio
 
 from kvmesh.core.generation import EngineRequest, SamplingParams
-from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from kvmesh.engine.vllm_config import VllmEngineConfig
+from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.kvplane.vllm_connector.layout import block_digests
 from kvmesh.kvplane.vllm_connector.plan import loadable_blocks

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
-from kvmesh.openai.fields import FIELDS, fields_of
+from kvmesh.openai.fields import FIELDS, Endpoint, Field, fields_of
 from kvmesh.suite.launcher import ServiceProcess, free_port, start_service, vllm_core_env
-from tests.support.models import tiny_model
+from tests.support.models import SHARED_BLOCK_SIZE, SHARED_MAX_MODEL_LEN, SharedVllmWorker, tiny_model
 from tests.support.procs import stop_process_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -77,31 +77,37 @@ def wait_health(proc: subprocess.Popen[bytes], url: str, log: Path, timeout: flo
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, httpx.Client]]:
-    """(vLLM's server, kvmesh's router over a vLLM worker), both started at once."""
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, shared_vllm_worker: SharedVllmWorker
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """(vLLM's server, kvmesh's router over a vLLM worker), both started at once. The worker is the one other
+    modules share (`SharedVllmWorker`; it starts while vLLM's server does, if no module started it yet), and
+    vLLM's server has its block size and max_model_len."""
     model, tmp = tiny_model(), tmp_path_factory.mktemp("compat")
     port, log = free_port(), tmp / "vllm.log"
+    # `--scheduling-policy priority`: as kvmesh's vLLM workers run, so a `priority` row compares like with like
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name",
-           MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "bfloat16",
-           "--enforce-eager", "--enable-prompt-tokens-details", "--block-size", "32"]  # fmt: skip
-    cores = vllm_core_env(2, pinned=False)  # two engines on this host: neither spins on the other's cores
-    env = {**os.environ, **ENV, **cores[0], "VLLM_CACHE_ROOT": str(tmp / "cache")}
+           MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(SHARED_MAX_MODEL_LEN),
+           "--dtype", "bfloat16", "--enforce-eager", "--enable-prompt-tokens-details",
+           "--block-size", str(SHARED_BLOCK_SIZE),
+           "--scheduling-policy", "priority"]  # fmt: skip
+    # two engines on this host, each unpinned with half the cores (as the shared worker's): neither spins on
+    # the other's cores
+    env = {**os.environ, **ENV, **vllm_core_env(2, pinned=False)[0], "VLLM_CACHE_ROOT": str(tmp / "cache")}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    started: list[ServiceProcess] = []
+    router: ServiceProcess | None = None
     try:
-        wargs = ["--engine", "vllm", "--model", model, "--block-size", "32", "--max-model-len", "512"]
-        started.append(start_service("worker", tmp / "svc", *wargs, env=ENV | cores[1], timeout=400))
-        rargs = ["--workers", started[0].address, "--block-size", "32", "--model", model]
-        started.append(start_service("router", tmp / "svc", *rargs))
-        vurl, rurl = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{started[1].http_port}"
+        rargs = ["--workers", shared_vllm_worker.get().address, "--block-size", str(SHARED_BLOCK_SIZE)]
+        router = start_service("router", tmp / "svc", *rargs, "--model", model)
+        vurl, rurl = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{router.http_port}"
         wait_health(proc, vurl, log, 400)
         with httpx.Client(base_url=vurl, timeout=60) as v, httpx.Client(base_url=rurl, timeout=60) as r:
             yield v, r
     finally:
-        for sp in reversed(started):
+        if router is not None:
             with contextlib.suppress(Exception):
-                sp.terminate(timeout=30)
+                router.terminate(timeout=30)
         stop_process_group(proc)
 
 
@@ -115,8 +121,9 @@ def shape(value: Any, path: str = "", out: dict[str, set[str]] | None = None) ->
         out.setdefault(path, set()).add(kind)
     if isinstance(value, dict):
         for k, v in value.items():
-            # completions' top_logprobs are maps from token text to log-probability: their keys are data
-            key = "{token}" if path.endswith("logprobs.top_logprobs[]") else k
+            # completions' top_logprobs map token text, vLLM's prompt_logprobs token ids: their keys are data
+            data = path.endswith("logprobs.top_logprobs[]") or path.endswith("prompt_logprobs[]")
+            key = "{token}" if data else k
             shape(v, f"{path}.{key}" if path else key, out)
     elif isinstance(value, list):
         for v in value:
@@ -168,22 +175,25 @@ def base(api: str) -> dict[str, Any]:
     return dict(CHAT if api == "chat" else COMPLETION)
 
 
-def test_table_rows_same_answer_as_vllm_or_400_naming_the_field(servers: tuple[httpx.Client, httpx.Client]) -> None:
+ROWS = [(f, api) for f in FIELDS for api in f.endpoints if f.example is not None]
+
+
+@pytest.mark.parametrize(("f", "api"), ROWS, ids=[f"{api}-{f.name}" for f, api in ROWS])
+def test_table_row_same_answer_as_vllm_or_400_naming_the_field(
+    servers: tuple[httpx.Client, httpx.Client], f: Field, api: Endpoint
+) -> None:
+    """One row on one endpoint (`-k prompt_logprobs` runs that row's; the servers start once per module)."""
     v, r = servers
     bad: list[str] = []
-    for f in FIELDS:
-        for api in f.endpoints:
-            if f.example is None:
-                continue
-            ok = [f.example] if f.support == "supported" else list(f.off)
-            for value in ok:  # served: same status and shape on both
-                body = base(api) | NEEDS.get(f.name, {}) | {f.name: value}
-                got = post(v, path_of(api), body), post(r, path_of(api), body)
-                bad += differences(f"{api} {f.name}={value!r}", *got, api, not body.get("stream"))
-            if f.support != "supported":  # not served: 400 naming the field
-                status, (err,) = post(r, path_of(api), base(api) | {f.name: f.example})
-                if (status, err.get("error", {}).get("param")) != (400, f.name):
-                    bad.append(f"{api} {f.name}={f.example!r}: router {status} {err}")
+    ok = [f.example] if f.support == "supported" else list(f.off)
+    for value in ok:  # served: same status and shape on both
+        body = base(api) | NEEDS.get(f.name, {}) | {f.name: value}
+        got = post(v, path_of(api), body), post(r, path_of(api), body)
+        bad += differences(f"{api} {f.name}={value!r}", *got, api, not body.get("stream"))
+    if f.support != "supported":  # not served: 400 naming the field
+        status, (err,) = post(r, path_of(api), base(api) | {f.name: f.example})
+        if (status, err.get("error", {}).get("param")) != (400, f.name):
+            bad.append(f"{api} {f.name}={f.example!r}: router {status} {err}")
     assert not bad, "\n".join(bad)
 
 

@@ -2,7 +2,9 @@
 error type and `param` for the same error (`kvmesh.openai.errors`, the one HTTP table).
 
 Real processes on 127.0.0.1: a sim worker, a router in front of it (API keys on), a router with a one-request
-rate limit and a worker with no waiting room (both answer 429). Errors only an engine raises on a worker
+rate limit and a worker with no waiting room (both answer 429). A refusal the worker's engine raises (the
+simulated engine's of a structured output) names its field through the router as on the worker, over HTTP
+(whole and streamed) and the router's gRPC API. Errors only an engine raises on a worker
 (NotFound, Unauthenticated, ...) are checked on the worker's own HTTP app over a stub engine that raises them
 (before the one table the worker answered 500 for those), against the router's answer to the request that
 raises the same class there (an unknown model, a bad or missing API key).
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from aiohttp import web
@@ -22,8 +25,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kvmesh.core import errors
 from kvmesh.core.generation import EngineOutput, EngineRequest
+from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.services.worker.openai_http import OpenAIApi
 from kvmesh.suite.launcher import ServiceProcess, start_service
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.support.sim_worker import BS, start_sim_worker
 
 pytestmark = pytest.mark.integration
@@ -89,6 +94,14 @@ BOTH = {
     "logit-bias-key": bad("logit_bias", {"prompt": [5], "logit_bias": {"five": 10}}),
     "unknown-field": bad("frobnicate", {"prompt": [5], "frobnicate": 1}),
     "chat-field-on-completions": bad("messages", {"prompt": [5], "messages": CHAT}),
+    # a refusal the (simulated) worker's engine raises names its field on the router too, across the gRPC hop
+    "sim-refuses-structured-outputs": bad("structured_outputs", {"prompt": [5], "structured_outputs": {"regex": "a+"}}),
+    "sim-refuses-response-format-streamed": bad(
+        "structured_outputs", {"prompt": [5], "response_format": {"type": "json_object"}, "stream": True}
+    ),
+    "chat-sim-refuses-response-format": bad(
+        "structured_outputs", {"messages": CHAT, "response_format": {"type": "json_object"}}, chat=True
+    ),
 }
 OFF_VALUES = {"n": 1, "best_of": 1, "logprobs": None, "echo": False, "suffix": None, "logit_bias": {}}
 
@@ -220,3 +233,15 @@ async def test_engine_raised_errors_alike(case: Case, exc: Exception, router: Se
             body = dict(case.body or {}) | {"stream": stream}
             got = await client.post(case.path, json=body, headers=case.headers)
             check(got.status, got.headers, await got.json(), case)
+
+
+async def test_a_worker_refusal_names_its_field_over_the_routers_grpc_api(router: ServiceProcess) -> None:
+    sampling = common_pb2.SamplingParams(max_tokens=2, structured_output=common_pb2.StructuredOutput(regex="a+"))
+    req = router_pb2.RouterServiceGenerateRequest(token_ids=common_pb2.TokenIds(ids=[5, 6]), sampling=sampling)
+    async with grpc.aio.insecure_channel(router.address) as ch:
+        call = router_pb2_grpc.RouterServiceStub(ch).Generate(req, metadata=(("authorization", f"Bearer {KEY}"),))
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            async for _ in call:
+                pass
+    assert ei.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_fields(ei.value) == ["structured_outputs"], ei.value.details()

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
-from tests.support.models import tiny_model
+from kvmesh.suite.launcher import start_service
+from tests.support.models import SHARED_BLOCK_SIZE, SharedVllmWorker, tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -36,30 +36,18 @@ CHAT: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def router(tmp_path_factory: pytest.TempPathFactory, shared_vllm_worker: SharedVllmWorker) -> Iterator[httpx.Client]:
+    """The module's router over the vLLM worker other modules share (`SharedVllmWorker`, max_model_len 1024)."""
     model, tmp = tiny_model(), tmp_path_factory.mktemp("tools")
-    started: list[ServiceProcess] = []
+    worker = shared_vllm_worker.get()
+    rargs = ["--workers", worker.address, "--block-size", str(SHARED_BLOCK_SIZE), "--model", model]
+    router = start_service("router", tmp / "svc", *rargs, "--tool-call-parser", "hermes", env=ENV, timeout=120)
     try:
-        wargs = ["--engine", "vllm", "--model", model, "--block-size", "32", "--max-model-len", "1024"]
-        env = ENV | vllm_core_env(1, pinned=False)[0]
-        started.append(start_service("worker", tmp / "svc", *wargs, env=env, timeout=400))
-        rargs = [
-            "--workers",
-            started[0].address,
-            "--block-size",
-            "32",
-            "--model",
-            model,
-            "--tool-call-parser",
-            "hermes",
-        ]
-        started.append(start_service("router", tmp / "svc", *rargs, env=ENV, timeout=120))
-        with httpx.Client(base_url=f"http://127.0.0.1:{started[1].http_port}", timeout=120) as client:
+        with httpx.Client(base_url=f"http://127.0.0.1:{router.http_port}", timeout=120) as client:
             yield client
     finally:
-        for sp in reversed(started):
-            with contextlib.suppress(Exception):
-                sp.terminate(timeout=30)
+        with contextlib.suppress(Exception):
+            router.terminate(timeout=30)
 
 
 def answer(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:

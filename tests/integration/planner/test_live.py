@@ -10,6 +10,7 @@ buckets, a 3 s moving average, 2 s lifetime and scale-in delay); its rules are t
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import pytest
 
 from kvmesh.discovery.model import Role
 from kvmesh.suite.launcher import ServiceProcess
-from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from kvmesh.v1 import common_pb2, planner_pb2, planner_pb2_grpc, router_pb2, router_pb2_grpc
 from tests.integration.router.test_follows_failover import passing
 from tests.support.poll import wait_until
 from tests.support.registry import inst, register
@@ -129,6 +130,16 @@ def test_planner_scales_out_under_a_burst_and_back_in(services: Callable[..., Se
     assert _actions(planner, "scale_out") >= 1
     assert _actions(planner, "drain") == _actions(planner, "scale_in") >= 1  # every scale-in was drained first
     assert (tmp_path / "history.json").exists()
+    # what it decided, as `kvmesh planner` reads it: the scale-out and the scale-in, with their reasons
+    with grpc.insecure_channel(planner.address) as ch:
+        plan = planner_pb2_grpc.PlannerServiceStub(ch).GetPlan(planner_pb2.GetPlanRequest(), timeout=10)
+    (zone,) = plan.zones
+    assert (plan.actuator, zone.zone, zone.forecaster, zone.error) == ("local", "a", "moving_average", "")
+    assert zone.last.serving >= 2 and zone.history_buckets > 0 and len(zone.forecast) == 3
+    assert any(d.add >= 1 and d.reason for d in zone.decisions), zone.decisions
+    assert any(d.remove and "forecast needs" in d.reason for d in zone.decisions), zone.decisions
+    steps = [(d.add, tuple(d.remove), d.desired, d.serving, d.starting) for d in zone.decisions]
+    assert all(a != b for a, b in itertools.pairwise(steps)), steps  # a repeated decision is kept once
 
 
 def only(addresses: set[str], workers: list[router_pb2.WorkerStatus]) -> bool:

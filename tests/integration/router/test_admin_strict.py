@@ -102,4 +102,5 @@ def test_rebalance_typed_and_grpc_admin_refuses_unknown_fields(router: ServicePr
     rebalances = audit(router, "POST /admin/rebalance")
     assert [a["result"] for a in rebalances] == ["INVALID_ARGUMENT", "UNSUPPORTED_MEDIA_TYPE", "ok"]
     drains = audit(router, "RouterAdminService/DrainWorker")
-    assert drains[-1]["result"] == "INVALID_ARGUMENT" and drains[-1]["args"] == {"worker_id": wid, "drain": True}
+    args = {"worker_id": wid, "drain": True, "force": False}
+    assert drains[-1]["result"] == "INVALID_ARGUMENT" and drains[-1]["args"] == args

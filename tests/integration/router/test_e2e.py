@@ -56,6 +56,10 @@ class VllmPool:
 
     def _start_one(self) -> ServiceProcess:
         args = ["--engine", "vllm", "--model", tiny_model(), "--block-size", str(BS), "--max-model-len", "4096"]
+        # JSON without free whitespace: the tiny model's greedy choice under a grammar is otherwise endless tabs,
+        # and a structured output here must end its document
+        whitespace = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
+        args += ["--vllm-args", f"--structured-outputs-config '{whitespace}'"]
         env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         return start_service("worker", self.tmp, *args, "--cache-manager", self.cm.address, env=env, timeout=300)
 
@@ -486,3 +490,69 @@ def test_client_cancel_aborts_the_request_on_the_worker(
         else:
             pytest.fail("the worker kept running the cancelled request")
         loads.cancel()
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "colour": {"enum": ["red", "green", "blue", "cyan", "magenta"]},
+        "size": {"enum": ["small", "medium", "large"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["colour", "size", "ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.fault
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_kill_9_mid_structured_output_completes_a_valid_document(
+    vllm_pool: VllmPool, services: Callable[..., ServiceProcess]
+) -> None:
+    """A JSON-schema request's worker is SIGKILLed after its first tokens (held mid-stream by a `GateProxy`, as
+    above): the router resumes it on the other worker, which advances the grammar over the tokens already sent,
+    so the client's one stream is a whole document that matches the schema (a grammar started again there
+    would open a second object inside the first)."""
+    workers = vllm_pool.take(2)
+    gates = {g.address: g for g in (GateProxy(w.address, _has_tokens_and_is_not_last) for w in workers)}
+    router = services(
+        "router", "--workers", ",".join(gates), "--block-size", str(BS), "--model", tiny_model(),
+    )  # fmt: skip
+    by_address = dict(zip(gates, workers, strict=True))
+    with grpc.insecure_channel(router.address) as ch:
+        admin = router_pb2_grpc.RouterAdminServiceStub(ch)
+        listed = lambda: admin.ListWorkers(router_pb2.ListWorkersRequest()).workers  # noqa: E731
+        wait_until(lambda: len(listed()) == 2 and all(w.endpoint.id and w.load.timestamp for w in listed()))
+        ids = {w.endpoint.id: by_address[w.endpoint.address] for w in listed()}
+        gate_of = {w.endpoint.id: gates[w.endpoint.address] for w in listed()}
+    for gate in gates.values():
+        gate.arm()
+    grammar = common_pb2.StructuredOutput(json_schema=json.dumps(SCHEMA))
+    sampling = common_pb2.SamplingParams(max_tokens=200, temperature=0.0, structured_output=grammar)
+    # whole-character tokens (ids 3..130 include lone bytes of UTF-8 sequences, which vLLM's detokenizer
+    # cannot cut after, so it would send the prompt's text with the first token)
+    prompt = list(range(200, 320))
+    req = router_pb2.RouterServiceGenerateRequest(token_ids=common_pb2.TokenIds(ids=prompt), sampling=sampling)
+    msgs = []
+    killed = ""
+    try:
+        for m in stream(router.address, req, key=None, timeout=120):
+            msgs.append(m)
+            if m.token_ids and not killed:
+                killed = m.worker_id
+                for other in set(gates.values()) - {gate_of[killed]}:
+                    other.disarm()  # the resumed call must not stall
+                ids[killed].kill()
+    finally:
+        for gate in gates.values():
+            gate.close()
+    assert killed and gate_of[killed].stalled.is_set()  # the kill landed mid-stream
+    assert msgs[-1].migrations == 1 and msgs[-1].finish_reason == common_pb2.FINISH_REASON_STOP
+    assert msgs[-1].worker_id != killed
+    text = "".join(m.text for m in msgs)
+    doc = json.loads(text)  # one whole document, nothing before or after it
+    assert set(doc) == {"colour", "size", "ok"}, text
+    assert doc["colour"] in SCHEMA["properties"]["colour"]["enum"]  # type: ignore[index]
+    assert doc["size"] in SCHEMA["properties"]["size"]["enum"]  # type: ignore[index]
+    assert isinstance(doc["ok"], bool)

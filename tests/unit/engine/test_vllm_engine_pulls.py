@@ -9,7 +9,8 @@ from kvmesh.core.errors import FailedPrecondition
 from kvmesh.core.generation import EngineRequest
 from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.engine.base import Engine
-from kvmesh.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from kvmesh.engine.vllm_config import VllmEngineConfig
+from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.routing.dataplane import vllm_cpu_costs
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvmesh.core.generation import PositionLogprobs, SamplingParams, StructuredOutput, TokenLogprob
-from kvmesh.engine.vllm_engine import to_logprobs, to_position_logprobs, to_vllm_sampling
+from kvmesh.engine.vllm_sampling import to_logprobs, to_position_logprobs, to_vllm_sampling
 
 pytestmark = pytest.mark.unit
 vllm = pytest.importorskip("vllm")

@@ -13,8 +13,11 @@ from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import Usage
 from kvmesh.core.sampling import TEMPERATURE_MAX
 from kvmesh.openai.errors import http_error, status_and_type
-from kvmesh.openai.protocol import Message, parse_messages, parse_prompts, parse_request, parse_sampling
+from kvmesh.openai.messages import Message, parse_messages
+from kvmesh.openai.prompts import parse_prompts
+from kvmesh.openai.protocol import parse_request
 from kvmesh.openai.responses import SSE_DONE, ResponseBuilder, sse_event, usage_json
+from kvmesh.openai.sampling_fields import parse_sampling
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.worker.openai_http import render_chat
 from kvmesh.services.worker.servicer import validate_generate

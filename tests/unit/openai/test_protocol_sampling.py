@@ -1,4 +1,4 @@
-"""`kvmesh.openai.protocol`: vLLM's sampling extensions, log-probabilities, batches, echo, structured outputs
+"""`kvmesh.openai`'s parser: vLLM's sampling extensions, log-probabilities, batches, echo, structured outputs
 and the /tokenize and /detokenize bodies, parsed into the domain types as vLLM 0.32 reads them, and a bad
 value of each refused naming the field as OpenAI / vLLM name it. (Which of them the router serves end to end
 is the field table's; these parse below it.)"""
@@ -13,14 +13,11 @@ import pytest
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import SamplingParams, StructuredOutput
 from kvmesh.openai import fields
-from kvmesh.openai.protocol import (
-    parse_detokenize,
-    parse_prompts,
-    parse_request,
-    parse_sampling,
-    parse_structured_output,
-    parse_tokenize,
-)
+from kvmesh.openai.extras import parse_detokenize, parse_tokenize
+from kvmesh.openai.prompts import parse_prompts
+from kvmesh.openai.protocol import parse_request
+from kvmesh.openai.sampling_fields import parse_sampling
+from kvmesh.openai.structured import parse_structured_output
 
 pytestmark = pytest.mark.unit
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -115,6 +112,10 @@ def test_booleans_and_priority() -> None:
     assert bad_sampling({"skip_special_tokens": "no"}) == "skip_special_tokens"
     assert bad_sampling({"priority": 1.5}) == "priority"
     assert bad_sampling({"priority": 2**63}) == "priority"
+    assert sampling({"priority": -(2**31)}).priority == -(2**31)  # the wire's int32, both ends
+    assert sampling({"priority": 2**31 - 1}).priority == 2**31 - 1
+    assert bad_sampling({"priority": 2**31}) == "priority"
+    assert bad_sampling({"priority": -(2**31) - 1}) == "priority"
 
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -1,5 +1,5 @@
-"""OpenAI response shapes: choices with their indexes, chat and completions log-probabilities as vLLM's server
-writes them."""
+"""OpenAI response shapes: choices with their indexes, chat and completions log-probabilities and vLLM's
+`prompt_logprobs` as vLLM's server writes them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from kvmesh.openai.responses import (
     ResponseBuilder,
     chat_logprobs,
     merge_completion_logprobs,
+    prompt_logprobs_json,
 )
 
 pytestmark = pytest.mark.unit
@@ -90,3 +91,33 @@ def test_stream_chunks_name_their_choice() -> None:
     assert text.chunk("", "stop", first=False, index=1)["choices"] == [
         {"index": 1, "finish_reason": "stop", "logprobs": None, "text": ""}
     ]
+
+
+def test_prompt_logprobs_in_vllms_shape() -> None:
+    """vLLM's list: null first, then {id: {logprob, rank, decoded_token}}, the prompt's token first (ranked 3
+    here), then the top by rank; a prompt token among the top is listed once, -inf as -9999.0."""
+    low = PositionLogprobs(TokenLogprob(2, -2.0, 3), (TokenLogprob(1, -0.1, 1), TokenLogprob(3, -1.0, 2)))
+    top = PositionLogprobs(TokenLogprob(1, float("-inf"), 1), (TokenLogprob(1, float("-inf"), 1),))
+    got = prompt_logprobs_json([None, low, top], decode)
+    assert got == [
+        None,
+        {
+            "2": {"logprob": -2.0, "rank": 3, "decoded_token": "bc"},
+            "1": {"logprob": -0.1, "rank": 1, "decoded_token": "a"},
+            "3": {"logprob": -1.0, "rank": 2, "decoded_token": "é"},
+        },
+        {"1": {"logprob": -9999.0, "rank": 1, "decoded_token": "a"}},
+    ]
+    assert [list(p) for p in got[1:] if p is not None] == [["2", "1", "3"], ["1"]]  # the order vLLM's dict has
+
+
+def test_prompt_logprobs_placed_as_vllm_places_them() -> None:
+    plp = prompt_logprobs_json([None, entry(1, -0.5)], decode)
+    text = ResponseBuilder("id", chat=False, created=1, model="m")
+    body = text.whole_choices([Choice(0, "x", "stop", None, plp), Choice(1, "y", "stop")], None)
+    assert body["choices"][0]["prompt_logprobs"] == plp  # a completions choice: its prompt's
+    assert "prompt_logprobs" not in body["choices"][1] and "prompt_logprobs" not in body  # not asked: no key
+    chat = ResponseBuilder("id", chat=True, created=1, model="m")
+    body = chat.whole_choices([Choice(0, "x", "stop")], None, plp)
+    assert body["prompt_logprobs"] == plp and "prompt_logprobs" not in body["choices"][0]  # chat: at the top
+    assert "prompt_logprobs" not in chat.whole_choices([Choice(0, "x", "stop")], None)

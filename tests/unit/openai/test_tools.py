@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.openai.protocol import Message, parse_messages, parse_request, require_plain_chat
+from kvmesh.openai.messages import Message, parse_messages
+from kvmesh.openai.protocol import parse_request, require_plain_chat
 from kvmesh.openai.tools import forced_call_schema, forced_calls, forced_choice, parse_tool_fields
 
 pytestmark = pytest.mark.unit

@@ -46,7 +46,10 @@ def test_client_error_fails_with_invalid_argument_and_spares_the_breaker() -> No
     assert d.action is Action.FAIL and d.breaker is None
     assert isinstance(d.error, InvalidArgument)
     assert "worker rejected the request: INVALID_ARGUMENT: bad" in str(d.error)
+    assert d.error.field == "request"  # the worker named no field
     assert (d.retry, d.migration) == (0, 0)
+    named = decide("r", Failed(Failure.CLIENT_ERROR, "INVALID_ARGUMENT: x", "structured_outputs"), 0, 0, 0, LIM)
+    assert isinstance(named.error, InvalidArgument) and named.error.field == "structured_outputs"
 
 
 def test_client_cancel_fails_re_raising_the_callers_error() -> None:
@@ -223,13 +226,3 @@ def test_a_worker_dying_after_every_token_fails_after_max_migrations_plus_one(ma
     else:
         assert how == "fail" and att.migrations == max_migrations + 1
     assert emitted == [truth(i) for i in range(len(emitted))]
-
-
-def test_a_structured_output_retries_before_a_token_but_never_migrates() -> None:
-    fixed = Limits(max_retries=2, max_migrations=2, max_tokens=10, resumable=False)
-    before = decide("r", Failed(Failure.WORKER, "UNAVAILABLE: gone"), 0, 0, 0, fixed)
-    assert before.action is Action.RETRY and before.retry == 1
-    after = decide("r", Failed(Failure.WORKER, "UNAVAILABLE: gone"), 3, 0, 0, fixed)
-    assert after.action is Action.FAIL and after.migration == 0
-    assert isinstance(after.error, Unavailable) and "structured output cannot resume" in str(after.error)
-    assert after.breaker == BreakerTrip("UNAVAILABLE: gone")  # the worker failed all the same

@@ -8,7 +8,14 @@ from google.rpc import error_details_pb2, status_pb2
 
 from kvmesh.core import errors
 from kvmesh.openai.errors import HTTP_ERRORS, status_and_type
-from kvmesh.rpc.errors import _CODES, status_code_for, to_grpc_status
+from kvmesh.rpc.errors import (
+    _CODES,
+    details_trailers,
+    invalid_field,
+    status_code_for,
+    status_details,
+    to_grpc_status,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +70,22 @@ def test_resource_exhausted_carries_retry_info_and_header() -> None:
 def test_unexpected_errors_do_not_leak() -> None:
     status = to_grpc_status(RuntimeError("password=hunter2 at /srv/secret.py:12"), "req-1")
     assert "hunter2" not in status.details and "req-1" in status.details
+
+
+def _call_error(status: grpc.Status, details: bytes) -> grpc.aio.AioRpcError:
+    trailers = grpc.aio.Metadata(*details_trailers(details))
+    return grpc.aio.AioRpcError(status.code, grpc.aio.Metadata(), trailers, details=status.details)
+
+
+def test_a_status_carried_as_bytes_names_its_field_again() -> None:
+    """What a stream's per-request error carries (`status_details`) rebuilds a call's trailers: the field
+    reads back; none, or details of another status, read as the default."""
+    status = to_grpc_status(errors.InvalidArgument("response_format", "no grammar here"), "rid")
+    details = status_details(status)
+    assert details and details_trailers(details) == (("grpc-status-details-bin", details),)
+    assert invalid_field(_call_error(status, details)) == "response_format"
+    internal = to_grpc_status(KeyError("x"))
+    assert invalid_field(_call_error(internal, status_details(internal))) == "request"  # no BadRequest in it
+    assert invalid_field(_call_error(internal, b"")) == "request"  # no details at all
+    other = status_details(to_grpc_status(errors.InvalidArgument("n", "bad")))
+    assert invalid_field(_call_error(status, other), default="?") == "?"  # details of another status

@@ -56,3 +56,11 @@ def test_a_router_of_several_processes_is_scraped_on_each_process_s_own_port() -
     (job,) = observe.scrape_config(state, Path("/rules.yaml"), interval_s=2)["scrape_configs"]
     targets = [(t["targets"], t["labels"]["kvmesh_id"]) for t in job["static_configs"]]
     assert targets == [(["127.0.0.1:9201"], "router-local-p0"), (["127.0.0.1:9202"], "router-local-p1")]
+
+
+def test_a_tls_suite_is_scraped_over_https_with_its_ca() -> None:
+    plain = observe.scrape_config(STATE, Path("/rules.yaml"), interval_s=2)["scrape_configs"]
+    assert all("scheme" not in job for job in plain)
+    tls = {**STATE, "auth": {"tls": {"ca": "/run/pki/ca.pem"}}}
+    for job in observe.scrape_config(tls, Path("/rules.yaml"), interval_s=2)["scrape_configs"]:
+        assert job["scheme"] == "https" and job["tls_config"] == {"ca_file": "/run/pki/ca.pem"}, job

@@ -87,6 +87,16 @@ def test_inline_routing_profile_is_checked_and_a_relative_path_is_the_files(tmp_
     assert load(f).zones[0].router.profile == str(tmp_path / "prof.yaml")
 
 
+def test_guardrails_are_a_path_relative_to_the_file_that_must_exist(tmp_path: Path) -> None:
+    f = tmp_path / "k.yaml"
+    f.write_text("zones: [{name: a}, {name: b, router: {guardrails: rules}}]\n")
+    with pytest.raises(ConfigError, match=r"^zones\[1\]\.router\.guardrails: .*rules does not exist"):
+        load(f)
+    (tmp_path / "rules").mkdir()  # a directory of rule files
+    zones = load(f).zones
+    assert (zones[0].router.guardrails, zones[1].router.guardrails) == ("", str(tmp_path / "rules"))
+
+
 def test_the_examples_parse() -> None:
     two = load(EXAMPLES / "kvmesh-two-zones-vllm.yaml")
     assert [z.name for z in two.zones] == ["zone-a", "zone-b"]

@@ -217,12 +217,13 @@ kvmesh.io/version: {{ .root.Values.version }}
 {{- end -}}
 
 {{/* A probe's handler: grpc.health.v1 on the service's gRPC port (every kvmesh server serves it). The kubelet's
-     gRPC probes speak no TLS, so with tls.enabled (that port is mTLS only) the probe is GET /healthz on the
-     plain HTTP port (open in the authorisation table; SERVING, or 503 once draining). Args: root, zone, name. */}}
+     gRPC probes speak no TLS, so with tls.enabled (that port is mTLS only) the probe is GET /healthz over HTTPS
+     on the HTTP port (HTTPS only under TLS; the kubelet checks no certificate and a client certificate is
+     optional there; open in the authorisation table; SERVING, or 503 once draining). Args: root, zone, name. */}}
 {{- define "kvmesh.probe" -}}
 {{- $v := index .root.Values (index (include "kvmesh.components" . | fromYaml) .name).key }}
 {{- if .root.Values.tls.enabled -}}
-httpGet: {path: /healthz, port: {{ $v.httpPort }}}
+httpGet: {path: /healthz, port: {{ $v.httpPort }}, scheme: HTTPS}
 {{- else -}}
 grpc: {port: {{ $v.grpcPort }}, service: ""}
 {{- end }}

@@ -40,6 +40,7 @@ class Decision:
     desired: int
     forecast_rps: float
     forecaster: str
+    forecast: tuple[float, ...] = ()  # requests per bucket, the next `horizon_buckets` buckets
 
 
 @dataclass
@@ -99,4 +100,4 @@ class ZonePlanner:
         rps = self.config.sizing.sized_rate(pred, self.config.bucket_s)
         desired = self.config.sizing.desired(rps)
         action = plan_step(self.config.sizing, self.state, now_s, desired, serving, starting, queued, removable)
-        return Decision(action, desired, rps, f.name)
+        return Decision(action, desired, rps, f.name, tuple(float(x) for x in pred))

@@ -1,9 +1,11 @@
-"""`kvmesh workers|rebalance|drain|undrain|zones|weights|rollout|index|top`: the operator's commands over the suite's
-admin gRPC APIs (the router's RouterAdminService, the failover service's weights and zone health, the
-cache-manager's statistics). `register(subparsers)` adds them to the `kvmesh` command.
+"""`kvmesh workers|rebalance|drain|undrain|zones|weights|rollout|index|warming|guardrails|planner|top`: the
+operator's commands over the suite's admin gRPC APIs (the router's RouterAdminService, the failover service's
+weights and zone health, the cache-manager's statistics and warming policy, the planner's plan).
+`register(subparsers)` adds them to the `kvmesh` command.
 
 Every command takes the target flags of `kvmesh.suite.admin.target` (default: the local suite and its operator
-credential) and ``--json`` (one JSON document on stdout instead of the text view). Exit codes: 0 done,
+credential; `--zone NAME` picks the suite's zone) and ``--json`` (one JSON document on stdout instead of the
+text view). Exit codes: 0 done,
 1 the call failed (e.g. INVALID_ARGUMENT, NOT_FOUND), 2 usage (no target, unreadable credential),
 3 denied (the caller lacks role admin), 4 a service unreachable. docs/operations.md shows each command.
 """
@@ -20,7 +22,8 @@ from typing import Any
 
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.suite.admin import calls, render
-from kvmesh.suite.admin.target import EXIT_USAGE, AdminError, Target, add_arguments, resolve
+from kvmesh.suite.admin.target import EXIT_USAGE, AdminError, Target, add_arguments, resolve, resolve_all
+from kvmesh.v1 import cache_manager_pb2
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -42,13 +45,19 @@ async def _rebalance(args: argparse.Namespace) -> int:
 
 async def _drain(args: argparse.Namespace) -> int:
     on = args.command == "drain"
-    doc = await calls.drain(_target(args, "router"), args.timeout, args.worker, on)
+    try:
+        doc = await calls.drain(_target(args, "router"), args.timeout, args.worker, on, getattr(args, "force", False))
+    except AdminError as exc:
+        if on and "FAILED_PRECONDITION" in str(exc):  # the last worker of its zone in rotation
+            zone = f" --zone {args.zone}" if getattr(args, "zone", None) else ""
+            raise AdminError(f"{exc}: `kvmesh drain {args.worker}{zone} --force`", exc.exit_code) from None
+        raise
     text = f"{args.worker}: draining, {doc['in_flight']} in flight" if on else f"{args.worker}: back in rotation"
     return _emit(args, doc, text)
 
 
 async def _zones(args: argparse.Namespace) -> int:
-    doc = await calls.zones(_target(args, "failover"), args.timeout)
+    doc = await calls.zones(_target(args, "failover"), args.timeout, resolve_all(args, "router"))
     return _emit(args, doc, render.zones(doc, time.time()))
 
 
@@ -81,6 +90,26 @@ async def _rollout(args: argparse.Namespace) -> int:
 async def _index(args: argparse.Namespace) -> int:
     doc = await calls.index(_target(args, "cache-manager"), args.timeout, args.top)
     return _emit(args, doc, render.index(doc))
+
+
+async def _warming(args: argparse.Namespace) -> int:
+    fields = {k: getattr(args, k) for k in ("hot_threshold", "window_s", "max_replicas", "capacity", "lfu_weight")}
+    for name, value in fields.items():  # 0 would read as "keep": refused here rather than silently ignored
+        if value is not None and not value > 0:
+            raise AdminError(f"--{name.replace('_', '-')}: must be > 0, got {value}", EXIT_USAGE)
+    policy = cache_manager_pb2.WarmingPolicy(**{k: v for k, v in fields.items() if v is not None})
+    doc = await calls.warming(_target(args, "cache-manager"), args.timeout, policy)
+    return _emit(args, doc, render.warming(doc))
+
+
+async def _guardrails(args: argparse.Namespace) -> int:
+    doc = await calls.guardrails(_target(args, "router"), args.timeout, args.reload)
+    return _emit(args, doc, render.guardrails(doc, time.time()))
+
+
+async def _planner(args: argparse.Namespace) -> int:
+    doc = await calls.planner(_target(args, "planner"), args.timeout)
+    return _emit(args, doc, render.plan(doc, time.time()))
 
 
 async def _part(fetch: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, Any], int]:
@@ -154,8 +183,12 @@ def register(sub: Any) -> None:
     p = add("rebalance", "set the routing cost weights (normalised by the router)", _rebalance)
     p.add_argument("--prefill-weight", type=float, required=True, help="weight of prefill cost (alpha), >= 0")
     p.add_argument("--decode-weight", type=float, required=True, help="weight of decode load, >= 0")
-    for name, what in (("drain", "stop routing new requests to WORKER"), ("undrain", "put WORKER back")):
-        add(name, what + " (in-flight requests finish)", _drain).add_argument("worker", metavar="WORKER")
+    p = add("drain", "stop routing new requests to WORKER (in-flight requests finish)", _drain)
+    p.add_argument("worker", metavar="WORKER")
+    p.add_argument(
+        "--force", action="store_true", help="drain it even when it is the last worker of its zone in rotation"
+    )
+    add("undrain", "put WORKER back into rotation", _drain).add_argument("worker", metavar="WORKER")
     add("zones", "zone health and the traffic weights in force (failover service)", _zones)
     p = add("weights", "read, set or roll back traffic weights between zones and versions", _weights)
     p.add_argument("--zones", metavar="Z=W,...", help="zone weights, e.g. a=0.9,b=0.1")
@@ -166,6 +199,19 @@ def register(sub: Any) -> None:
     p.add_argument("--old", metavar="OLD", help="the version it replaces (kept on standby after the promotion)")
     p = add("index", "the cache-manager's index statistics, top prefixes and warming policy", _index)
     p.add_argument("--top", type=int, default=10, help="most-queried prefixes to show (default 10, at most 1000)")
+    p = add("warming", "read or set the cache-manager's warming policy (options left out keep their value)", _warming)
+    p.add_argument("--hot-threshold", type=int, help="hits within the window that make a prefix hot")
+    p.add_argument("--window-s", type=float, help="sliding window of the prefix statistics, seconds")
+    p.add_argument("--max-replicas", type=int, help="most workers a hot prefix is warmed onto")
+    p.add_argument("--capacity", type=int, help="most prefixes kept warm")
+    p.add_argument("--lfu-weight", type=float, help="frequency against recency in the keep-warm score, (0, 1]")
+    p = add(
+        "guardrails", "the router's output guardrail rules in force; --reload reads the rule files now", _guardrails
+    )
+    p.add_argument(
+        "--reload", action="store_true", help="read the rule files now (a bad file: the error, old rules stay)"
+    )
+    add("planner", "the planner's forecast, worker counts and recent decisions per zone", _planner)
     p = add("top", "a live view of the fleet: workers, zones, index, refreshed", _top)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
     p.add_argument("--iterations", type=int, help="frames to show, then exit (default: until Ctrl-C; 1 with --json)")

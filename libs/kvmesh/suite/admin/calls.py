@@ -4,19 +4,29 @@ address and what to do (`explain`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
 from kvmesh.rpc.channel import open_channel
 from kvmesh.suite.admin import views
-from kvmesh.suite.admin.target import EXIT_DENIED, EXIT_FAILED, EXIT_UNREACHABLE, AdminError, Target
+from kvmesh.suite.admin.target import (
+    EXIT_DENIED,
+    EXIT_FAILED,
+    EXIT_UNREACHABLE,
+    AdminError,
+    Target,
+    operator_token_file,
+)
 from kvmesh.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
     failover_pb2,
     failover_pb2_grpc,
+    planner_pb2,
+    planner_pb2_grpc,
     router_pb2,
     router_pb2_grpc,
 )
@@ -32,7 +42,9 @@ def explain(err: grpc.RpcError, target: Target, method: str) -> AdminError:
     if code is grpc.StatusCode.PERMISSION_DENIED:
         return AdminError(f"{where}: PERMISSION_DENIED, needs role admin ({details})", EXIT_DENIED)
     if code is grpc.StatusCode.UNAUTHENTICATED:
-        hint = "give an admin credential: --token/--token-file, --api-key, or an admin certificate (--cert/--key)"
+        own = operator_token_file()
+        suite = f" (the local suite's: --token-file {own})" if own else ""
+        hint = f"give an admin credential: --token-file FILE or --token TOKEN{suite}, or with TLS --ca/--cert/--key"
         return AdminError(f"{where}: UNAUTHENTICATED, needs role admin; {hint} ({details})", EXIT_DENIED)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         tls = "TLS" if target.security.tls_ca else "plaintext"
@@ -70,24 +82,37 @@ async def rebalance(t: Target, timeout: float, prefill: float, decode: float) ->
     return {"router": t.address, "prefill_weight": r.prefill_weight, "decode_weight": r.decode_weight}
 
 
-async def drain(t: Target, timeout: float, worker_id: str, on: bool) -> dict[str, Any]:
+async def drain(t: Target, timeout: float, worker_id: str, on: bool, force: bool = False) -> dict[str, Any]:
     async def run(ch: Any) -> router_pb2.DrainWorkerResponse:
-        req = router_pb2.DrainWorkerRequest(worker_id=worker_id, drain=on)
+        req = router_pb2.DrainWorkerRequest(worker_id=worker_id, drain=on, force=force)
         return await router_pb2_grpc.RouterAdminServiceStub(ch).DrainWorker(req, timeout=timeout)
 
     r = await _call(t, "RouterAdminService/DrainWorker", timeout, run)
     return {"router": t.address, "worker_id": worker_id, "draining": on, "in_flight": r.in_flight}
 
 
-async def zones(t: Target, timeout: float) -> dict[str, Any]:
+async def _router_workers(t: Target, timeout: float) -> dict[str, Any]:
+    """One router's workers, or its error (a zone's rotation is then unknown, the view goes on)."""
+    try:
+        return await list_workers(t, timeout)
+    except AdminError as exc:
+        return {"router": t.address, "error": str(exc)}
+
+
+async def zones(t: Target, timeout: float, routers: Sequence[Target] = ()) -> dict[str, Any]:
+    """Zone health and weights from the failover service, and from `routers` (each zone's) the workers each
+    zone has in rotation: a zone the failover service counts healthy can still have none (all drained)."""
+
     async def run(ch: Any) -> tuple[failover_pb2.GetZoneHealthResponse, failover_pb2.GetTrafficWeightsResponse]:
         stub = failover_pb2_grpc.FailoverServiceStub(ch)
         health = await stub.GetZoneHealth(failover_pb2.GetZoneHealthRequest(), timeout=timeout)
         weights = await stub.GetTrafficWeights(failover_pb2.GetTrafficWeightsRequest(), timeout=timeout)
         return health, weights
 
-    health, weights = await _call(t, "FailoverService/GetZoneHealth", timeout, run)
-    return views.zones(health, weights.weights, t.address)
+    (health, weights), *seen = await asyncio.gather(
+        _call(t, "FailoverService/GetZoneHealth", timeout, run), *(_router_workers(r, timeout) for r in routers)
+    )
+    return views.zones(health, weights.weights, t.address, views.rotation(seen))
 
 
 async def weights(
@@ -158,3 +183,43 @@ async def rollout(t: Target, timeout: float, new_version: str = "", old_version:
             return reply.rollout if reply.HasField("rollout") else None
 
     return views.rollout(await _call(t, method, timeout, run), t.address)
+
+
+async def warming(t: Target, timeout: float, policy: cache_manager_pb2.WarmingPolicy) -> dict[str, Any]:
+    """Sets the warming policy's fields that are not 0 (all 0: reads it); the policy in force after."""
+
+    async def run(ch: Any) -> cache_manager_pb2.SetWarmingPolicyResponse:
+        req = cache_manager_pb2.SetWarmingPolicyRequest(policy=policy)
+        return await cache_manager_pb2_grpc.CacheManagerServiceStub(ch).SetWarmingPolicy(req, timeout=timeout)
+
+    r = await _call(t, "CacheManagerService/SetWarmingPolicy", timeout, run)
+    changed = bool(policy.ListFields())
+    return {"cache_manager": t.address, "action": "set" if changed else "get", **views.warming_policy(r.policy)}
+
+
+async def planner(t: Target, timeout: float) -> dict[str, Any]:
+    async def run(ch: Any) -> planner_pb2.GetPlanResponse:
+        return await planner_pb2_grpc.PlannerServiceStub(ch).GetPlan(planner_pb2.GetPlanRequest(), timeout=timeout)
+
+    return views.plan(await _call(t, "PlannerService/GetPlan", timeout, run), t.address)
+
+
+async def guardrails(t: Target, timeout: float, reload: bool) -> dict[str, Any]:
+    """The router's guardrail rules in force, after reading the rule files now when `reload`."""
+    stub_of = router_pb2_grpc.RouterAdminServiceStub
+    if reload:
+        method = "RouterAdminService/ReloadGuardrails"
+
+        async def run(ch: Any) -> tuple[router_pb2.GuardrailsState, bool | None]:
+            r = await stub_of(ch).ReloadGuardrails(router_pb2.ReloadGuardrailsRequest(), timeout=timeout)
+            return r.guardrails, r.changed
+
+    else:
+        method = "RouterAdminService/GetGuardrails"
+
+        async def run(ch: Any) -> tuple[router_pb2.GuardrailsState, bool | None]:
+            r = await stub_of(ch).GetGuardrails(router_pb2.GetGuardrailsRequest(), timeout=timeout)
+            return r.guardrails, None
+
+    state, changed = await _call(t, method, timeout, run)
+    return {"router": t.address, **views.guardrails(state), **({} if changed is None else {"changed": changed})}

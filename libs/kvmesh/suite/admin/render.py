@@ -78,12 +78,27 @@ def workers(doc: Mapping[str, Any]) -> str:
     return head + "\n" + table([*headers, "P95 MS", "HIT"], rows)
 
 
+WEIGHTS_HEAD = {
+    "set": "traffic weights set",
+    "rollback": "traffic weights rolled back",
+    "get": "traffic weights in force",
+}
+
+
 def weights(doc: Mapping[str, Any]) -> str:
+    """The weights in force as the split of traffic they make (stored normalised: a weight is its share), after
+    a line saying whether they were just set, rolled back or read."""
     rows = [["zone", k, v] for k, v in doc["zone_weights"].items()]
     rows += [["version", k, v] for k, v in doc["version_weights"].items()]
     if not rows:
         return "no traffic weights set"
-    return table(["KIND", "NAME", "WEIGHT"], [[k, n, f"{w:.3f}"] for k, n, w in rows])
+    head = WEIGHTS_HEAD.get(str(doc.get("action", "get")), "traffic weights")
+    split = "; ".join(
+        f"{kind}s " + ", ".join(f"{n} {100 * w:.1f}%" for n, w in doc[f"{kind}_weights"].items())
+        for kind in ("zone", "version")
+        if doc[f"{kind}_weights"]
+    )
+    return f"{head}: {split}\n" + table(["KIND", "NAME", "WEIGHT"], [[k, n, f"{w:.3f}"] for k, n, w in rows])
 
 
 def zones(doc: Mapping[str, Any], now: float) -> str:
@@ -96,22 +111,35 @@ def zones(doc: Mapping[str, Any], now: float) -> str:
             z["routers"],
             z["cache_managers"],
             z["workers"],
+            "-" if z.get("routable") is None else z["routable"],
             ago(z["since"], now),
-            z["reason"] or _pending(z) or "-",
+            z["reason"] or _pending(z) or _unroutable(z) or "-",
         ]
         for z in doc["zones"]
     ]
-    text = table(["ZONE", "STATE", "WEIGHT", "ROUTERS", "CACHE-MGRS", "WORKERS", "FOR", "REASON"], rows)
+    head_row = ["ZONE", "STATE", "WEIGHT", "ROUTERS", "CACHE-MGRS", "WORKERS", "ROUTABLE", "FOR", "REASON"]
+    text = table(head_row, rows)
     versions = ", ".join(f"{v} {w:.3f}" for v, w in doc["version_weights"].items()) or "-"
     return f"{head}\n{text}\nversion weights: {versions}"
 
 
 def _zone_state(z: Mapping[str, Any]) -> str:
     """healthy, STARTING (not yet healthy since the failover service started: engines loading, services coming
-    up), UNHEALTHY, or re-warming (restored, held at the ramp floor until other zones re-warm it)."""
+    up), UNHEALTHY, UNROUTABLE (healthy to the failover service, but its router has no worker in rotation:
+    every one drained, unhealthy or with its circuit open), or re-warming (restored, held at the ramp floor until
+    other zones re-warm it)."""
     if not z["healthy"]:
         return "STARTING" if z.get("starting") else "UNHEALTHY"
+    if z.get("routable") == 0:
+        return "UNROUTABLE"
     return "re-warming" if z.get("rewarm_hold") else "healthy"
+
+
+def _unroutable(z: Mapping[str, Any]) -> str:
+    if z.get("routable") != 0:
+        return ""
+    drained = f": {z['draining']} draining" if z.get("draining") else ""
+    return f"no worker in rotation{drained}"
 
 
 def _pending(z: Mapping[str, Any]) -> str:
@@ -170,6 +198,23 @@ def index(doc: Mapping[str, Any]) -> str:
         lines.append(table(["PREFIX", "BLOCKS", "TOKENS", "IN WINDOW", "TOTAL", "TENANT"], rows))
     else:
         lines.append(f"no prefix queried in the last {p['window_s']:g}s")
+    replication = doc.get("replication") or []
+    if replication:
+        rows = [
+            [
+                r["zone"],
+                r["prefixes"],
+                r["blocks"],
+                r["bytes_total"],
+                r["failures_total"],
+                f"{r['budget_bytes_per_s'] / 1e6:g}",
+                "yes" if r["pending"] else "no",
+            ]
+            for r in replication
+        ]
+        lines.append(f"hot prefixes replicated from zone {doc['zone'] or '-'}:")
+        head = ["INTO ZONE", "PREFIXES", "BLOCKS", "BYTES", "FAILURES", "BUDGET MB/S", "PENDING"]
+        lines.append(table(head, rows))
     followed = doc.get("followed_zones") or []
     if followed:
         rows = [
@@ -221,3 +266,67 @@ def top_frame(frame: Mapping[str, Any], number: int, of: int | None) -> str:
             f"{pct(i['hit_ratio'])}, {i['gaps_total']} gaps, {i['resyncs_total']} resyncs"
         )
     return "\n".join(out) + "\n"
+
+
+def warming(doc: Mapping[str, Any]) -> str:
+    head = "warming policy set" if doc.get("action") == "set" else "warming policy in force"
+    return (
+        f"{head} (cache-manager {doc['cache_manager']}): hot at {doc['hot_threshold']} hits in {doc['window_s']:g}s, "
+        f"up to {doc['max_replicas']} replicas, {doc['capacity']} prefixes kept warm, "
+        f"LFU weight {doc['lfu_weight']:.2f}"
+    )
+
+
+def guardrails(doc: Mapping[str, Any], now: float) -> str:
+    if not doc["enabled"]:
+        return f"router {doc['router']}: no guardrails (router.guardrails in the suite file, or --guardrails PATH)"
+    changed = doc.get("changed")
+    how = "" if changed is None else ("reloaded: new rules in force; " if changed else "reloaded: unchanged; ")
+    return (
+        f"router {doc['router']}: {how}{doc['rules']} guardrail rules from {doc['path']} "
+        f"(version {doc['version']}, loaded {ago(doc['loaded_at'], now)} ago)"
+    )
+
+
+def _action(d: Mapping[str, Any]) -> str:
+    parts = ([f"add {d['add']}"] if d["add"] else []) + ([f"drain {', '.join(d['remove'])}"] if d["remove"] else [])
+    return " and ".join(parts) or "hold"
+
+
+def plan(doc: Mapping[str, Any], now: float) -> str:
+    """Per zone: the forecaster and its figures, the last step's decision, then the recent decisions."""
+    out = [f"planner {doc['planner']}  actuator {doc['actuator']}  step every {doc['interval_s']:g}s"]
+    for z in doc["zones"]:
+        mae = ", ".join(f"{k} {v:.2f}" for k, v in z["forecast_mae"].items()) or "none yet (needs a held-out day)"
+        out.append(
+            f"zone {z['zone']}: forecaster {z['forecaster']} (held-out MAE: {mae}); "
+            f"{z['history_buckets']} buckets of {z['bucket_s']:g}s recorded"
+        )
+        if z["error"]:
+            out.append(f"  last step failed: {z['error']}")
+        last = z["last"]
+        if last is None:
+            out.append("  no planning step yet")
+        else:
+            ahead = " ".join(f"{x:.1f}" for x in z["forecast"][:12]) or "-"
+            out.append(
+                f"  {ago(last['at'], now)} ago: {last['serving']} serving, {last['starting']} starting, "
+                f"{last['queued']} queued; sized for {last['forecast_rps']:.3f} req/s -> desired {last['desired']}: "
+                f"{_action(last)}{' (' + last['reason'] + ')' if last['reason'] else ''}"
+            )
+            out.append(f"  forecast, requests per {z['bucket_s']:g}s bucket: {ahead}")
+        if z["decisions"]:
+            rows = [
+                [
+                    ago(d["at"], now),
+                    d["desired"],
+                    d["serving"],
+                    d["starting"],
+                    d["queued"],
+                    _action(d),
+                    d["reason"] or "-",
+                ]
+                for d in z["decisions"][-10:]
+            ]
+            out.append(table(["AGO", "DESIRED", "SERVING", "STARTING", "QUEUED", "ACTION", "REASON"], rows))
+    return "\n".join(out)

@@ -7,9 +7,10 @@ JSON output show the same thing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, router_pb2
+from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, planner_pb2, router_pb2
 
 
 def _health(value: common_pb2.HealthState.ValueType) -> str:
@@ -60,11 +61,39 @@ def traffic_weights(w: failover_pb2.TrafficWeights) -> dict[str, dict[str, float
     }
 
 
+def routable(w: Mapping[str, Any]) -> bool:
+    """A worker (`worker`'s document) in rotation: passing, not draining, circuit not open (the router's rule)."""
+    return w["state"] == "passing" and w["circuit"] != "open"
+
+
+def rotation(seen: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per zone, from routers' `workers` documents (a failed one holds `error` and counts nothing): its workers in
+    rotation (`routable`), draining and in all, as the router that sees most of them in rotation says."""
+    out: dict[str, dict[str, int]] = {}
+    for doc in seen:
+        per: dict[str, dict[str, int]] = {}
+        for w in doc.get("workers", []):
+            z = per.setdefault(w["zone"], {"routable": 0, "draining": 0, "workers": 0})
+            z["routable"] += routable(w)
+            z["draining"] += w["draining"]
+            z["workers"] += 1
+        for zone, counts in per.items():
+            if zone not in out or counts["routable"] > out[zone]["routable"]:
+                out[zone] = counts
+    return out
+
+
 def zones(
-    health: failover_pb2.GetZoneHealthResponse, weights: failover_pb2.TrafficWeights, failover: str
+    health: failover_pb2.GetZoneHealthResponse,
+    weights: failover_pb2.TrafficWeights,
+    failover: str,
+    in_rotation: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Zone health joined with the zone weights in force (`weight` None for a zone the weights do not name)."""
+    """Zone health joined with the zone weights in force (`weight` None for a zone the weights do not name) and,
+    from the zones' routers (`rotation`), the workers each has in rotation (`routable` None where no router
+    said)."""
     zw = dict(weights.zone_weights)
+    seen = in_rotation or {}
     return {
         "failover": failover,
         "registry_reachable": health.registry_reachable,
@@ -78,6 +107,8 @@ def zones(
                 "routers": z.routers,
                 "cache_managers": z.cache_managers,
                 "workers": z.workers,
+                "routable": seen[z.zone]["routable"] if z.zone in seen else None,
+                "draining": seen[z.zone]["draining"] if z.zone in seen else None,
                 "since": z.since,
                 "rewarm_hold": z.rewarm_hold,
                 "rewarm_pending_from": list(z.rewarm_pending_from),
@@ -129,6 +160,18 @@ def index(
             for p in stats.top_prefixes
         ],
         "zone": stats.zone,
+        "replication": [
+            {
+                "zone": r.zone,
+                "prefixes": r.prefixes,
+                "blocks": r.blocks,
+                "bytes_total": r.bytes_total,
+                "failures_total": r.failures_total,
+                "budget_bytes_per_s": r.budget_bytes_per_s,
+                "pending": r.pending,
+            }
+            for r in stats.replication
+        ],
         "followed_zones": [
             {
                 "zone": z.zone,
@@ -164,4 +207,45 @@ def rollout(reply: failover_pb2.Rollout | None, failover: str) -> dict[str, Any]
             "memory_diff": reply.memory_diff,
             "events": [{"at": e.at, "kind": e.kind, "message": e.message} for e in reply.events],
         },
+    }
+
+
+def guardrails(g: router_pb2.GuardrailsState) -> dict[str, Any]:
+    return {"enabled": g.enabled, "path": g.path, "rules": g.rules, "version": g.version, "loaded_at": g.loaded_at}
+
+
+def _decision(d: planner_pb2.PlannerDecision) -> dict[str, Any]:
+    return {
+        "at": d.at,
+        "desired": d.desired,
+        "serving": d.serving,
+        "starting": d.starting,
+        "queued": d.queued,
+        "forecast_rps": d.forecast_rps,
+        "add": d.add,
+        "remove": list(d.remove),
+        "reason": d.reason,
+    }
+
+
+def plan(reply: planner_pb2.GetPlanResponse, planner: str) -> dict[str, Any]:
+    """The planner's zones: forecaster, forecast, the last decision (None before the first step), recent ones."""
+    return {
+        "planner": planner,
+        "actuator": reply.actuator,
+        "interval_s": reply.interval_s,
+        "zones": [
+            {
+                "zone": z.zone,
+                "forecaster": z.forecaster,
+                "forecast_mae": dict(sorted(z.forecast_mae.items())),
+                "bucket_s": z.bucket_s,
+                "history_buckets": z.history_buckets,
+                "forecast": list(z.forecast),
+                "last": _decision(z.last) if z.HasField("last") else None,
+                "decisions": [_decision(d) for d in z.decisions],
+                "error": z.error,
+            }
+            for z in reply.zones
+        ],
     }

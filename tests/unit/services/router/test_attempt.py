@@ -29,6 +29,7 @@ def test_the_worker_request_carries_the_attempt(so_far: list[int]) -> None:
     pull = KvPull(source_address="10.0.0.9:7", source_worker_id="w9", num_blocks=2)
     got = worker_pb2.GenerateRequest.FromString(worker_request("r1", req, NextAttempt(48, 6), so_far, pull))
     assert list(got.token_ids.ids) == [1, 2, 3, *so_far]
+    assert got.resumed_output_tokens == len(so_far)  # the worker's grammar, if any, starts after them
     assert (got.sampling.max_tokens, got.sampling.min_tokens) == (48, 6)
     assert (got.sampling.seed, got.sampling.temperature) == (3, 0.5)
     assert (list(got.sampling.stop_token_ids), list(got.sampling.stop)) == ([2], ["x"])
@@ -42,7 +43,7 @@ class Handle:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, dict[str, str]]] = []
 
-    async def generate(self, rid: str, request: bytes, carrier: dict[str, str]) -> str:
+    async def generate(self, rid: str, request: bytes, carrier: dict[str, str], sequences: int = 1) -> str:
         self.sent.append((rid, request, carrier))
         return f"call-{len(self.sent)}"
 

@@ -93,7 +93,9 @@ class FakeHandle:
     def __post_init__(self) -> None:
         self.view = WorkerView(id=self.wid, kv_blocks_total=100000)
 
-    async def generate(self, rid: str, request_bytes: bytes, carrier: dict[str, str]) -> ScriptedCall:
+    async def generate(
+        self, rid: str, request_bytes: bytes, carrier: dict[str, str], sequences: int = 1
+    ) -> ScriptedCall:
         self.sent.append(worker_pb2.GenerateRequest.FromString(request_bytes))
         return self.scripts.pop(0)
 

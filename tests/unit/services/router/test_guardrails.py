@@ -78,6 +78,27 @@ async def test_a_bad_edit_keeps_the_previous_rules_and_is_counted_once(tmp_path:
     assert await w.poll() is True and got[-1].rules[0].action.value == "stop"
 
 
+async def test_reload_reads_now_and_raises_a_bad_file_s_error(tmp_path: Path) -> None:
+    """`ReloadGuardrails`: the files read whatever their stats say (an edit keeping size and mtime included); a
+    bad file is InvalidArgument naming file and rule, the rules in force stay; `loaded` says what is in force."""
+    p = tmp_path / "g.yaml"
+    p.write_text("rules: [{name: a, words: [aaaa], action: mask}]\n")
+    w, got = watch_of(p)
+    w.load()
+    rules, version, at = w.loaded()
+    assert (rules, version) == (1, 1) and at > 0
+    assert await w.reload() is False and len(got) == 1  # unchanged content: nothing applied
+    st = p.stat()
+    p.write_text("rules: [{name: a, words: [aaaa], action: stop}, {name: b, words: [bb], action: mask}]\n")
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert await w.reload() is True and got[-1].version == 2 and w.loaded()[:2] == (2, 2)
+    errors = reloads("error")
+    bump(p, "rules:\n  - {name: a, words: [aaaa], action: explode}\n")
+    with pytest.raises(InvalidArgument, match=rf"guardrails: {p}:2: rule 'a': `action` must be mask or stop"):
+        await w.reload()
+    assert reloads("error") == errors + 1 and len(got) == 2 and w.loaded()[:2] == (2, 2)  # the previous set stays
+
+
 async def test_deleted_file_is_an_error_and_start_up_errors_name_the_file(tmp_path: Path) -> None:
     p = tmp_path / "g.yaml"
     p.write_text("rules: [{name: a, words: [aaaa], action: mask}]\n")

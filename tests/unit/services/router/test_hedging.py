@@ -63,7 +63,7 @@ class Handle:
     def __init__(self, call: Call | None) -> None:
         self.call, self.breaker = call, CircuitBreaker()
 
-    async def generate(self, rid: str, request: bytes, carrier: dict[str, str]) -> Call:
+    async def generate(self, rid: str, request: bytes, carrier: dict[str, str], sequences: int = 1) -> Call:
         if self.call is None:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
         return self.call

@@ -1,6 +1,6 @@
 """The HTTP answer from the router's chunks (`http_choices.Choices`): one choice per sequence of each prompt
 (`prompt * n + index`), usage summed over a batch's prompts, echo with the prompt's log-probabilities,
-streamed chunks per choice with each one's finish."""
+vLLM's `prompt_logprobs` where vLLM puts them, streamed chunks per choice with each one's finish."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 LIMITS = CoreLimits(block_size=16)
 
 
-def run(prompt: list[int], echo: str = "") -> PromptRun:
-    req = RouterRequest.checked(LIMITS, "r", prompt, SamplingParams(max_tokens=4, n=2))
+def run(prompt: list[int], echo: str = "", prompt_logprobs: int | None = None) -> PromptRun:
+    sampling = SamplingParams(max_tokens=4, n=2, prompt_logprobs=prompt_logprobs)
+    req = RouterRequest.checked(LIMITS, "r", prompt, sampling)
     return PromptRun(req, echo, tuple(prompt) if echo else ())
 
 
@@ -87,3 +88,31 @@ def test_streamed_chunks_name_their_choice_and_each_choice_finishes() -> None:
         (1, {"content": "c"}, "length"),
     ]
     assert out[0] is not None and out[0]["choices"][0]["logprobs"]["content"][0]["token"] == "a"
+
+
+def test_prompt_logprobs_each_completion_choice_its_prompts_a_chat_answer_at_the_top() -> None:
+    build = ResponseBuilder("id", chat=False, created=1, model="m")
+    choices = Choices(build, [run([1, 2], prompt_logprobs=0), run([3], prompt_logprobs=0)], n=2, logprobs=False,
+                      decode=lambda t: chr(96 + t))  # fmt: skip
+    for p, t in ((0, 2), (1, 3)):
+        first = chunk([t], 0)
+        first.prompt_logprobs = (None, lp(t))
+        choices.add(p, first)
+        later = chunk([t], 0)  # a migrated attempt's (prompt + tokens so far): the first attempt's stay
+        later.prompt_logprobs = (None, lp(9), lp(9))
+        choices.add(p, later)
+        choices.add(p, chunk([t], 1, STOP, usage(1, 1)))
+    body = choices.whole()
+    want = {0: [None, {"2": {"logprob": -1.0, "rank": 1, "decoded_token": "b"}}],
+            1: [None, {"3": {"logprob": -1.0, "rank": 1, "decoded_token": "c"}}]}  # fmt: skip
+    assert [(c["index"], c["prompt_logprobs"]) for c in body["choices"]] == [(i, want[i // 2]) for i in range(4)]
+    chat = Choices(ResponseBuilder("id", chat=True, created=1, model="m"), [run([1, 2], prompt_logprobs=1)], n=2,
+                   logprobs=False, decode=lambda t: chr(96 + t))  # fmt: skip
+    first = chunk([2], 0, STOP)
+    first.prompt_logprobs = (None, lp(2))
+    chat.add(0, first)
+    body = chat.whole()
+    assert body["prompt_logprobs"] == want[0] and all("prompt_logprobs" not in c for c in body["choices"])
+    plain = Choices(build, [run([1, 2])], n=2, logprobs=False, decode=str)
+    plain.add(0, chunk([2], 0, STOP))
+    assert "prompt_logprobs" not in plain.whole()["choices"][0]  # not asked for: no key, as before

@@ -60,9 +60,9 @@ def test_no_request_is_built_unchecked() -> None:
         RouterRequest("r", TokenIdArray.of([1]), SamplingParams(), 4, "", "", (), "")
 
 
-def test_a_structured_output_cannot_resume_mid_way() -> None:
+def test_a_structured_output_resumes_like_any_request() -> None:
     grammar = SamplingParams(max_tokens=4, structured_output=StructuredOutput(json_object=True))
-    assert RouterRequest.checked(LIMITS, "r", (1, 2), grammar).resume_ids == ()
-    with pytest.raises(InvalidArgument) as ei:
-        RouterRequest.checked(LIMITS, "r", (1, 2), grammar, resume_ids=[3])
-    assert ei.value.field == "resume_token_ids" and "structured output" in ei.value.message
+    assert RouterRequest.checked(LIMITS, "r", (1, 2), grammar, resume_ids=[3]).resume_ids == (3,)
+    with pytest.raises(InvalidArgument) as ei:  # the bound on resumed tokens holds all the same
+        RouterRequest.checked(LIMITS, "r", (1, 2), grammar, resume_ids=[3] * 5)
+    assert ei.value.field == "resume_token_ids"
