@@ -37,7 +37,7 @@ CURATED = [
 ]
 
 
-def _sh(cwd: Path, line: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _sh(cwd: Path, line: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVMESH_")}
     env["PATH"] = f"{cwd / '.venv' / 'bin'}:{env['PATH']}"  # operations.md: the venv first on PATH
     return subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -78,11 +78,11 @@ def test_readme_quick_start(cwd: Path) -> None:
     state = json.loads((cwd / "var" / "run" / "suite.json").read_text())
     port = next(s["http_port"] for s in state["services"] if s["name"] == "router")
     for line in lines[1:]:
+        line = line.split("  #")[0].strip().replace("localhost:8000", f"127.0.0.1:{port}")
         if line.endswith(" down"):
             continue  # the module's last test
-        line = line.replace("localhost:8000", f"127.0.0.1:{port}")
-        line = line + " --iterations 1" if line.split("#")[0].strip().endswith(" top") else line
-        out = _ok(_sh(cwd, line.split("  #")[0]))
+        line = line + " --iterations 1" if line.endswith(" top") else line
+        out = _ok(_sh(cwd, line, timeout=60))
         assert out.strip(), line
         if line.startswith("curl"):
             assert '"error"' not in out, (line, out)
