@@ -13,31 +13,19 @@ import pytest_asyncio
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams, StructuredOutput
 from kvmesh.core.kvevents import BlockRemoved, BlockStored, KvEvent, is_tier
-from kvmesh.engine.vllm_config import VllmEngineConfig
 from kvmesh.engine.vllm_engine import VllmEngine
-from tests.support.models import tiny_model
+from tests.support.models import ENGINE_BLOCK_SIZE, ENGINE_MAX_MODEL_LEN, SharedVllmEngine
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-BS = 32
-MAX_LEN = 512
+BS = ENGINE_BLOCK_SIZE
+MAX_LEN = ENGINE_MAX_MODEL_LEN
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[VllmEngine]:
-    cfg = VllmEngineConfig(
-        model=tiny_model(),
-        block_size=BS,
-        max_model_len=MAX_LEN,
-        dtype="bfloat16",
-        scratch_dir=str(tmp_path_factory.mktemp("vllm")),
-        cpu_kvcache_space_gib=1,
-    )
-    eng = VllmEngine(cfg)
-    await asyncio.wait_for(eng.start(), timeout=240)
-    try:
-        yield eng
-    finally:
-        await asyncio.wait_for(eng.stop(), timeout=60)
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def engine(shared_vllm_engine: SharedVllmEngine) -> VllmEngine:
+    """The in-process engine the connector's module shares (`SharedVllmEngine`): its tests run on the session
+    loop, as the engine's output handler does."""
+    return await shared_vllm_engine.get()
 
 
 async def collect(eng: VllmEngine, req: EngineRequest) -> list[EngineOutput]:
@@ -61,7 +49,7 @@ async def next_stored(it: AsyncIterator[list[KvEvent]], n_blocks: int, timeout: 
     return got
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_stream_prefix_hit_and_events_match_cached_blocks(engine: VllmEngine) -> None:
     events = engine.kv_event_batches()  # registered on call
     prompt = [(7 * i + 11) % 900 + 3 for i in range(100)]
@@ -96,7 +84,7 @@ async def test_stream_prefix_hit_and_events_match_cached_blocks(engine: VllmEngi
     await events.aclose()
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_abort_and_client_cancel(engine: VllmEngine) -> None:
     req = EngineRequest("long", tuple(range(3, 40)), sampling=SamplingParams(max_tokens=400, ignore_eos=True))
     outs: list[EngineOutput] = []
@@ -117,7 +105,7 @@ async def test_abort_and_client_cancel(engine: VllmEngine) -> None:
     assert not engine._inflight
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_invalid_arguments_and_engine_keeps_serving(engine: VllmEngine) -> None:
     with pytest.raises(InvalidArgument) as ei:
         await collect(engine, EngineRequest("t", (5, 6, 7), sampling=SamplingParams(temperature=-1.0)))
@@ -145,7 +133,7 @@ SCHEMA = {
 }
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_resumed_structured_output_continues_its_grammar(engine: VllmEngine) -> None:
     """A request resumed after k of its tokens (prompt + those k, `resumed_output_tokens=k`) goes on exactly as
     the uninterrupted one did under greedy decoding: its grammar was advanced over the k tokens. The same
@@ -170,7 +158,7 @@ async def test_a_resumed_structured_output_continues_its_grammar(engine: VllmEng
     assert ei.value.field == "resumed_output_tokens"
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_prompt_cut_inside_a_character_is_not_sent_back_as_text(engine: VllmEngine) -> None:
     """Ids 3..122 of the tiny model are bytes, the last ones lone bytes of multi-byte characters: the prompt
     ends inside one, and vLLM's own first text of such a prompt is the prompt's whole text plus the new
@@ -182,7 +170,7 @@ async def test_a_prompt_cut_inside_a_character_is_not_sent_back_as_text(engine: 
     assert text == text.lstrip("\ufffd") and len(text) <= 4 * 16  # 4 tokens' worth, not 120 prompt characters
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_tenants_do_not_share_prefix_cache(engine: VllmEngine) -> None:
     p = tuple(range(500, 500 + 2 * BS + 5))
     a1 = await collect(engine, EngineRequest("t-a1", p, sampling=SamplingParams(max_tokens=1), tenant="A"))
@@ -227,7 +215,7 @@ def test_translate_roundtrips_vllm_wire_format() -> None:
     assert m.hashes() == {1} and m.dump()[0].token_ids == tuple(range(32))
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_events_carry_the_tenant_into_a_tenant_isolated_index(engine: VllmEngine) -> None:
     """vLLM puts the cache salt into the first block's `extra_keys` only; the adapter turns it into the
     event's tenant and propagates it along the chain, so the cache-manager's index separates tenants."""

@@ -19,24 +19,22 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from kvmesh.core.generation import EngineRequest, SamplingParams
-from kvmesh.engine.vllm_config import VllmEngineConfig
 from kvmesh.engine.vllm_engine import VllmEngine
 from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.kvplane.vllm_connector.layout import block_digests
 from kvmesh.kvplane.vllm_connector.plan import loadable_blocks
-from tests.support.models import tiny_model
+from tests.support.models import ENGINE_BLOCK_SIZE, ENGINE_MAX_MODEL_LEN, SharedVllmEngine, vllm_engine_config
 from tests.support.regions import corrupt_block
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-BS = 32
-MAX_LEN = 4096
+BS = ENGINE_BLOCK_SIZE
+MAX_LEN = ENGINE_MAX_MODEL_LEN
 PROMPT_LEN = 4000
 GEN = 8
 VOCAB = 1000  # the tiny model's tokenizer has 1024 ids; stay clear of the specials at the top
@@ -91,35 +89,30 @@ def read_block(shm_name: str, digest: bytes, verify: bool = True) -> bytes:
         reader.close()
 
 
-def config(model: str, name: str, scratch: Path) -> VllmEngineConfig:
-    return VllmEngineConfig(
-        model=model,
-        block_size=BS,
-        max_model_len=MAX_LEN,
-        dtype="bfloat16",
-        scratch_dir=str(scratch),
-        cpu_kvcache_space_gib=1,
-        worker_id=name,
-        kv_tier_name=f"kvmesh-test-{name}-{random.randrange(1 << 32):08x}",
-        kv_tier_bytes=64 << 20,
-    )
-
-
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def engines(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[VllmEngine, VllmEngine]]:
-    model = tiny_model()
-    a = VllmEngine(config(model, "a", tmp_path_factory.mktemp("vllm-a")))
-    b = VllmEngine(config(model, "b", tmp_path_factory.mktemp("vllm-b")))
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def engines(
+    tmp_path_factory: pytest.TempPathFactory, shared_vllm_engine: SharedVllmEngine
+) -> AsyncIterator[tuple[VllmEngine, VllmEngine]]:
+    """A, the module's own (the last test kills it), and B, the in-process engine the adapter's module shares
+    (`SharedVllmEngine`, the same settings), started at once when neither runs yet; on the session loop, as
+    B's output handler."""
+    a = VllmEngine(vllm_engine_config("a", tmp_path_factory.mktemp("vllm-a")))
     try:
-        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), timeout=400)
+        started = await asyncio.gather(
+            asyncio.wait_for(a.start(), timeout=400), shared_vllm_engine.get(), return_exceptions=True
+        )
+        if failed := [r for r in started if isinstance(r, BaseException)]:
+            raise failed[0]
+        b = started[1]
+        assert isinstance(b, VllmEngine)
         for eng in (a, b):  # first requests pay one-off costs; keep them out of the TTFT figures
             await run(eng, f"warm-{eng.config.worker_id}", prompt(99)[:300])
         yield a, b
-    finally:
-        await asyncio.wait_for(asyncio.gather(a.stop(), b.stop(), return_exceptions=True), timeout=120)
+    finally:  # A's processes are gone when the last test killed them: its stop may fail
+        await asyncio.wait_for(asyncio.gather(a.stop(), return_exceptions=True), timeout=120)
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_pull_from_peer_then_own_tier(engines: tuple[VllmEngine, VllmEngine]) -> None:
     a, b = engines
     ids = prompt(1)
@@ -145,7 +138,7 @@ async def test_pull_from_peer_then_own_tier(engines: tuple[VllmEngine, VllmEngin
     )
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_corrupted_peer_block_is_recomputed(engines: tuple[VllmEngine, VllmEngine]) -> None:
     a, b = engines
     ids = prompt(3)
@@ -169,7 +162,7 @@ async def test_corrupted_peer_block_is_recomputed(engines: tuple[VllmEngine, Vll
     print(f"\ncorrupted block 40: pull reported {pulled.cached} cached tokens, TTFT {pulled.ttft_ms:.1f} ms")
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_expired_lease_or_missing_region_is_a_recompute(engines: tuple[VllmEngine, VllmEngine]) -> None:
     a, b = engines
     ids = prompt(4)
@@ -185,7 +178,7 @@ async def test_expired_lease_or_missing_region_is_a_recompute(engines: tuple[Vll
     assert missing.tokens == on_a.tokens
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_generated_blocks_are_saved_for_the_next_turn(engines: tuple[VllmEngine, VllmEngine]) -> None:
     a, b = engines
     first = prompt(6)[:40]
@@ -220,7 +213,7 @@ def mappers(name: str, not_name: str) -> list[int]:
     return pids
 
 
-@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.asyncio(loop_scope="session")
 async def test_peer_killed_with_sigkill_still_gives_the_right_output(engines: tuple[VllmEngine, VllmEngine]) -> None:
     """Last in the module: it kills engine A. Reads are one-sided, so a dead owner's region is either still
     mapped (its bytes verify: a pull) or gone (a recompute); the output is right either way."""

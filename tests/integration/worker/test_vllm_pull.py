@@ -35,18 +35,22 @@ from kvmesh.kvplane.kvsync.service import MESSAGE_DATA_BYTES, message_sizes
 from kvmesh.kvplane.kvsync.tier import SHM_DIR, region_name
 from kvmesh.kvplane.staging import STAGING_TAG
 from kvmesh.kvplane.vllm_connector.plan import loadable_blocks
-from kvmesh.suite.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from tests.support.models import tiny_model
+from tests.support.models import (
+    SHARED_BLOCK_SIZE,
+    SharedVllmWorker,
+    staging_region,
+    start_shared_config_worker,
+)
 from tests.support.scrape import metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
-BS = 32
+BS = SHARED_BLOCK_SIZE
 PROMPT_LEN = 2048
 LONG_PROMPT = 4000
 VOCAB = 1000  # the tiny model's tokenizer has 1024 ids; stay clear of the specials at the top
 OUTCOMES = "kvmesh_worker_kv_pull_outcomes_total"
-PULL_TIMEOUT_MS = 20_000  # the workers' cap on a pull's deadline; the hints below ask for less
 KILL_AFTER = 128 << 10  # bytes of A's ReadBlocks stream the proxy forwards before A is killed
 RATE = 1_000_000  # bytes/s through the proxy: the ~2 MB stream would take ~2 s
 
@@ -57,27 +61,24 @@ def message_ends(block_bytes: int) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
-    model = tiny_model()
-    flags = ["--engine", "vllm", "--model", model, "--block-size", str(BS), "--max-model-len", "4096"]
-    flags += ["--vllm-dtype", "bfloat16", "--cpu-tier-mb", "64", "--pull-timeout-ms", str(PULL_TIMEOUT_MS)]
-    procs: list[ServiceProcess] = []
+def workers(
+    tmp_path_factory: pytest.TempPathFactory, shared_vllm_worker: SharedVllmWorker
+) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+    """A, the module's own (the last test kills it), and B, the worker other modules share (`SharedVllmWorker`,
+    the same settings; it checks its own exit and staging region when it stops), both loading at once when B
+    does not run yet."""
+    with ThreadPoolExecutor(2) as pool:
+        a_start = pool.submit(start_shared_config_worker, tmp_path_factory.mktemp("vpa"))
+        b_start = pool.submit(shared_vllm_worker.get)
+        with contextlib.suppress(Exception):
+            b_start.result()
+        a = a_start.result()  # a worker that did not start fails the fixture
     try:
-        dirs = [tmp_path_factory.mktemp(f"vp{name}") for name in ("a", "b")]
-        with ThreadPoolExecutor(2) as pool:  # both engines load at once
-            futures = [pool.submit(start_service, "worker", d, *flags, timeout=300) for d in dirs]
-            for f in futures:
-                with contextlib.suppress(Exception):
-                    procs.append(f.result())
-        for f in futures:
-            f.result()  # a worker that did not start fails the fixture (the one that did is stopped below)
-        yield procs[0], procs[1]
+        yield a, b_start.result()
     finally:
-        for sp in procs:
-            rc = sp.terminate(timeout=60)
-            assert rc == 0 or (sp is procs[0] and rc == -signal.SIGKILL), f"{sp.name} exited with {rc}"
-        staging = [os.path.join(SHM_DIR, region_name(STAGING_TAG, sp.proc.pid)) for sp in procs]
-        assert not [p for p in staging if os.path.exists(p)], "a staging region was left behind"
+        rc = a.terminate(timeout=60)
+        assert rc in (0, -signal.SIGKILL), f"{a.name} exited with {rc}"
+        assert not os.path.exists(staging_region(a)), "a staging region was left behind"
 
 
 def gen_req(rid: str, ids: list[int], **kw: object) -> worker_pb2.GenerateRequest:
