@@ -37,7 +37,8 @@ CHAT: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory, shared_vllm_worker: SharedVllmWorker) -> Iterator[httpx.Client]:
-    """The module's router over the vLLM worker other modules share (`SharedVllmWorker`, max_model_len 1024)."""
+    """The module's router over the vLLM worker other modules share (`SharedVllmWorker`: its max_model_len
+    leaves room for the ~520-token tools prompt and the answer)."""
     model, tmp = tiny_model(), tmp_path_factory.mktemp("tools")
     worker = shared_vllm_worker.get()
     rargs = ["--workers", worker.address, "--block-size", str(SHARED_BLOCK_SIZE), "--model", model]

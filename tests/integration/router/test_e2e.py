@@ -25,7 +25,7 @@ import grpc
 import httpx
 import pytest
 
-from kvmesh.suite.launcher import ServiceProcess, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
 from kvmesh.v1 import (
     cache_manager_pb2,
     cache_manager_pb2_grpc,
@@ -60,7 +60,9 @@ class VllmPool:
         # and a structured output here must end its document
         whitespace = json.dumps({"backend": "xgrammar", "disable_any_whitespace": True})
         args += ["--vllm-args", f"--structured-outputs-config '{whitespace}'"]
-        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        # the pool's engines share this host's cores unpinned, an equal share each as their thread count: all
+        # bound to the same cores (vLLM's default), their OpenMP threads spin against each other
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **vllm_core_env(VLLM_WORKERS, pinned=False)[0]}
         return start_service("worker", self.tmp, *args, "--cache-manager", self.cm.address, env=env, timeout=300)
 
     def take(self, n: int) -> list[ServiceProcess]:
