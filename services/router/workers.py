@@ -42,7 +42,7 @@ from kvmesh.services.router.stream_requests import StreamedRequest
 from kvmesh.services.router.worker_frames import ConnectFailed, FramedWorkerStream
 from kvmesh.services.router.worker_stream import WorkerStream
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from kvmesh.wire.proto import load_from_proto
+from kvmesh.wire.proto import load_from_proto, role_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +310,8 @@ class WorkerPool:
         h.view.kvsync_address, h.view.tier_region = info.kvsync_address, info.tier_region
         h.view.tier_shm_name = info.tier_shm_name
         h.view.transfer = transfer_from_proto(info.transfer) if info.HasField("transfer") else None
+        h.view.role = role_from_proto(info.role)
+        h.view.host, h.view.rack, h.view.engine_handoff = info.host, info.rack, info.engine_handoff
         self.by_id[wid] = h
 
     def _use_frames(self, h: WorkerHandle, address: str) -> None:

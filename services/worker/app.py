@@ -40,6 +40,8 @@ class WorkerApp:
         self.tier_blocks_total = 0
         self.tier_block_bytes = 0
         self.gate: WindowGate | None = None  # the batching window requests wait in (None: off)
+        # hands a prefill half's KV over by the engine's own transfer (vLLM's NixlConnector), besides kv-sync
+        self.engine_handoff = False
         self._pump_task: asyncio.Task[None] | None = None
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -27,6 +28,7 @@ from kvmesh.wire.proto import (
     output_to_proto,
     pull_from_proto,
     request_from_proto,
+    role_to_proto,
     sampling_from_proto,
 )
 
@@ -226,6 +228,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             tier_blocks_total=self.app.tier_blocks_total,
             tier_block_bytes=self.app.tier_block_bytes,
             transfer=self._transfer(),
+            role=role_to_proto(self.settings.worker_role),
+            host=self.settings.host_label or socket.gethostname(),
+            rack=self.settings.rack_label,
+            engine_handoff=self.app.engine_handoff,
         )
 
     def _transfer(self) -> worker_pb2.KvTransferCosts | None:

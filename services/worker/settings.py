@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.core.config import ServerSettings, setting
+from kvmesh.core.errors import InvalidArgument
+from kvmesh.core.handoff import WorkerRole
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,25 @@ class WorkerSettings(ServerSettings):
         256, "a request with max_tokens at least this (or unset) is generation in the batching window"
     )
     batching_token_budget: int = setting(16384, "prompt tokens one release of the batching window lets through")
+    role: str = setting(
+        "both",
+        "part in prefill/decode disaggregation: both (aggregated), prefill (prefill halves only: computes a"
+        " prompt's KV and hands it to a decode worker) or decode (decode halves and aggregated requests)",
+    )
+    host_label: str = setting("", "topology label: the host this worker runs on (empty: the machine's hostname)")
+    rack_label: str = setting("", "topology label: the rack (or any link domain below the zone) it runs on")
+    handoff_hold_ms: int = setting(
+        10000, "longest a prefill half's KV is held for its decode worker, milliseconds (the router asks less)"
+    )
     cpu_affinity: str = setting(
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )
+
+    @property
+    def worker_role(self) -> WorkerRole:
+        """`role` as the enum; InvalidArgument naming `role` for anything else."""
+        try:
+            return WorkerRole(self.role)
+        except ValueError:
+            choices = ", ".join(r.value for r in WorkerRole)
+            raise InvalidArgument("role", f"{self.role!r} is not one of {choices}") from None

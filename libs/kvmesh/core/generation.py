@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvmesh.core.handoff import KvHandoff
 from kvmesh.core.pull import KvPull
 
 DEFAULT_MAX_TOKENS_LIMIT = 8192
@@ -91,6 +92,9 @@ class EngineRequest:
     `kv_pull` is a pull the engine's `generate` loads leading blocks by (from `Engine.pull_prefix`).
     `resumed_output_tokens`: the prompt's last this-many tokens are the request's own output so far (it resumes
     from them after a migration): a structured output's grammar starts after them, not at the prompt's end.
+    `hand_off_ms` makes it a disaggregated request's prefill half (implies `prefill_only`): the engine holds
+    the prompt's KV that long and its last output carries the `KvHandoff`; `handoff` makes it a decode half,
+    loading that KV (best effort: a failed or void handoff is computed). See `kvmesh.core.handoff`.
     """
 
     request_id: str
@@ -102,6 +106,8 @@ class EngineRequest:
     tenant: str | None = None  # part of the prefix-cache salt: tenants never share KV blocks
     kv_pull: KvPull | None = None
     resumed_output_tokens: int = 0
+    hand_off_ms: int = 0
+    handoff: KvHandoff | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +135,7 @@ class EngineOutput:
     index: int = 0  # which of the request's `n` sequences this continues
     logprobs: tuple[PositionLogprobs, ...] = ()  # one per token id, when the request asked for them
     prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()  # first output only; the first token has none
+    handoff: KvHandoff | None = None  # a prefill half's last output: the KV held for the decode worker
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvmesh.core.handoff import WorkerRole
 from kvmesh.core.kvevents import LoadReport
 
 DEFAULT_PULL_MARGIN = 2.0  # a pull must beat recomputing its blocks by this factor (kvmesh.routing.dataplane)
@@ -57,13 +58,19 @@ class WorkerView:
     this router's requests in the last report that have ended since (the report's counts still hold them).
     `pool` is "" (any prompt), "long" or "short" (see `filters.pool`). `transfer` is None unless the fleet has
     a KV data plane (tiers, peer pulls): then the cost prices loads and pulls with it (the live router takes it
-    from the worker's GetInfo).
+    from the worker's GetInfo). `role` is its part in prefill/decode disaggregation (`kvmesh.routing.disagg`),
+    `host` and `rack` its topology labels (empty: unknown), `engine_handoff` whether it hands KV over by its
+    engine's own transfer (vLLM's NixlConnector) besides kv-sync.
     """
 
     id: str
     zone: str = ""
     version: str = ""
     pool: str = ""
+    role: WorkerRole = WorkerRole.BOTH
+    host: str = ""
+    rack: str = ""
+    engine_handoff: bool = False
     healthy: bool = True
     draining: bool = False
     circuit: CircuitState = CircuitState.CLOSED

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kvmesh.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -18,6 +19,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _WorkerRole:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WorkerRoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WorkerRole.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WORKER_ROLE_UNSPECIFIED: _WorkerRole.ValueType  # 0
+    """Unset: both."""
+    WORKER_ROLE_BOTH: _WorkerRole.ValueType  # 1
+    """Prefills and decodes (aggregated serving; also a decode half)."""
+    WORKER_ROLE_PREFILL: _WorkerRole.ValueType  # 2
+    """Prefill halves only: computes a prompt's KV and hands it to a decode worker."""
+    WORKER_ROLE_DECODE: _WorkerRole.ValueType  # 3
+    """Decodes: decode halves, and aggregated requests when disaggregation does not pay."""
+
+class WorkerRole(_WorkerRole, metaclass=_WorkerRoleEnumTypeWrapper):
+    """A worker's part in prefill/decode disaggregation."""
+
+WORKER_ROLE_UNSPECIFIED: WorkerRole.ValueType  # 0
+"""Unset: both."""
+WORKER_ROLE_BOTH: WorkerRole.ValueType  # 1
+"""Prefills and decodes (aggregated serving; also a decode half)."""
+WORKER_ROLE_PREFILL: WorkerRole.ValueType  # 2
+"""Prefill halves only: computes a prompt's KV and hands it to a decode worker."""
+WORKER_ROLE_DECODE: WorkerRole.ValueType  # 3
+"""Decodes: decode halves, and aggregated requests when disaggregation does not pay."""
+Global___WorkerRole: _TypeAlias = WorkerRole  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -35,6 +64,8 @@ class GenerateRequest(_message.Message):
     DETOKENIZE_FIELD_NUMBER: _builtins.int
     KV_PULL_FIELD_NUMBER: _builtins.int
     RESUMED_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    HAND_OFF_MS_FIELD_NUMBER: _builtins.int
+    HANDOFF_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller-chosen id, unique per worker while in flight; used by Abort and in logs."""
     text: _builtins.str
@@ -52,6 +83,11 @@ class GenerateRequest(_message.Message):
     client's resume, continues from them): a structured output's grammar is advanced over them, so the rest
     completes the document the client already holds. 0: a fresh request.
     """
+    hand_off_ms: _builtins.int
+    """The prefill half of a disaggregated request: compute the prompt's KV, generate nothing, and hold the KV
+    for a decode worker for this many milliseconds; the last response carries the handoff (0: not a prefill
+    half). Implies prefill_only.
+    """
     @_builtins.property
     def token_ids(self) -> _common_pb2.TokenIds:
         """Token ids (preferred: the router tokenises once)."""
@@ -64,6 +100,12 @@ class GenerateRequest(_message.Message):
     def kv_pull(self) -> Global___KvPullHint:
         """Pull the prompt's leading KV blocks from a peer instead of computing them (a router's hint; best effort:
         any failure ends in computing them, with the same output).
+        """
+
+    @_builtins.property
+    def handoff(self) -> Global___KvHandoff:
+        """The decode half of a disaggregated request: the KV the prefill worker handed over (its last response's
+        handoff). Best effort, as kv_pull: a handoff that fails or is void ends in computing the prompt.
         """
 
     def __init__(
@@ -79,16 +121,64 @@ class GenerateRequest(_message.Message):
         detokenize: _builtins.bool = ...,
         kv_pull: Global___KvPullHint | None = ...,
         resumed_output_tokens: _builtins.int = ...,
+        hand_off_ms: _builtins.int = ...,
+        handoff: Global___KvHandoff | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kv_pull", b"kv_pull", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["handoff", b"handoff", "kv_pull", b"kv_pull", "prompt", b"prompt", "sampling", b"sampling", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "kv_pull", b"kv_pull", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "resumed_output_tokens", b"resumed_output_tokens", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "hand_off_ms", b"hand_off_ms", "handoff", b"handoff", "kv_pull", b"kv_pull", "lora_name", b"lora_name", "prefill_only", b"prefill_only", "prompt", b"prompt", "request_id", b"request_id", "resumed_output_tokens", b"resumed_output_tokens", "sampling", b"sampling", "tenant", b"tenant", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["token_ids", "text"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_prompt) -> _WhichOneofReturnType_prompt | None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class KvHandoff(_message.Message):
+    """The KV of a prompt a prefill worker computed and holds for a decode worker: by the engine's own transfer
+    (vLLM's NixlConnector: its kv_transfer_params), or over kv-sync from the prefill worker's tier.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENGINE_PARAMS_JSON_FIELD_NUMBER: _builtins.int
+    PULL_FIELD_NUMBER: _builtins.int
+    NUM_BLOCKS_FIELD_NUMBER: _builtins.int
+    HELD_UNTIL_UNIX_MS_FIELD_NUMBER: _builtins.int
+    SOURCE_WORKER_ID_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    engine_params_json: _builtins.str
+    """The engine's transfer parameters, a JSON object (vLLM's kv_transfer_params); empty for a kv-sync handoff."""
+    num_blocks: _builtins.int
+    """Leading prompt blocks handed over."""
+    held_until_unix_ms: _builtins.int
+    """The prefill worker holds the blocks until this Unix time, milliseconds; after it the handoff is void."""
+    source_worker_id: _builtins.str
+    """Id of the prefill worker."""
+    cached_tokens: _builtins.int
+    """Prompt tokens the prefill worker found in its cache (the request's cached_tokens)."""
+    @_builtins.property
+    def pull(self) -> Global___KvPullHint:
+        """The kv-sync pull of the handed-over blocks from the prefill worker's tier; unset for an engine handoff."""
+
+    def __init__(
+        self,
+        *,
+        engine_params_json: _builtins.str = ...,
+        pull: Global___KvPullHint | None = ...,
+        num_blocks: _builtins.int = ...,
+        held_until_unix_ms: _builtins.int = ...,
+        source_worker_id: _builtins.str = ...,
+        cached_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pull", b"pull"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "engine_params_json", b"engine_params_json", "held_until_unix_ms", b"held_until_unix_ms", "num_blocks", b"num_blocks", "pull", b"pull", "source_worker_id", b"source_worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KvHandoff: _TypeAlias = KvHandoff  # noqa: Y015
 
 @_typing.final
 class KvPullHint(_message.Message):
@@ -162,6 +252,7 @@ class GenerateResponse(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     PROMPT_LOGPROBS_FIELD_NUMBER: _builtins.int
+    HANDOFF_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     """Decoded text of those tokens, when requested."""
     finish_reason: _common_pb2.FinishReason.ValueType
@@ -188,6 +279,10 @@ class GenerateResponse(_message.Message):
         has none: an empty entry).
         """
 
+    @_builtins.property
+    def handoff(self) -> Global___KvHandoff:
+        """On a prefill half's last message: the KV handed over (GenerateRequest.hand_off_ms)."""
+
     def __init__(
         self,
         *,
@@ -199,10 +294,11 @@ class GenerateResponse(_message.Message):
         index: _builtins.int = ...,
         logprobs: _abc.Iterable[_common_pb2.PositionLogprobs] | None = ...,
         prompt_logprobs: _abc.Iterable[_common_pb2.PositionLogprobs] | None = ...,
+        handoff: Global___KvHandoff | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["handoff", b"handoff", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "prompt_logprobs", b"prompt_logprobs", "text", b"text", "token_ids", b"token_ids", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "handoff", b"handoff", "index", b"index", "logprobs", b"logprobs", "prompt_logprobs", b"prompt_logprobs", "text", b"text", "token_ids", b"token_ids", "usage", b"usage", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -498,6 +594,10 @@ class GetInfoResponse(_message.Message):
     TRANSFER_FIELD_NUMBER: _builtins.int
     TIER_BLOCK_BYTES_FIELD_NUMBER: _builtins.int
     GENERATE_FRAMES_ADDRESS_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    RACK_FIELD_NUMBER: _builtins.int
+    ENGINE_HANDOFF_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker id."""
     engine: _builtins.str
@@ -532,6 +632,16 @@ class GetInfoResponse(_message.Message):
     """Address (host:port) of the worker's generate-frames listener: GenerateStream's messages over plain TCP
     (TLS as the worker's gRPC server), without HTTP/2 (kvmesh.wire.frames); empty: not served.
     """
+    role: Global___WorkerRole.ValueType
+    """The worker's part in prefill/decode disaggregation."""
+    host: _builtins.str
+    """Topology labels: the host and rack the worker runs on (empty: unknown), for placing a decode worker near
+    its prefill worker.
+    """
+    rack: _builtins.str
+    """Rack (or any failure/link domain below the zone)."""
+    engine_handoff: _builtins.bool
+    """The worker hands its KV over by its engine's own transfer (vLLM's NixlConnector), besides kv-sync."""
     @_builtins.property
     def transfer(self) -> Global___KvTransferCosts:
         """What it costs the worker to obtain a KV block other than by prefill; unset: no KV data plane."""
@@ -556,10 +666,14 @@ class GetInfoResponse(_message.Message):
         transfer: Global___KvTransferCosts | None = ...,
         tier_block_bytes: _builtins.int = ...,
         generate_frames_address: _builtins.str = ...,
+        role: Global___WorkerRole.ValueType = ...,
+        host: _builtins.str = ...,
+        rack: _builtins.str = ...,
+        engine_handoff: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["transfer", b"transfer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "generate_frames_address", b"generate_frames_address", "generate_stream", b"generate_stream", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "tier_block_bytes", b"tier_block_bytes", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_size", b"block_size", "engine", b"engine", "engine_handoff", b"engine_handoff", "generate_frames_address", b"generate_frames_address", "generate_stream", b"generate_stream", "host", b"host", "instance_id", b"instance_id", "kv_blocks_total", b"kv_blocks_total", "kvsync_address", b"kvsync_address", "max_model_len", b"max_model_len", "model", b"model", "rack", b"rack", "role", b"role", "tier_block_bytes", b"tier_block_bytes", "tier_blocks_total", b"tier_blocks_total", "tier_region", b"tier_region", "tier_shm_name", b"tier_shm_name", "transfer", b"transfer", "version", b"version", "worker_id", b"worker_id", "zone", b"zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

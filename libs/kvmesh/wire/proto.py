@@ -16,6 +16,7 @@ from kvmesh.core.generation import (
     StructuredOutput,
     TokenLogprob,
 )
+from kvmesh.core.handoff import KvHandoff, WorkerRole
 from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.core.pull import KvPull
 from kvmesh.index.types import Cleared, IndexDelta, Media, Removed, Stored
@@ -155,6 +156,50 @@ def request_from_proto(r: worker_pb2.GenerateRequest) -> EngineRequest:
         lora_name=r.lora_name or None,
         tenant=r.tenant or None,
         resumed_output_tokens=r.resumed_output_tokens,
+        hand_off_ms=r.hand_off_ms,
+        handoff=handoff_from_proto(r.handoff) if r.HasField("handoff") else None,
+    )
+
+
+_ROLES = {
+    WorkerRole.BOTH: worker_pb2.WORKER_ROLE_BOTH,
+    WorkerRole.PREFILL: worker_pb2.WORKER_ROLE_PREFILL,
+    WorkerRole.DECODE: worker_pb2.WORKER_ROLE_DECODE,
+}
+_ROLES_BACK = {v: k for k, v in _ROLES.items()}
+
+
+def role_to_proto(r: WorkerRole) -> worker_pb2.WorkerRole.ValueType:
+    return _ROLES[r]
+
+
+def role_from_proto(v: worker_pb2.WorkerRole.ValueType) -> WorkerRole:
+    """A GetInfo's role; unset (an older worker) is `both`."""
+    return _ROLES_BACK.get(v, WorkerRole.BOTH)
+
+
+def handoff_to_proto(h: KvHandoff) -> worker_pb2.KvHandoff:
+    """A handoff as it travels: a prefill half's last response, a decode half's request."""
+    msg = worker_pb2.KvHandoff(
+        engine_params_json=h.engine_params_json,
+        num_blocks=h.num_blocks,
+        held_until_unix_ms=h.held_until_unix_ms,
+        source_worker_id=h.source_worker_id,
+        cached_tokens=h.cached_tokens,
+    )
+    if h.pull is not None:
+        msg.pull.CopyFrom(pull_to_proto(h.pull))
+    return msg
+
+
+def handoff_from_proto(h: worker_pb2.KvHandoff) -> KvHandoff:
+    return KvHandoff(
+        num_blocks=h.num_blocks,
+        held_until_unix_ms=h.held_until_unix_ms,
+        source_worker_id=h.source_worker_id,
+        engine_params_json=h.engine_params_json,
+        pull=pull_from_proto(h.pull) if h.HasField("pull") else None,
+        cached_tokens=h.cached_tokens,
     )
 
 
@@ -197,6 +242,8 @@ def output_to_proto(o: EngineOutput, worker_id: str, detokenize: bool) -> worker
         msg.prompt_logprobs.extend(logprobs_to_proto(o.prompt_logprobs))
     if detokenize:
         msg.text = o.text
+    if o.handoff is not None:
+        msg.handoff.CopyFrom(handoff_to_proto(o.handoff))
     if o.finished:
         msg.finish_reason = FINISH.get(o.finish_reason or "", common_pb2.FINISH_REASON_STOP)
         if o.usage is not None:
