@@ -13,6 +13,7 @@ from kvmesh.core.config import load_settings
 from kvmesh.index import NATIVE
 from kvmesh.index.shared import remove_files
 from kvmesh.routing import Admission, BreakerConfig, InflightTracker, Profile, QueueLimits
+from kvmesh.routing.disagg import PdParams
 from kvmesh.routing.stall import StallConfig
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import MessageBounds
@@ -22,6 +23,7 @@ from kvmesh.security.client_keys import ClientKeys
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.auth import RateLimiter
 from kvmesh.services.router.core import RouterCore
+from kvmesh.services.router.disaggregation import PdSettings
 from kvmesh.services.router.follow import FailoverFollower
 from kvmesh.services.router.frontend import Frontend
 from kvmesh.services.router.guarded import OutputGuard
@@ -109,6 +111,8 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         salt_model=s.salt_model,
         stall=stall,
         pull_margin=s.kv_pull_margin,
+        pd=PdSettings(s.disaggregation, s.pd_hold_ms, s.pd_prefill_timeout_ms),
+        pd_params=PdParams(min_uncached_tokens=s.pd_min_uncached_tokens, max_prefill_queue_s=s.pd_max_prefill_queue_s),
     )
     keys = ClientKeys.load(s.api_keys_file, window_s=s.signature_window_s, replay_capacity=s.signature_replay_cache)
     return Frontend(

@@ -4,10 +4,12 @@ path above holds no protobuf of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from kvmesh.core.handoff import KvHandoff
 from kvmesh.core.pull import KvPull
 from kvmesh.routing.attempts import NextAttempt
 from kvmesh.services.router.request import RouterRequest
@@ -15,7 +17,7 @@ from kvmesh.services.router.stall_watch import StallWatch
 from kvmesh.services.router.worker_stream import WorkerCall, attempt_request_bytes
 from kvmesh.services.router.workers import WorkerHandle
 from kvmesh.v1 import worker_pb2
-from kvmesh.wire.proto import pull_to_proto, sampling_to_proto
+from kvmesh.wire.proto import handoff_to_proto, pull_to_proto, sampling_to_proto
 
 
 @dataclass(slots=True)
@@ -33,6 +35,7 @@ class Attempt:
     sequences: int = 1  # the request's n: its call ends once each has finished
     call: WorkerCall | None = None
     hedge: bool = False
+    cached: int | None = None  # a decode half's: the prompt tokens its prefill worker found cached
     _it: AsyncIterator[worker_pb2.GenerateResponse] | None = None
 
     @property
@@ -55,10 +58,26 @@ class Attempt:
             setattr(self, name, getattr(other, name))
 
 
-def worker_request(rid: str, req: RouterRequest, plan: NextAttempt, so_far: list[int], pull: KvPull | None) -> bytes:
+def worker_request(
+    rid: str,
+    req: RouterRequest,
+    plan: NextAttempt,
+    so_far: list[int],
+    pull: KvPull | None,
+    handoff: KvHandoff | None = None,
+    engine_handoff: bool = False,
+) -> bytes:
     """Wire bytes of an attempt's `GenerateRequest`: the request's sampling as `plan` adjusts it, its prompt's
     wire bytes as they are followed by `so_far` (the tokens a migration resumes from), the `pull` placement
-    chose (its `KvPullHint`)."""
+    chose (its `KvPullHint`). A decode half carries its `handoff`: by the engine's own transfer when the
+    decode worker has one (`engine_handoff`) and the prefill worker gave its parameters, else as the kv-sync
+    pull from the prefill worker's tier (its `kv_pull`)."""
+    if handoff is not None:
+        if not (engine_handoff and handoff.engine_params_json):
+            pull = handoff.pull
+            handoff = dataclasses.replace(handoff, engine_params_json="")
+        else:
+            pull = None
     hint = pull_to_proto(pull) if pull is not None else None
     head = worker_pb2.GenerateRequest(
         request_id=rid,
@@ -67,5 +86,6 @@ def worker_request(rid: str, req: RouterRequest, plan: NextAttempt, so_far: list
         detokenize=True,
         kv_pull=hint,
         resumed_output_tokens=len(so_far),
+        handoff=handoff_to_proto(handoff) if handoff is not None else None,
     )
     return attempt_request_bytes(head, sampling_to_proto(req.sampling), plan, req.prompt.wire, so_far)

@@ -34,12 +34,14 @@ from kvmesh.core.errors import Unavailable
 from kvmesh.routing import Admission, InflightTracker, Profile
 from kvmesh.routing import attempts as at
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN
+from kvmesh.routing.disagg import PdParams
 from kvmesh.routing.stall import StallConfig, WorkerLatency
 from kvmesh.rpc.errors import invalid_field
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.admission_wait import AdmissionGate
 from kvmesh.services.router.attempt import Attempt, worker_request
 from kvmesh.services.router.chunks import Chunk, chunk_of
+from kvmesh.services.router.disaggregation import Disaggregation, HandedOver, PdSettings, pd_eligible
 from kvmesh.services.router.hedging import Hedging
 from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.services.router.limits import CoreLimits
@@ -68,6 +70,8 @@ class RouterCore:
         salt_model: str = "",
         stall: StallConfig | None = None,
         pull_margin: float = DEFAULT_PULL_MARGIN,
+        pd: PdSettings | None = None,
+        pd_params: PdParams | None = None,
     ) -> None:
         self.profile, self.pool, self.index, self.tracker = profile, pool, index, tracker
         self.stall = stall or StallConfig()
@@ -77,6 +81,9 @@ class RouterCore:
         self.gate = AdmissionGate(admission, limits.queue_timeout_s)
         self.placement = Placement(profile, pool, index, tracker, limits.block_size, salt_model, pull_margin)
         self.hedging = Hedging(pool, tracker, limits.block_size, self.stall.ttft_ceiling_s)
+        self.pd = Disaggregation(pd or PdSettings(), pool, tracker)
+        if self.pd.settings.enabled:
+            self.placement.pd_params = pd_params or PdParams()
         m.QUEUES.admission = admission
 
     async def generate(self, req: RouterRequest) -> AsyncIterator[Chunk]:
@@ -106,7 +113,8 @@ class RouterCore:
                 usage = common_pb2.Usage(prompt_tokens=n_prompt, completion_tokens=att.n_generated)
                 yield Chunk([], "", "", att.migrations, common_pb2.FINISH_REASON_LENGTH, usage)
                 return
-            cur = await self._dispatch(rid, req, plan, att.tokens, exclude)
+            first = not hedged and not exclude and migrations == 0 and att.migrations == 0
+            cur = await self._dispatch(rid, req, plan, att.tokens, exclude, pd=first)
             carrier: dict[str, str] = {}
             inject(carrier)
             clock.new_attempt(time.monotonic())
@@ -135,7 +143,7 @@ class RouterCore:
                         outcome = at.Finished(resp.finish_reason, clock.max_gap_ms)
                         self._record(cur.wid, cur.h, att.end(outcome), t)
                         clock.on_finish(t)
-                        cached = min(resp.usage.cached_tokens, n_prompt)
+                        cached = min(resp.usage.cached_tokens if cur.cached is None else cur.cached, n_prompt)
                         usage = common_pb2.Usage(
                             prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=att.n_generated
                         )
@@ -172,12 +180,34 @@ class RouterCore:
                 return
 
     async def _dispatch(
-        self, rid: str, req: RouterRequest, plan: at.NextAttempt, so_far: list[int], exclude: set[str]
+        self,
+        rid: str,
+        req: RouterRequest,
+        plan: at.NextAttempt,
+        so_far: list[int],
+        exclude: set[str],
+        pd: bool = False,
     ) -> Attempt:
         """Routes the next attempt (prompt + `so_far`), opens it on the chosen worker's breaker and in the
-        in-flight tracker; returns it, not yet sent."""
+        in-flight tracker; returns it, not yet sent. With `pd` (a request's first attempt) the decision may
+        disaggregate it: the prefill half runs here (`disaggregation`), and the attempt is the decode half."""
         prompt = req.prompt.array_with(so_far)
-        routed = await self.placement.route(rid, prompt, req.session_id, exclude, req.tenant, req.lora, plan.max_tokens)
+        pd = pd and pd_eligible(req, so_far)
+        route = functools.partial(
+            self.placement.route,
+            rid,
+            prompt,
+            req.session_id,
+            tenant=req.tenant,
+            lora=req.lora,
+            max_tokens=plan.max_tokens,
+        )
+        routed = await route(exclude, max_tokens=plan.max_tokens, pd=pd)
+        handed: HandedOver | None = None
+        if routed.prefill is not None:
+            handed = await self.pd.prefill(rid, req, routed.prefill, self.limits.block_size)
+            if handed.fallback in ("prefill_failed", "prefill_timeout"):  # routed again, aggregated
+                routed = await route(exclude | {routed.prefill.worker_id}, max_tokens=plan.max_tokens)
         wid, overlap = routed.worker_id, routed.overlap
         h = self.pool.by_id[wid]
         h.selections_total += 1
@@ -185,7 +215,10 @@ class RouterCore:
         h.breaker.on_dispatch(now)
         n_new = len(prompt) - overlap
         self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
-        request = worker_request(rid, req, plan, so_far, routed.pull)
+        handoff = handed.handoff if handed is not None else None
+        request = worker_request(rid, req, plan, so_far, routed.pull, handoff, h.view.engine_handoff)
+        if routed.prefill is not None and handoff is None:
+            n_new = len(prompt)  # nothing handed over: the decode worker computes the prompt
         watch = StallWatch(
             self.stall,
             self.latency[wid],
@@ -193,7 +226,10 @@ class RouterCore:
             lambda: h.last_report_rx,
             lambda: self._routable_besides(exclude | {wid}),  # `exclude` as it is then
         )
-        return Attempt(rid, wid, h, request, n_new, len(prompt), watch, req.sampling.n)
+        cur = Attempt(rid, wid, h, request, n_new, len(prompt), watch, req.sampling.n)
+        if handoff is not None:
+            cur.cached = handoff.cached_tokens  # the client's cached tokens: the prefill worker's hit
+        return cur
 
     def _routable_besides(self, worker_ids: set[str]) -> bool:
         """Whether a worker outside `worker_ids` could take a request now."""

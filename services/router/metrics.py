@@ -44,6 +44,22 @@ PREFIX_REPORTS = Counter(
     "Prompts routed from the index replica, reported to the cache-manager: sent, dropped (queue full) or failed",
     ["outcome"],
 )
+PD_DECISIONS = Counter(
+    "kvmesh_pd_decisions_total",
+    "Prefill/decode decisions of requests on a fleet with prefill workers: mode aggregated or disaggregated, and"
+    " the condition that decided (kvmesh.routing.disagg)",
+    ["mode", "reason"],
+)
+PD_PREFILL_SECONDS = Histogram(
+    "kvmesh_handoff_seconds", "Prefill halves: from sending to the prefill worker's handoff", buckets=_LAT
+)
+PD_HANDOFF_BLOCKS = Counter("kvmesh_handoff_blocks_total", "KV blocks handed from prefill to decode workers")
+PD_FALLBACKS = Counter(
+    "kvmesh_handoff_fallbacks_total",
+    "Disaggregated requests served otherwise: prefill_failed / prefill_timeout / prefill_refused (routed again,"
+    " aggregated), no_handoff (the decode worker computes the prompt)",
+    ["cause"],
+)
 REQUESTS = Counter("kvmesh_router_requests_total", "Requests by API and outcome", ["api", "outcome"])
 
 

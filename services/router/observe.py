@@ -25,6 +25,11 @@ def record_decision(rid: str, d: Decision, elapsed_s: float) -> None:
             span.set_attribute("kvmesh.decision", json.dumps(d.to_log()))
 
 
+def record_pd(disaggregated: bool, reason: str) -> None:
+    """A prefill/decode decision (on a fleet with prefill workers)."""
+    m.PD_DECISIONS.labels("disaggregated" if disaggregated else "aggregated", reason).inc()
+
+
 def record_prefix(plan: PrefixPlan, hint: str) -> None:
     """The chosen worker's prefix plan: its blocks by source, and the pull hint's outcome ("" = none)."""
     for source, n in (("gpu", plan.gpu_blocks), ("load", plan.load_blocks), ("pull", plan.pull_blocks)):

@@ -28,15 +28,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvmesh.core.errors import ResourceExhausted, Unavailable
+from kvmesh.core.handoff import WorkerRole
 from kvmesh.core.pull import KvPull
 from kvmesh.index import hashing
 from kvmesh.replica.media import PrefixMatches
 from kvmesh.routing import InflightTracker, Profile, RoutingQuery
 from kvmesh.routing.dataplane import DEFAULT_PULL_MARGIN, PrefixPlan, plan_prefix, sources_of
+from kvmesh.routing.disagg import PdDecision, PdParams
+from kvmesh.routing.disagg import decide as decide_pd
 from kvmesh.routing.inflight import PendingPull, PendingPulls
-from kvmesh.routing.types import CircuitState, WorkerView
+from kvmesh.routing.types import CircuitState, Decision, WorkerView
+from kvmesh.services.router.disaggregation import PrefillHalf
 from kvmesh.services.router.index_replica import IndexReplica
-from kvmesh.services.router.observe import record_decision, record_prefix, record_routed
+from kvmesh.services.router.observe import record_decision, record_pd, record_prefix, record_routed
 from kvmesh.services.router.workers import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -51,11 +55,13 @@ def _serves_pulls(v: WorkerView) -> bool:
 @dataclass(frozen=True, slots=True)
 class Routed:
     """Placement's decision for one attempt: the worker, the prompt tokens it need not compute (GPU hit,
-    tier load, pull), and the pull it is told to make, if any."""
+    tier load, pull), and the pull it is told to make, if any. A disaggregated decision also names its
+    `prefill` half's worker (`worker_id` is then the decode worker; `overlap` what the handoff covers)."""
 
     worker_id: str
     overlap: int
     pull: KvPull | None = None
+    prefill: PrefillHalf | None = None
 
 
 def plan_terms(plan: PrefixPlan) -> dict[str, object]:
@@ -89,6 +95,7 @@ class Placement:
         self.block_size, self.salt_model = block_size, salt_model
         self.pull_margin = pull_margin  # 0: never hint a pull
         self.pending = PendingPulls()
+        self.pd_params: PdParams | None = None  # None: every request aggregated (no P/D)
         self._salts: dict[tuple[str, str], int] = {}
 
     def salt_of(self, lora: str, tenant: str) -> int:
@@ -110,9 +117,12 @@ class Placement:
         tenant: str = "",
         lora: str = "",
         max_tokens: int = 256,
+        pd: bool = False,
     ) -> Routed:
         """Picks a worker for `prompt` (uint32 token ids) and the pull it makes, if any. Hashes are salted
-        with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks."""
+        with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks. With `pd` and a
+        fleet with prefill workers, the request may be disaggregated (`kvmesh.routing.disagg`); otherwise
+        it goes to a worker that decodes (a prefill worker runs prefill halves only)."""
         hashes = hashing.compute_block_hashes(prompt, self.block_size, self.salt_of(lora, tenant))
         found = await self.index.lookup(hashes, tenant=tenant, lora=lora, token_ids=prompt)
         t0 = time.perf_counter()
@@ -122,6 +132,13 @@ class Placement:
             views = [v for v in views if v.id not in exclude]
         self.tracker.apply(views)
         rr = self.query(rid, len(prompt), hashes, found, views, now, session, max_tokens)
+        if any(v.role is WorkerRole.PREFILL for v in views):
+            if pd and self.pd_params is not None:
+                pdd = decide_pd(rr, views, self.pd_params)
+                record_pd(pdd.disaggregate, pdd.reason)
+                if pdd.disaggregate and pdd.prefill_worker and pdd.decode_worker:
+                    return self._disaggregated(rr, pdd, views, t0)
+            views = [v for v in views if v.role.decodes]
         d = self.profile.decide(rr, views)
         if d.worker_id is None:
             record_decision(rid, d, time.perf_counter() - t0)
@@ -138,6 +155,19 @@ class Placement:
         overlap = min(plan.covered_blocks * self.block_size, len(prompt))
         record_routed(d.worker_id, len(prompt), overlap)
         return Routed(d.worker_id, overlap, pull)
+
+    def _disaggregated(self, rr: RoutingQuery, pdd: PdDecision, views: list[WorkerView], t0: float) -> Routed:
+        """The decode worker and the prefill half of a disaggregated decision."""
+        assert pdd.prefill_worker is not None and pdd.decode_worker is not None
+        prefill = next(v for v in views if v.id == pdd.prefill_worker)
+        handed = max(rr.prompt_tokens - 1, 0) // rr.block_size * rr.block_size  # the last token's block is computed
+        n_new = int(pdd.terms.get("uncached_tokens", rr.prompt_tokens))
+        d = Decision(rr.request_id, pdd.decode_worker, picker="disagg")
+        d.prefix = {"mode": "disaggregated", "prefill": prefill.id, **pdd.terms}
+        record_decision(rr.request_id, d, time.perf_counter() - t0)
+        log.debug("request %s: prefill on %s, decode on %s: %s", rr.request_id, prefill.id, d.worker_id, d.prefix)
+        record_routed(pdd.decode_worker, rr.prompt_tokens, handed)
+        return Routed(pdd.decode_worker, handed, None, PrefillHalf(prefill.id, n_new))
 
     def query(
         self,

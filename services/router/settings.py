@@ -95,6 +95,19 @@ class RouterSettings(ServerSettings):
     kv_pull_margin: float = setting(
         2.0, "hint a peer pull when it is this many times cheaper than recomputing (perf-model time); 0 = never"
     )
+    disaggregation: bool = setting(
+        True,
+        "prefill/decode disaggregation where the fleet has prefill workers (--role prefill): each request is"
+        " served aggregated or disaggregated by the decision of kvmesh.routing.disagg; false: always aggregated",
+    )
+    pd_min_uncached_tokens: int = setting(256, "disaggregate only a request with at least this many uncached tokens")
+    pd_max_prefill_queue_s: float = setting(
+        1.0, "prefill in place when the best prefill worker's backlog is longer than this, seconds (perf-model time)"
+    )
+    pd_hold_ms: int = setting(10000, "how long a prefill worker holds a prompt's KV for its decode worker, ms")
+    pd_prefill_timeout_ms: int = setting(
+        30000, "a prefill half not handed over by then is abandoned and the request served aggregated, ms"
+    )
     worker_stale_s: float = setting(10.0, "a worker without a load report this long is out of rotation")
     breaker_p95_ms: float = setting(1200.0, "circuit breaker: p95 latency threshold")
     breaker_error_rate: float = setting(0.01, "circuit breaker: error-rate threshold")

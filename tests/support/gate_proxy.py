@@ -10,8 +10,9 @@ is killed, as on a host that went down.
 `GateProxy(target, stall_after)` forwards every connection both ways, parsing HTTP/2 frame headers only.
 `arm()`: the next stream a client opens (a HEADERS frame with a new stream id) is watched; the server's
 DATA frames on it are split into gRPC messages, and after forwarding the frame that completes a message for
-which `stall_after(message)` holds, the link stalls (`stalled` is set). When the server's end closes, the
-client's end is closed too. `disarm()`: watch nothing (a stream already watched is released unless stalled).
+which `stall_after(message)` holds, the link stalls (`stalled` is set); with `hold_chosen` that frame is not
+forwarded either (a server whose one answer must never arrive, e.g. a prefill worker's handoff). When the
+server's end closes, the client's end is closed too. `disarm()`: watch nothing (a stream already watched is released unless stalled).
 Arm only once the client's long-lived streams are open: the proxy tells calls apart by order, not by path.
 """
 
@@ -60,10 +61,11 @@ def _frames(sock: socket.socket, skip: bytes = b"") -> Callable[[], tuple[bytes,
 class GateProxy:
     """See the module docstring."""
 
-    def __init__(self, target: str, stall_after: Callable[[bytes], bool]) -> None:
+    def __init__(self, target: str, stall_after: Callable[[bytes], bool], hold_chosen: bool = False) -> None:
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
         self.stall_after = stall_after
+        self.hold_chosen = hold_chosen  # the chosen message itself never reaches the client either
         self.stalled = threading.Event()
         self._lock = threading.Lock()
         self._armed = False
@@ -133,15 +135,19 @@ class GateProxy:
                 if self.stalled.is_set():
                     continue  # what the server sends after the chosen message never reaches the client
                 kind, flags, stream = frame[3], frame[4], int.from_bytes(frame[5:9], "big") & 0x7FFFFFFF
-                client.sendall(frame)
                 with self._lock:
                     watched = self._watched == (conn, stream)
-                if watched and kind == DATA:
-                    if flags & PADDED:
-                        payload = payload[1 : len(payload) - payload[0]]
-                    pending += payload
-                    if any(self.stall_after(m) for m in _messages(pending)):
-                        self.stalled.set()
+                if not (watched and kind == DATA):
+                    client.sendall(frame)
+                    continue
+                if flags & PADDED:
+                    payload = payload[1 : len(payload) - payload[0]]
+                pending += payload
+                chosen = any(self.stall_after(m) for m in _messages(pending))
+                if not (chosen and self.hold_chosen):
+                    client.sendall(frame)
+                if chosen:
+                    self.stalled.set()
 
 
 def _messages(pending: bytearray) -> list[bytes]:

@@ -9,6 +9,7 @@ from typing import cast
 import pytest
 
 from kvmesh.core.generation import SamplingParams
+from kvmesh.core.handoff import KvHandoff
 from kvmesh.core.pull import KvPull
 from kvmesh.routing.attempts import NextAttempt
 from kvmesh.routing.stall import StallConfig, WorkerLatency
@@ -61,3 +62,23 @@ async def test_send_and_take() -> None:
     b.hedge = True
     a.take(b)  # a hedge that won: the attempt is the hedge's from here on
     assert (a.wid, a.h, a.request, a.hedge, a.call, a.watch) == ("w1", h1, b"req-w1", True, None, b.watch)
+
+
+def test_a_decode_half_carries_its_handoff_by_the_transfer_both_workers_have() -> None:
+    """A kv-sync handoff becomes the decode half's `kv_pull`; an engine handoff (vLLM's kv_transfer_params)
+    goes as is to a decode worker that has the engine's transfer, and as the kv-sync pull to one that lacks it."""
+    req = RouterRequest.checked(CoreLimits(), "r1", list(range(3, 100)), SamplingParams(max_tokens=5))
+    pull = KvPull(source_address="10.0.0.9:7", source_worker_id="p0", num_blocks=3, expires_unix_ms=99)
+    kvsync = KvHandoff(num_blocks=3, held_until_unix_ms=99, source_worker_id="p0", pull=pull, cached_tokens=32)
+    got = worker_pb2.GenerateRequest.FromString(worker_request("r1", req, NextAttempt(5, 0), [], None, kvsync))
+    assert (got.kv_pull.source_address, got.kv_pull.num_blocks) == ("10.0.0.9:7", 3)
+    assert got.handoff.source_worker_id == "p0" and not got.handoff.engine_params_json
+    both = KvHandoff(num_blocks=3, source_worker_id="p0", pull=pull, engine_params_json='{"remote_engine_id": "e"}')
+    native = worker_pb2.GenerateRequest.FromString(
+        worker_request("r1", req, NextAttempt(5, 0), [], None, both, engine_handoff=True)
+    )
+    assert native.handoff.engine_params_json == '{"remote_engine_id": "e"}' and not native.HasField("kv_pull")
+    fallback = worker_pb2.GenerateRequest.FromString(
+        worker_request("r1", req, NextAttempt(5, 0), [], None, both, engine_handoff=False)
+    )
+    assert fallback.kv_pull.num_blocks == 3 and not fallback.handoff.engine_params_json
