@@ -115,9 +115,11 @@ def build_frontend(settings: RouterSettings) -> Frontend:
         pd_params=PdParams(min_uncached_tokens=s.pd_min_uncached_tokens, max_prefill_queue_s=s.pd_max_prefill_queue_s),
     )
     keys = ClientKeys.load(s.api_keys_file, window_s=s.signature_window_s, replay_capacity=s.signature_replay_cache)
-    return Frontend(
+    front = Frontend(
         core, tok, keys, RateLimiter(s.rate_limit_rps, s.rate_limit_burst), model_name, lora_adapters=s.lora_adapters
     )
+    front.drain_floor = s.drain_floor
+    return front
 
 
 def server_limits(s: RouterSettings) -> ServerLimits:

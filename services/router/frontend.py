@@ -4,11 +4,13 @@ guardrails, admin actions."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 
 from kvmesh.core.errors import FailedPrecondition, NotFound, PermissionDenied
 from kvmesh.core.sampling import check_penalties, check_temperature, check_top_k, check_top_p
+from kvmesh.discovery.model import WORKER_ROLE_META
 from kvmesh.openai.protocol import Message
 from kvmesh.routing import Profile, WorkerView
 from kvmesh.rpc.validate import in_range, require
@@ -52,6 +54,7 @@ class Frontend:
         self.guardrails: GuardrailsWatch | None = (
             None  # the rule files behind `guard` (--guardrails), for the admin RPCs
         )
+        self.drain_floor = DEFAULT_DRAIN_FLOOR  # share of a zone's workers a non-admin drain leaves in rotation
 
     def generate(self, req: RouterRequest) -> AsyncGenerator[Chunk, None]:
         """The request's stream from the core, through the output guardrails when they are on."""
@@ -183,12 +186,22 @@ class Frontend:
         a = next((v for k, v in w.items() if k.endswith(".prefill_weight")), 0.5)
         return a, 1.0 - a
 
-    def drain(self, worker_id: str, drain: bool, force: bool = False) -> int:
+    def drain(self, worker_id: str, drain: bool, force: bool = False, caller: Identity | None = None) -> int:
         """Drains (or undrains) a worker; a drain that would leave its zone with no worker in rotation is
-        FailedPrecondition naming the zone unless `force` (`last_in_rotation`)."""
+        FailedPrecondition naming the zone unless `force` (`last_in_rotation`). A caller other than an admin
+        (the planner) may not take the zone below its floor (`below_floor`), force or not: one stolen or buggy
+        service token is never a zone's outage."""
         h = self.core.pool.by_id.get(worker_id)
         if h is None:
             raise NotFound(f"unknown worker {worker_id!r}")
+        if drain and caller is not None and caller.role is not CallerRole.ADMIN and not h.view.draining:
+            short = below_floor(self.core.pool.views(time.monotonic()), worker_id, self.drain_floor)
+            if short is not None:
+                left, total, floor = short
+                raise PermissionDenied(
+                    f"drain_floor: draining {worker_id} would leave {left} of the zone's {total} workers in rotation,"
+                    f" below its floor of {floor} for a {caller.role.value} caller; an admin may drain it"
+                )
         if drain and not force and not h.view.draining:
             zone = last_in_rotation(self.core.pool.views(time.monotonic()), worker_id)
             if zone is not None:
@@ -213,6 +226,7 @@ class Frontend:
             st.endpoint.address = h.address
             st.endpoint.zone = v.zone
             st.endpoint.version = v.version
+            st.endpoint.meta[WORKER_ROLE_META] = v.role.value
             st.endpoint.health = common_pb2.HEALTH_STATE_PASSING if v.healthy else common_pb2.HEALTH_STATE_CRITICAL
             st.load.CopyFrom(h.last_report)
             st.circuit = h.breaker.view_state(now).value
@@ -220,6 +234,18 @@ class Frontend:
             st.in_flight = v.inflight_requests
             st.selections_total = h.selections_total
         return out
+
+
+DEFAULT_DRAIN_FLOOR = 0.5
+
+
+def below_floor(views: Sequence[WorkerView], worker_id: str, share: float) -> tuple[int, int, int] | None:
+    """(left in rotation, workers, floor) when draining `worker_id` would leave fewer of the pool's workers
+    routable than the floor, max(1, ceil(share · workers)); None otherwise. Pure."""
+    total = len(views)
+    floor = max(1, math.ceil(share * total))
+    left = sum(1 for v in views if v.routable and v.id != worker_id)
+    return (left, total, floor) if left < floor else None
 
 
 def last_in_rotation(views: Sequence[WorkerView], worker_id: str) -> str | None:

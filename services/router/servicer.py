@@ -14,7 +14,7 @@ from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.admin import no_unknown_fields
 from kvmesh.security.client_keys import bind_tenant
-from kvmesh.security.identity import Identity
+from kvmesh.security.identity import Identity, current_identity
 from kvmesh.security.signing import GRPC_METHOD, SIGNATURE_METADATA, TIMESTAMP_METADATA, SignedRequest
 from kvmesh.services.router import metrics as m
 from kvmesh.services.router.chunks import Chunk
@@ -197,7 +197,8 @@ class RouterAdminServicer(router_pb2_grpc.RouterAdminServiceServicer):
             self._auth(context, "DrainWorker", request)
             no_unknown_fields(request)
             non_empty(request.worker_id, "worker_id")
-            in_flight = self.front.drain(request.worker_id, request.drain, request.force)
+            # the skeleton's identity: a planner's token passes the authorisation table, and is bound by the floor
+            in_flight = self.front.drain(request.worker_id, request.drain, request.force, current_identity())
             return router_pb2.DrainWorkerResponse(in_flight=in_flight)
 
     async def GetGuardrails(  # type: ignore[override]

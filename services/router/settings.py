@@ -95,6 +95,11 @@ class RouterSettings(ServerSettings):
     kv_pull_margin: float = setting(
         2.0, "hint a peer pull when it is this many times cheaper than recomputing (perf-model time); 0 = never"
     )
+    drain_floor: float = setting(
+        0.5,
+        "a drain by a caller other than an admin (the planner's token) must leave at least this share of the"
+        " router's workers in rotation (rounded up, at least 1): PERMISSION_DENIED naming the floor otherwise",
+    )
     disaggregation: bool = setting(
         True,
         "prefill/decode disaggregation where the fleet has prefill workers (--role prefill): each request is"

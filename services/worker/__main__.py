@@ -41,7 +41,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
         app.tier_region, app.tier_shm_name = TIER_REGION, kvsync.region.shm_name
         app.tier_blocks_total = kvsync.region.num_slots
         app.tier_block_bytes = kvsync.region.block_bytes
-    servicer = WorkerServicer(app, settings)
+    servicer = WorkerServicer(app, settings, kvsync.holds if kvsync is not None else None)
     runner.add_servicer(worker_pb2_grpc.add_WorkerServiceServicer_to_server, servicer, "kvmesh.v1.WorkerService")
     frames = None
     if settings.frames_port >= 0:  # the same requests, bound and guard as GenerateStream

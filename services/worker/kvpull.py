@@ -5,7 +5,7 @@ vLLM connector's, attached read-only, this process being the lessor: `AcquireLea
 under `TIER_REGION` on a gRPC server of its own (a separate port, so bulk KV streams never queue behind
 generation traffic); the address goes into GetInfo. `peer_pulls` builds the engines' `PeerPulls` from the
 worker's settings; what an engine does with a pull is `Engine.pull_prefix` (docs/architecture.md, "The pull
-path").
+path"). The server owns the region's handoff holds (`kvmesh.services.worker.handoff`): it is their lessor.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kvmesh.rpc.auth import Guard
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.services.worker.handoff import HandoffHolds
 from kvmesh.services.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,9 @@ class KvSyncServer:
         self.region = region
         self.settings = settings
         self.server = grpc.aio.server(options=list(_SERVER_OPTIONS))
-        servicer = KvSyncServicer({TIER_REGION: region})
+        # the holds of prefill halves on this region: leased here, so they see every peer lease
+        self.holds = HandoffHolds(region, TIER_REGION, settings.handoff_hold_ms)
+        servicer = KvSyncServicer({TIER_REGION: region}, on_lease=self.holds.observe_lease)
         bounds = MessageBounds(per_method=REQUEST_BOUNDS)
         guard = Guard.from_settings(settings, "kvsync")  # the worker's own table: workers and peer zones only
         add_to_server(servicer, InstrumentedServer(self.server, "kvsync", bounds, guard))
@@ -61,6 +64,7 @@ class KvSyncServer:
 
     async def stop(self) -> None:
         await self.server.stop(grace=1.0)
+        self.holds.close()
         if isinstance(self.region, RegionReader):  # an owner's region is closed by its owner
             self.region.close()
 

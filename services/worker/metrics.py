@@ -52,6 +52,21 @@ GENERATE_FRAMES_REFUSED = Counter(
     "Generate-frames connections closed by the worker, by reason (denied, version, malformed, too_large)",
     ["reason"],
 )
+HANDOFF_HOLDS = Gauge(
+    "kvmesh_worker_handoff_holds", "Prefill halves whose KV this worker holds for a decode worker now"
+)
+HANDOFF_HELD_BLOCKS = Gauge(
+    "kvmesh_worker_handoff_held_blocks", "Tier blocks held for decode workers now (prefill halves' handoffs)"
+)
+HANDOFFS = Counter(
+    "kvmesh_worker_handoffs_total",
+    "Prefill halves' holds by how they ended: collected (a decode worker leased the blocks) or expired (none"
+    " came within the hold)",
+    ["outcome"],
+)
+HANDOFF_BYTES = Counter(
+    "kvmesh_worker_handoff_bytes_total", "Bytes of held KV blocks decode workers collected (prefill halves)"
+)
 GPUS = Gauge("kvmesh_worker_gpus", "GPUs this worker occupies (--gpus)")
 GPU_HOUR_PRICE = Gauge("kvmesh_worker_gpu_hour_price_usd", "Configured price of one GPU-hour, USD (--gpu-hour-price)")
 
@@ -91,6 +106,20 @@ def observe_load(r: LoadReport) -> None:
 def observe_pull(p: PullOutcome) -> None:
     KV_PULL_HINTS.labels("true" if p.blocks else "false").inc()
     KV_PULL_OUTCOMES.labels(p.outcome).inc()
+
+
+def observe_hold(blocks: int) -> None:
+    """A prefill half's blocks held for its decode worker."""
+    HANDOFF_HOLDS.inc()
+    HANDOFF_HELD_BLOCKS.inc(blocks)
+
+
+def observe_hold_end(blocks: int, outcome: str, collected_bytes: int) -> None:
+    """A hold ended (collected or expired); `collected_bytes` of its blocks went to the decode worker."""
+    HANDOFF_HOLDS.dec()
+    HANDOFF_HELD_BLOCKS.dec(blocks)
+    HANDOFFS.labels(outcome).inc()
+    HANDOFF_BYTES.inc(collected_bytes)
 
 
 class StreamTimer:

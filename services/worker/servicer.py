@@ -12,12 +12,15 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kvmesh.core.errors import PermissionDenied
+from kvmesh.core.generation import EngineRequest
+from kvmesh.core.pull import KvPull
 from kvmesh.core.sampling import check_extensions, check_temperature, check_top_p
 from kvmesh.rpc.validate import non_empty, require
 from kvmesh.security.identity import current_identity
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.app import WorkerApp
 from kvmesh.services.worker.generate_stream import GenerateStreamSession
+from kvmesh.services.worker.handoff import HandoffHolds, HandoffSource, check_halves, handed_over
 from kvmesh.services.worker.kvlog import Cursor
 from kvmesh.services.worker.settings import WorkerSettings
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -78,9 +81,10 @@ async def next_or_stop(
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     """One engine behind gRPC."""
 
-    def __init__(self, app: WorkerApp, settings: WorkerSettings) -> None:
+    def __init__(self, app: WorkerApp, settings: WorkerSettings, holds: HandoffHolds | None = None) -> None:
         self.app = app
         self.settings = settings
+        self.holds = holds  # the handoff holds on the served tier (None: no tier, nothing to hold)
         self.owners: dict[str, str] = {}  # request id in flight -> the identity that started it (auth on)
 
     def Generate(  # type: ignore[override]
@@ -101,11 +105,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def outputs(self, request: worker_pb2.GenerateRequest) -> AsyncIterator[worker_pb2.GenerateResponse]:
         """One request's steps, as both Generate and GenerateStream send them."""
         validate_generate(request)
+        check_halves(request, self.settings.worker_role)
         req = request_from_proto(request)
+        if req.hand_off_ms:  # a prefill half: its KV, no tokens
+            req = dataclasses.replace(req, prefill_only=True)
         timer = m.StreamTimer(time.monotonic())
         engine = self.app.engine
-        if request.HasField("kv_pull"):  # a pull that fails is no pull: those blocks are computed
-            pulled = await engine.pull_prefix(req, pull_from_proto(request.kv_pull))
+        pull = self._pull_of(request, req)
+        if pull is not None:  # a pull that fails is no pull: those blocks are computed
+            pulled = await engine.pull_prefix(req, pull)
             m.observe_pull(pulled)
             if pulled.load is not None:
                 req = dataclasses.replace(req, kv_pull=pulled.load)
@@ -115,6 +123,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         stream = engine.generate(req)
         try:
             async for out in stream:
+                if req.hand_off_ms:
+                    out = await handed_over(engine, req, out, self.holds, self._source())
                 timer.tokens(time.monotonic(), len(out.token_ids))
                 if out.finished:
                     m.observe_finished(out.usage, out.finish_reason)
@@ -123,6 +133,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             if owner is not None and self.owners.get(request.request_id) == owner:
                 del self.owners[request.request_id]
             await stream.aclose()
+
+    @staticmethod
+    def _pull_of(request: worker_pb2.GenerateRequest, req: EngineRequest) -> KvPull | None:
+        """The pull to load the prompt's leading blocks by: the router's `kv_pull`, else a decode half's
+        kv-sync handoff (the router copies it into `kv_pull`; a caller that does not is served the same)."""
+        if request.HasField("kv_pull"):
+            return pull_from_proto(request.kv_pull)
+        return req.handoff.pull if req.handoff is not None else None
+
+    def _source(self) -> HandoffSource:
+        """Where decode workers pull this worker's handed-over blocks from."""
+        app = self.app
+        return HandoffSource(app.worker_id, app.kvsync_address, app.tier_region, app.tier_shm_name)
 
     def _own(self, request_id: str) -> str | None:
         """Record the caller (when known) as the starter of `request_id`, the one that may abort it; an id in

@@ -88,6 +88,9 @@ class WorkerSettings(ServerSettings):
         "", "pin the worker, its engine and all their threads to these CPUs ('0-3,8'); empty: inherit"
     )
 
+    def __post_init__(self) -> None:
+        self.worker_role  # noqa: B018 -- a bad --role fails at start, naming the flag, not at the first request
+
     @property
     def worker_role(self) -> WorkerRole:
         """`role` as the enum; InvalidArgument naming `role` for anything else."""

@@ -180,4 +180,7 @@ def load_settings(
                 values[f.name] = convert(raw)
         except (ValueError, TypeError) as exc:
             parser.error(f"{source}: invalid value {raw!r} for {f.name}: {exc}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except InvalidArgument as exc:  # a settings class's own check (__post_init__): one line naming the flag
+        parser.error(f"{_flag(exc.field)}: {str(exc).removeprefix(exc.field + ': ')}")

@@ -114,6 +114,17 @@ def test_a_long_prompt_is_prefilled_on_one_worker_and_decoded_on_the_other(
     short = list(stream(router.address, gen(toks(3 * BS, 500), 4), key=None))
     assert {m.worker_id for m in short if m.token_ids} == {decode_id(decode)}
     assert metric(router.http_port, "kvmesh_pd_decisions_total", '{mode="aggregated",reason="short-prefill"}') == 2
+    # the OpenAI API takes the same path: one response, usage right
+    fresh = toks(LONG, 900)
+    r = httpx.post(
+        f"http://127.0.0.1:{router.http_port}/v1/completions",
+        json={"prompt": fresh, "max_tokens": 12, "ignore_eos": True},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == LONG and body["usage"]["completion_tokens"] == 12
+    assert metric(router.http_port, "kvmesh_pd_decisions_total", '{mode="disaggregated",reason="disaggregate"}') == 2
     wait_until(lambda: metric(prefill.http_port, "kvmesh_worker_handoff_holds") == 0, timeout_s=30)
 
 

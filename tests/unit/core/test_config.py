@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvmesh.core.config import ServerSettings, load_settings, setting
+from kvmesh.services.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.unit
 
@@ -66,3 +67,11 @@ def test_a_yaml_value_that_is_not_a_list_fails(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         load_settings(ListSettings, ["--targets", "[a"], env={})
     assert "--targets" in capsys.readouterr().err
+
+
+def test_a_settings_class_s_own_check_is_a_one_line_error_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_settings(WorkerSettings, ["--role", "prefil"], env={}, service="worker")
+    assert exc.value.code == 2
+    assert "error: --role: 'prefil' is not one of both, prefill, decode" in capsys.readouterr().err
+    assert load_settings(WorkerSettings, ["--role", "decode"], env={}, service="worker").worker_role.value == "decode"

@@ -222,6 +222,13 @@ class SimEngine:
         self.pulls[outcome] += 1
         return PullOutcome(outcome, blocks)
 
+    async def prompt_digests(self, req: EngineRequest) -> list[bytes]:
+        """The identities of the prompt's leading full blocks (all but the block of its last token) as the CPU
+        tier names them, the ones a peer pulling this prompt asks for (empty without host tiers)."""
+        if req.prompt_token_ids is None and req.prompt is not None:
+            req = dataclasses.replace(req, prompt_token_ids=tuple(self.tokenizer.encode(req.prompt)))
+        return [d for d, _ in self.core.prefix_blocks(req)]
+
     def served_tier(self) -> TierRegion | None:
         """The CPU tier region, which the worker serves to its peers."""
         return self.core.tiers.cpu if self.core.tiers is not None else None

@@ -54,8 +54,15 @@ def _digest_ok(field: str, digest: bytes) -> None:
         raise InvalidArgument(field, f"must be {DIGEST_BYTES} bytes, got {len(digest)}")
 
 
+# (region name, digests, each one's slot or None, lease end in ns): a lease this servicer granted a peer
+LeaseObserver = Callable[[str, Sequence[bytes], Sequence[SlotRef | None], int], None]
+
+
 class KvSyncServicer:
-    """Serves the regions of one worker, by name. `clock` must be the owner's (CLOCK_MONOTONIC, ns)."""
+    """Serves the regions of one worker, by name. `clock` must be the owner's (CLOCK_MONOTONIC, ns).
+    `on_lease` sees every lease granted to a peer (AcquireLease, and ReadBlocks by digest), also one that
+    failed part-way: the worker's handoff holds learn from it that a decode worker collected its blocks, and
+    which peer leases they must not cut short when they end (`kvmesh.services.worker.handoff`)."""
 
     def __init__(
         self,
@@ -63,11 +70,13 @@ class KvSyncServicer:
         clock: Callable[[], int] = time.monotonic_ns,
         max_ttl_ms: int = MAX_TTL_MS,
         message_bytes: int = MESSAGE_DATA_BYTES,
+        on_lease: LeaseObserver | None = None,
     ) -> None:
         self.regions = regions
         self.clock = clock
         self.max_ttl_ms = max_ttl_ms
         self.message_bytes = message_bytes
+        self.on_lease = on_lease
 
     def _region(self, name: str) -> TierRegion | RegionReader:
         if not name:
@@ -104,7 +113,11 @@ class KvSyncServicer:
         ttl_ms = min(ttl_ms, self.max_ttl_ms)
         until_ns = self.clock() + ttl_ms * 1_000_000
         refs = region.locate(list(digests))
-        region.lease([r for r in refs if r is not None], until_ns)
+        try:
+            region.lease([r for r in refs if r is not None], until_ns)
+        finally:  # a StaleBlock leaves the other slots leased: the observer must know of them too
+            if self.on_lease is not None:
+                self.on_lease(region_name, digests, refs, until_ns)
         return region, refs, until_ns, ttl_ms
 
     async def AcquireLease(

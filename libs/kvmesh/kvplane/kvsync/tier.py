@@ -226,6 +226,18 @@ class _Mapped:
             if int(self._gen[ref.slot]) != ref.generation:
                 raise StaleBlock(f"slot {ref.slot} was reused before its lease took hold")
 
+    def release_leases(self, slots: Sequence[int], held_ns: int, until_ns: Sequence[int]) -> int:
+        """Lowers each slot's lease from `held_ns` to its `until_ns` (the lessor ending a lease of its own
+        early, `until_ns` being the latest other lease it granted there), except where the lease is no longer
+        `held_ns` (a later lease extended it: it stays); returns how many were lowered."""
+        idx = np.asarray(slots, dtype=np.int64)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.num_slots):
+            raise InvalidArgument("slots", f"must be in [0, {self.num_slots})")
+        new = np.asarray(until_ns, dtype=np.uint64)
+        lower = (self._leases[idx] == np.uint64(held_ns)) & (new < np.uint64(held_ns))
+        self._leases[idx[lower]] = new[lower]
+        return int(lower.sum())
+
     def view(self, ref: SlotRef, digest: bytes) -> tuple[memoryview, int]:
         """(the block's bytes in the region, its CRC32C), no copy; StaleBlock if the slot no longer holds
         `digest` at `ref.generation`. The view is only good while `unchanged(ref)`: check it after use."""
