@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from kvmesh.core.errors import InvalidArgument
+from kvmesh.ops.planner.pools import PoolPolicy
 from kvmesh.ops.planner.sizing import SizingPolicy
 from kvmesh.ops.planner.zone import PlannerConfig, ZonePlanner
 from kvmesh.rpc.server import ServiceRunner, run_service
@@ -52,7 +53,36 @@ def planner_config(s: PlannerSettings) -> PlannerConfig:
         s.retrain_s,
         lstm_epochs=s.lstm_epochs,
         average_window_s=s.average_window_s,
+        pools=pool_policy(s) if s.pools else None,
     )
+
+
+def pool_policy(s: PlannerSettings) -> PoolPolicy:
+    """The `--pools` capacity model from the settings; InvalidArgument naming the setting for a bad value."""
+    try:
+        return PoolPolicy(
+            prompt_tokens_per_request=s.prompt_tokens_per_request,
+            output_tokens_per_request=s.output_tokens_per_request,
+            prefill_tokens_per_s=s.prefill_worker_tokens_per_s,
+            decode_streams=s.decode_worker_streams,
+            itl_s=s.itl_target_ms / 1000.0,
+            buffer=s.buffer,
+            min_prefill=s.min_prefill_workers,
+            min_decode=s.min_decode_workers,
+            split_delay_s=s.split_delay_s,
+        )
+    except ValueError as e:
+        name = str(e).split(" ", 1)[0]  # PoolPolicy's field, named first
+        raise InvalidArgument(POOL_SETTINGS.get(name, name), str(e)) from e
+
+
+POOL_SETTINGS = {  # PoolPolicy's field → the setting it comes from (where the names differ)
+    "prefill_tokens_per_s": "prefill_worker_tokens_per_s",
+    "decode_streams": "decode_worker_streams",
+    "itl_s": "itl_target_ms",
+    "min_prefill": "min_prefill_workers",
+    "min_decode": "min_decode_workers",
+}
 
 
 async def build(runner: ServiceRunner, settings: PlannerSettings) -> None:

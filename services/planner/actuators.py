@@ -2,7 +2,10 @@
 kubernetes (the chart's worker Deployments, :mod:`kvmesh.services.planner.kubernetes`).
 
 An actuator's ``start`` returns the new worker's id (the ``service_id`` it registers with, as the routers
-list it); ``stop`` gets the id and address of a worker the planner has drained.
+list it); ``stop`` gets the id and address of a worker the planner has drained. ``start`` with a ``role``
+(prefill/decode disaggregation: a worker restarted in the other role) is asked only of an actuator that
+``changes_roles``: the local one (``--role`` added to its worker flags); the kubernetes one scales one
+Deployment per zone, whose pods all have its one role, so the planner only reports role changes there.
 
 The local actuator starts ``kvmesh-worker`` processes with ``--worker-args`` (plus ``--zone`` and a
 ``--service-id``), registers each in the static registry file the failover service reads (routers then
@@ -20,7 +23,8 @@ from pathlib import Path
 from typing import Protocol
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.discovery.model import Role, ServiceInstance
+from kvmesh.core.handoff import WorkerRole
+from kvmesh.discovery.model import WORKER_ROLE_META, Role, ServiceInstance
 from kvmesh.discovery.static import StaticRegistry
 from kvmesh.services.planner.kubernetes import KubeApi, KubernetesWorkers
 from kvmesh.services.planner.settings import PlannerSettings, zone_map
@@ -34,8 +38,9 @@ class Actuator(Protocol):
 
     name: str
     carries_out: bool  # False: decisions are only logged and counted
+    changes_roles: bool  # False: role changes are only logged and counted
 
-    async def start(self, zone: str) -> str: ...
+    async def start(self, zone: str, role: WorkerRole | None = None) -> str: ...
 
     async def stop(self, zone: str, address: str, worker_id: str) -> None: ...
 
@@ -51,9 +56,10 @@ class DryRun:
 
     name = "dry-run"
     carries_out = False
+    changes_roles = False
 
-    async def start(self, zone: str) -> str:
-        log.info("dry-run: would start a worker in zone %s", zone)
+    async def start(self, zone: str, role: WorkerRole | None = None) -> str:
+        log.info("dry-run: would start a worker%s in zone %s", f" of role {role}" if role else "", zone)
         return ""
 
     async def stop(self, zone: str, address: str, worker_id: str) -> None:
@@ -71,6 +77,7 @@ class LocalWorkers:
 
     name = "local"
     carries_out = True
+    changes_roles = True
 
     def __init__(self, registry_file: str, worker_args: str, log_dir: str = "") -> None:
         if not registry_file:
@@ -81,13 +88,14 @@ class LocalWorkers:
         self.procs: dict[str, tuple[str, str, ServiceProcess]] = {}  # address → (zone, id, process)
         self._seq = 0
 
-    async def start(self, zone: str) -> str:
+    async def start(self, zone: str, role: WorkerRole | None = None) -> str:
+        """A worker of `--worker-args`, in `role` when given (a later `--role` wins over the flags')."""
         self._seq += 1
         sid = f"worker-{zone}-planned-{self._seq}"
-        args = [*self.args, "--zone", zone, "--service-id", sid]
+        args = [*self.args, "--zone", zone, "--service-id", sid, *(["--role", role.value] if role else [])]
         sp = await asyncio.to_thread(start_service, "worker", self.log_dir, *args)
         host, _, port = sp.address.rpartition(":")
-        meta = {"http": f"{host}:{sp.http_port}"}
+        meta = {"http": f"{host}:{sp.http_port}"} | ({WORKER_ROLE_META: role.value} if role else {})
         await self.registry.register(ServiceInstance(sid, Role.WORKER, zone, "v1", host, int(port), meta=meta))
         self.procs[sp.address] = (zone, sid, sp)
         log.info("started worker %s at %s in zone %s", sid, sp.address, zone)

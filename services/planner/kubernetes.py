@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from kvmesh.core.errors import InvalidArgument, KvmeshError
+from kvmesh.core.handoff import WorkerRole
 
 log = logging.getLogger(__name__)
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -134,6 +135,7 @@ class KubernetesWorkers:
 
     name = "kubernetes"
     carries_out = True
+    changes_roles = False  # one Deployment per zone: its pods have its one role
 
     def __init__(
         self, api: KubeApi, deployments: dict[str, str], poll_s: float = 2.0, start_timeout_s: float = 900.0
@@ -151,8 +153,11 @@ class KubernetesWorkers:
             raise InvalidArgument("kube_deployments", f"no worker Deployment given for zone {zone!r}")
         return self.deployments[zone]
 
-    async def start(self, zone: str) -> str:
-        """Adds a replica; returns the new pod's name (the worker's id) once the ReplicaSet has created it."""
+    async def start(self, zone: str, role: WorkerRole | None = None) -> str:
+        """Adds a replica; returns the new pod's name (the worker's id) once the ReplicaSet has created it. A
+        `role` is refused (`changes_roles` is False: the planner asks none)."""
+        if role is not None:
+            raise InvalidArgument("role", f"the kubernetes actuator starts the Deployment's workers, not {role}")
         dep = self._deployment(zone)
         if dep not in self._selectors:
             self._selectors[dep] = await self.api.selector(dep)

@@ -5,7 +5,12 @@ Per zone, every ``interval_s``: ``ListWorkers`` on the zone's router gives each 
 :class:`~kvmesh.ops.planner.zone.ZonePlanner` decides; a scale-out starts workers in the background (they count
 as starting until the router lists them as passing); a scale-in drains the chosen workers through the
 router (``DrainWorker``) and stops each once the router has nothing in flight on it and its queue is empty
-(or after ``drain_timeout_s``), so no request is lost. The history is checkpointed after every step. Each
+(or after ``drain_timeout_s``), so no request is lost. A disaggregated zone (``--pools``) is also sized pool by
+pool, each worker's role read from the router's listing (its endpoint's `worker_role` meta; a worker without
+one is ``both``); a role change drains the worker the same way and, once drained, the actuator stops it and
+starts a worker of the other role in its place (an actuator that cannot start a given role, and dry-run,
+only log and count it: ``kvmesh_planner_actions_total{action="role_change_dry_run"}``).
+The history is checkpointed after every step. Each
 zone's last decision, forecast and step error, and its recent decisions that did or refused something (`Step`,
 at most `DECISIONS_KEPT`, one repeated step after step kept once), are what `PlannerService/GetPlan`
 (`kvmesh planner`) shows.
@@ -20,10 +25,13 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvmesh.core.config import ServerSettings
+from kvmesh.core.handoff import WorkerRole
+from kvmesh.discovery.model import WORKER_ROLE_META
 from kvmesh.ops.planner.history import LoadHistory
 from kvmesh.ops.planner.sizing import WorkerLife
 from kvmesh.ops.planner.zone import Decision, ZonePlanner
@@ -48,16 +56,30 @@ class Step:
     serving: int
     starting: int
     queued: int
+    worker_ids: Mapping[str, str] = field(default_factory=dict)  # its role changes' workers: address → id
 
     def same_as(self, other: Step) -> bool:
         """The same decision on the same fleet (the time and the forecast's figures aside)."""
         a, b = self.decision, other.decision
-        return (a.action, a.desired, self.serving, self.starting) == (
+        return (a.action, a.desired, self.serving, self.starting, _split(a)) == (
             b.action,
             b.desired,
             other.serving,
             other.starting,
+            _split(b),
         )
+
+    @property
+    def did_or_refused(self) -> bool:
+        """Whether it scaled, changed a role, or said why it did not (what `kvmesh planner` lists)."""
+        a, pools = self.decision.action, self.decision.pools
+        return bool(a.add or a.remove or a.reason or (pools is not None and (pools.changes or pools.reason)))
+
+
+def _split(d: Decision) -> tuple[object, ...]:
+    """A decision's pool sizing without the forecast's figures."""
+    p = d.pools
+    return () if p is None else (p.targets.prefill, p.targets.decode, p.prefill, p.decode, p.changes, p.reason)
 
 
 @dataclass
@@ -73,6 +95,16 @@ class ZoneRuntime:
     announced: set[str] = field(default_factory=set)  # ids of started workers not yet passing at the router
     started_at: dict[str, float] = field(default_factory=dict)  # address → when it first served
     draining: dict[str, tuple[str, float]] = field(default_factory=dict)  # address → (worker id, since)
+    restart_as: dict[str, WorkerRole] = field(default_factory=dict)  # draining address → the role it restarts as
+    # a role change's worker from its stop until the router lists it passing: its start task, then its id
+    changing: dict[asyncio.Task[str] | str, WorkerRole] = field(default_factory=dict)
+
+    def incoming(self) -> dict[WorkerRole, int]:
+        """Workers on their way into a pool by a role change (draining, restarting, not yet passing)."""
+        out: dict[WorkerRole, int] = {}
+        for role in [*self.restart_as.values(), *self.changing.values()]:
+            out[role] = out.get(role, 0) + 1
+        return out
 
 
 class PlannerLoop:
@@ -135,11 +167,14 @@ class PlannerLoop:
         serving = [WorkerLife(a, rt.started_at[a]) for a in passing if a not in rt.draining]
         queued = sum(w.load.waiting for w in resp.workers)
         rt.announced -= {status[a].endpoint.id for a in passing}
+        for wid in {status[a].endpoint.id for a in passing}:
+            rt.changing.pop(wid, None)
         removable = self.actuator.removable(zone) if self.actuator.carries_out else None
-        starting = len(rt.starting) + len(rt.announced)
-        d = rt.planner.step(now, serving, starting, queued, removable)
-        step = Step(now, d, len(serving), starting, queued)
-        if (d.action.add or d.action.remove or d.action.reason) and not (rt.steps and rt.steps[-1].same_as(step)):
+        starting = len(rt.starting) + len(rt.announced) + len(rt.restart_as)  # a role change's worker returns
+        d = rt.planner.step(now, serving, starting, queued, removable, roles_of(resp.workers), rt.incoming())
+        changed = {c.worker_id for c in d.pools.changes} if d.pools is not None else set()
+        step = Step(now, d, len(serving), starting, queued, {a: status[a].endpoint.id for a in changed})
+        if step.did_or_refused and not (rt.steps and rt.steps[-1].same_as(step)):
             rt.steps.append(step)  # a decision repeated step after step (a dry run's) is kept once, when it began
         rt.last = step
         await self._carry_out(zone, rt, d, status, now)
@@ -147,6 +182,11 @@ class PlannerLoop:
         m.SERVING.labels(zone).set(len(serving))
         m.STARTING.labels(zone).set(len(rt.starting) + len(rt.announced))
         m.FORECAST_RPS.labels(zone).set(d.forecast_rps)
+        if d.pools is not None:
+            t = d.pools.targets
+            for role, want, have in (("prefill", t.prefill, d.pools.prefill), ("decode", t.decode, d.pools.decode)):
+                m.POOL_DESIRED.labels(zone, role).set(want)
+                m.POOL_SERVING.labels(zone, role).set(have)
 
     def _report_forecasters(self, zone: str, planner: ZonePlanner) -> None:
         cmp = planner.comparison
@@ -166,6 +206,13 @@ class PlannerLoop:
             log.info(
                 "zone %s: %s (desired %d, forecast %.3f rps, %s)", zone, a, d.desired, d.forecast_rps, d.forecaster
             )
+        changes = d.pools.changes if d.pools is not None else ()
+        for c in changes:
+            log.info("zone %s: role change of %s: %s -> %s (%s)", zone, c.worker_id, c.from_role, c.to_role, d.pools)
+        if not self.actuator.carries_out or not self.actuator.changes_roles:
+            for _ in changes:
+                m.ACTIONS.labels(zone, "role_change_dry_run").inc()
+            changes = ()
         if not self.actuator.carries_out:
             for _ in range(a.add):
                 m.ACTIONS.labels(zone, "scale_out_dry_run").inc()
@@ -178,18 +225,30 @@ class PlannerLoop:
             task.add_done_callback(functools.partial(self._started, zone, rt))
             m.ACTIONS.labels(zone, "scale_out").inc()
         for address in a.remove:
-            wid = status[address].endpoint.id
-            await rt.stub.DrainWorker(router_pb2.DrainWorkerRequest(worker_id=wid, drain=True), timeout=5.0)
-            rt.draining[address] = (wid, now)
+            await self._drain(rt, address, status[address].endpoint.id, now)
             m.ACTIONS.labels(zone, "drain").inc()
+        for change in changes:
+            if change.worker_id in rt.draining:
+                continue
+            await self._drain(rt, change.worker_id, status[change.worker_id].endpoint.id, now)
+            rt.restart_as[change.worker_id] = change.to_role
+            m.ACTIONS.labels(zone, "role_change").inc()
+
+    async def _drain(self, rt: ZoneRuntime, address: str, worker_id: str, now: float) -> None:
+        await rt.stub.DrainWorker(router_pb2.DrainWorkerRequest(worker_id=worker_id, drain=True), timeout=5.0)
+        rt.draining[address] = (worker_id, now)
 
     def _started(self, zone: str, rt: ZoneRuntime, task: asyncio.Task[str]) -> None:
         rt.starting.discard(task)
         if task.cancelled() or task.exception() is not None:
+            rt.changing.pop(task, None)
             m.ACTIONS.labels(zone, "start_failed").inc()
             log.error("zone %s: starting a worker failed: %s", zone, None if task.cancelled() else task.exception())
             return
         rt.announced.add(task.result())
+        role = rt.changing.pop(task, None)
+        if role is not None:
+            rt.changing[task.result()] = role
 
     async def _finish_drains(
         self, zone: str, rt: ZoneRuntime, status: dict[str, router_pb2.WorkerStatus], now: float
@@ -201,10 +260,30 @@ class PlannerLoop:
                 await self.actuator.stop(zone, address, wid)
                 del rt.draining[address]
                 rt.started_at.pop(address, None)
-                m.ACTIONS.labels(zone, "scale_in").inc()
+                role = rt.restart_as.pop(address, None)
+                if role is None:
+                    m.ACTIONS.labels(zone, "scale_in").inc()
+                    continue
+                task = asyncio.create_task(self.actuator.start(zone, role))  # its place, in the other role
+                rt.starting.add(task)
+                rt.changing[task] = role
+                task.add_done_callback(functools.partial(self._started, zone, rt))
 
     async def close(self) -> None:
         for rt in self.zones.values():
             for t in list(rt.starting):
                 t.cancel()
         await self.actuator.close()
+
+
+def roles_of(workers: Sequence[router_pb2.WorkerStatus]) -> dict[str, WorkerRole]:
+    """Each listed worker's prefill/decode role by address, from its endpoint's `worker_role` meta (the router
+    lists what the registry or the worker says); a worker without one, or with a role this planner does not
+    know, is left out (it counts as ``both``)."""
+    out: dict[str, WorkerRole] = {}
+    for w in workers:
+        try:
+            out[w.endpoint.address] = WorkerRole(w.endpoint.meta[WORKER_ROLE_META])
+        except (KeyError, ValueError):
+            continue
+    return out

@@ -16,3 +16,11 @@ ACTIONS = Counter("kvmesh_planner_actions_total", "Scaling actions carried out",
 STEP_ERRORS = Counter(
     "kvmesh_planner_step_errors_total", "Planning steps that failed (router unreachable, ...)", ["zone"]
 )
+POOL_DESIRED = Gauge(
+    "kvmesh_planner_pool_desired_workers",
+    "A disaggregated zone's workers the forecast asks for, per pool",
+    ["zone", "role"],
+)
+POOL_SERVING = Gauge(
+    "kvmesh_planner_pool_serving_workers", "A disaggregated zone's workers taking traffic, per pool", ["zone", "role"]
+)

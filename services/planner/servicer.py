@@ -3,17 +3,22 @@ state (`kvmesh planner` shows it; role admin)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 
+from kvmesh.core.handoff import WorkerRole
+from kvmesh.ops.planner.pools import PoolPlan
 from kvmesh.rpc.audit import audited
 from kvmesh.security.admin import no_unknown_fields
 from kvmesh.services.planner.loop import PlannerLoop, Step
-from kvmesh.v1 import planner_pb2, planner_pb2_grpc
+from kvmesh.v1 import planner_pb2, planner_pb2_grpc, worker_pb2
 
 SERVICE = "planner"  # as the audit log names it
 
 
 def step_pb(st: Step) -> planner_pb2.PlannerDecision:
+    """A step as GetPlan returns it."""
     d = st.decision
     return planner_pb2.PlannerDecision(
         at=st.at,
@@ -25,6 +30,33 @@ def step_pb(st: Step) -> planner_pb2.PlannerDecision:
         add=d.action.add,
         remove=list(d.action.remove),
         reason=d.action.reason,
+        pools=pools_pb(d.pools, st.worker_ids) if d.pools is not None else None,
+    )
+
+
+def _role_pb(role: WorkerRole) -> worker_pb2.WorkerRole.ValueType:
+    return worker_pb2.WorkerRole.Value(f"WORKER_ROLE_{role.value.upper()}")
+
+
+def pools_pb(p: PoolPlan, ids: Mapping[str, str]) -> planner_pb2.PoolSplit:
+    t = p.targets
+    return planner_pb2.PoolSplit(
+        desired_prefill=t.prefill,
+        desired_decode=t.decode,
+        prefill=p.prefill,
+        decode=p.decode,
+        forecast_prefill_tokens_per_s=t.prefill_tokens_per_s,
+        forecast_decode_streams=t.decode_streams,
+        role_changes=[
+            planner_pb2.RoleChange(
+                worker_id=ids.get(c.worker_id, ""),
+                address=c.worker_id,  # the planner knows serving workers by address
+                from_role=_role_pb(c.from_role),
+                to_role=_role_pb(c.to_role),
+            )
+            for c in p.changes
+        ],
+        reason=p.reason,
     )
 
 

@@ -46,6 +46,27 @@ class PlannerSettings(ServerSettings):
     kube_token_file: str = setting("", "kubernetes actuator: bearer token file ('' = the pod's service account)")
     kube_ca_file: str = setting("", "kubernetes actuator: CA of the API server ('' = the service account's)")
     drain_timeout_s: float = setting(120.0, "a draining worker is stopped at the latest this long after its drain")
+    pools: bool = setting(
+        False,
+        "prefill/decode disaggregated zones: size the prefill and decode pools apart (each by its latency target,"
+        " kvmesh.ops.planner.pools) and change workers' roles when the split should move",
+    )
+    prompt_tokens_per_request: float = setting(
+        1024.0, "pools: mean prompt tokens a request has prefilled (uncached), for the prefill pool"
+    )
+    output_tokens_per_request: float = setting(256.0, "pools: mean tokens a request generates, for the decode pool")
+    prefill_worker_tokens_per_s: float = setting(
+        7000.0, "pools: prompt tokens/s one prefill worker computes with the TTFT target kept (measure it)"
+    )
+    decode_worker_streams: float = setting(
+        64.0, "pools: concurrent streams one decode worker serves with the ITL target kept (measure it)"
+    )
+    itl_target_ms: float = setting(100.0, "pools: the ITL target, milliseconds per generated token")
+    min_prefill_workers: int = setting(1, "pools: prefill workers kept at all times")
+    min_decode_workers: int = setting(1, "pools: decode workers kept at all times")
+    split_delay_s: float = setting(
+        600.0, "pools: a pool must stay short this long before a worker changes role, and role changes this far apart"
+    )
 
 
 def zone_map(field: str, items: tuple[str, ...], what: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from kvmesh.core.cpus import parse_cpu_list, pin_process
+from kvmesh.discovery.model import WORKER_ROLE_META
 from kvmesh.rpc.server import DEFAULT_MAX_REQUEST_BYTES, BoundPorts, ServiceRunner, run_service
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.admission import WindowGate, window_config
@@ -54,6 +55,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
 
     async def started(ports: BoundPorts) -> None:
         app.set_worker_id(runner.service_id)
+        await runner.set_meta(WORKER_ROLE_META, settings.worker_role.value)  # the registry names the role
         app.address = ports.grpc_address
         if settings.zmq_publish:
             pub = ZmqKvPublisher(

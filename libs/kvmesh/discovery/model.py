@@ -18,6 +18,9 @@ REPLICATION_PENDING_META = "replication_pending"
 """A cache-manager's meta key: the followed zones (comma-separated) it has not finished replicating its hot
 prefixes into; the failover service holds a restored zone's ramp while one lists it (`kvmesh.discovery.zones`)."""
 SERVICE_PREFIX = "kvmesh-"
+WORKER_ROLE_META = "worker_role"
+"""A worker's meta key: its part in prefill/decode disaggregation (`kvmesh.core.handoff.WorkerRole`: both, prefill
+or decode; absent reads as both). Not `role`, which is the service's role (`Role`: worker, router ...)."""
 
 
 class Health(enum.StrEnum):

@@ -2,6 +2,7 @@
 
     kvmesh up [--config FILE] [--set K=V] [--ports auto] [--workers N] [--engine sim|vllm] [--detach] ...
                                                                        start the whole suite locally
+    kvmesh up --prefill-workers N --decode-workers M ...               the same, prefill/decode disaggregated
     kvmesh status                                                      health of every service of the suite
     kvmesh demo [--prompt TEXT] [--api-key KEY | --token-file FILE]    one real request through the router
     kvmesh down                                                        stop a detached (or still starting) suite
@@ -100,11 +101,19 @@ def _suite_channel(address: str, auth: dict[str, Any] | None, name: str) -> grpc
 
 
 def up(args: argparse.Namespace) -> int:
+    if args.workers is not None and (args.prefill_workers is not None or args.decode_workers is not None):
+        print(
+            "kvmesh up: --workers: give either --workers N (aggregated) or --prefill-workers N --decode-workers M"
+            " (disaggregated), not both",
+            file=sys.stderr,
+        )
+        return 2
     try:
         settings = suite_config.load(args.config, args.set, _flag_overrides(args))
     except suite_config.ConfigError as err:
-        where = f"{args.config}: " if args.config else ""
-        print(f"kvmesh up: {where}{err}", file=sys.stderr)
+        flag = _flag_of(args, err.path)
+        where = f"{args.config}: " if args.config and not flag else ""
+        print(f"kvmesh up: {where}{f'{flag}: {err.message}' if flag else err}", file=sys.stderr)
         return 2
     rd = run_dir()
     if state_path().exists() and _alive(_read_state()):
@@ -146,6 +155,7 @@ def up(args: argparse.Namespace) -> int:
     finally:
         restore()
     auth = started.auth
+    roles = suite.worker_roles(settings)
     state: dict[str, Any] = {
         "services": [
             {
@@ -159,6 +169,7 @@ def up(args: argparse.Namespace) -> int:
                 "log": str(p.log_path),
             }
             | ({"processes": p.info["processes"]} if "processes" in p.info else {})
+            | ({"worker_role": roles[p.info["id"]]} if p.info["id"] in roles else {})
             for p in started.services
         ],
         "redis_pid": started.redis.pid if started.redis else None,
@@ -358,6 +369,8 @@ def certs(args: argparse.Namespace) -> int:
 # `kvmesh up`'s flags that name one setting of kvmesh.suite.config (flag dest -> key path); None = not given
 UP_FLAGS = {
     "workers": "worker.replicas",
+    "prefill_workers": "worker.prefillReplicas",
+    "decode_workers": "worker.decodeReplicas",
     "engine": "worker.engine",
     "model": "model.path",
     "block_size": "model.blockSize",
@@ -374,7 +387,17 @@ UP_FLAGS = {
 def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out = {key: getattr(args, dest) for dest, key in UP_FLAGS.items()}
     out["ports.auto"] = None if args.ports is None else args.ports == "auto"
+    if args.workers is not None:  # aggregated workers win over a file's prefill/decode pools, as flags do
+        out |= {UP_FLAGS["prefill_workers"]: 0, UP_FLAGS["decode_workers"]: 0}
     return out
+
+
+def _flag_of(args: argparse.Namespace, path: str) -> str:
+    """The named flag (`--prefill-workers`) a bad setting's key path came from, when it was given; else ""."""
+    for dest, key in UP_FLAGS.items():
+        if path == key and getattr(args, dest) is not None:
+            return "--" + dest.replace("_", "-")
+    return ""
 
 
 def add_up_parser(sub: Any) -> argparse.ArgumentParser:
@@ -397,6 +420,15 @@ def add_up_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, help="the router's OpenAI HTTP port (default 8000; zone k: + 100 k)")
     p.add_argument("--grpc-port", type=int, help="the router's gRPC port (default 50051; zone k: + 100 k)")
     p.add_argument("--workers", type=int, help="workers per zone (default 2)")
+    p.add_argument(
+        "--prefill-workers",
+        type=int,
+        metavar="N",
+        help="prefill/decode disaggregation: N workers of role prefill per zone (with --decode-workers)",
+    )
+    p.add_argument(
+        "--decode-workers", type=int, metavar="M", help="M workers of role decode per zone (in place of --workers)"
+    )
     p.add_argument("--engine", choices=("sim", "vllm"), help="worker engine (default sim)")
     p.add_argument("--model", help="model folder (default: the tiny local model)")
     p.add_argument("--block-size", type=int, help="tokens per KV block (default 32)")

@@ -4,7 +4,14 @@ The file has the shape of the Helm values (`deploy/helm/kvmesh/values.yaml`, one
 its key names (`model.blockSize`, `router.grpcPort`, `worker.replicas`, `worker.engine`, `tls.enabled`,
 `auth.mode`, `redis.enabled` ...), plus what a local suite of several zones needs: `zones`, a list whose
 entries are `{name, router?, cacheManager?, worker?, failover?, planner?}`, each section a partial override of the
-top-level one (what a zone's own values file would say), and `ports`. `docs/examples/` has complete files.
+top-level one (what a zone's own values file would say), and `ports`.
+
+Prefill/decode disaggregation: `worker.prefillReplicas` and `worker.decodeReplicas` (`--prefill-workers`,
+`--decode-workers`), per zone like every worker key, make the zone's workers that many `--role prefill` workers
+then that many `--role decode` ones, in place of `worker.replicas` (which then reads as their sum); both 0 (the
+default) is aggregated serving, `replicas` workers of role `both`. Prefill workers without a decode worker
+are refused (nothing would take their handoffs), and so is a zone with prefill workers and no CPU tier
+(`worker.cpuTierMb: 0`): a prefill worker hands its KV over from there (kv-sync). `docs/examples/` has complete files.
 
 Resolution: defaults < file < `--set` < the named flags (`--workers`, `--engine`, ...); a named flag wins over
 every zone's own value too. Ports: every service has a fixed default (`PORT_TABLE`); zone k adds
@@ -24,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kvmesh.core.handoff import WorkerRole
 
 AUTO = 0  # the port of every service under `ports.auto`
 
@@ -98,6 +107,21 @@ class WorkerSettings:
     max_model_len: int = _f(4096, min=1)
     kv_blocks: int = _f(4096, min=1)  # sim engine
     sim_speed: float = _f(1.0, min=0)  # sim engine
+    # prefill/decode disaggregation (the module docstring): workers of role prefill, then of role decode
+    prefill_replicas: int = _f(0, min=0, max=40)
+    decode_replicas: int = _f(0, min=0, max=40)
+    cpu_tier_mb: float = _f(16.0, min=0)  # each worker's CPU tier (kv-sync), MiB; a prefill worker's handoffs
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the zone's workers have prefill/decode roles (else `replicas` workers of role both)."""
+        return bool(self.prefill_replicas or self.decode_replicas)
+
+    def roles(self) -> tuple[WorkerRole, ...]:
+        """Worker i's role, for every worker of the zone: the prefill workers first, then the decode ones."""
+        if not self.disaggregated:
+            return (WorkerRole.BOTH,) * self.replicas
+        return (WorkerRole.PREFILL,) * self.prefill_replicas + (WorkerRole.DECODE,) * self.decode_replicas
 
 
 @dataclass(frozen=True)
@@ -290,6 +314,32 @@ def _zone(k: int, raw: Any, top: Mapping[str, Any], stride: int, auto: bool) -> 
     )
 
 
+def _worker_pools(w: WorkerSettings, path: str) -> WorkerSettings:
+    """A disaggregated zone's workers checked (a decode pool, a CPU tier, at most `replicas`' bound) and
+    counted: `replicas` becomes the prefill and decode workers' sum, which every port and identity follows."""
+    if not w.disaggregated:
+        return w
+    if w.prefill_replicas and not w.decode_replicas:
+        raise ConfigError(
+            _join(path, "prefillReplicas"),
+            f"{w.prefill_replicas} prefill worker(s) and no decode worker: a prefill worker only computes prompts"
+            " for decode workers; add decode workers (worker.decodeReplicas, --decode-workers)",
+        )
+    if w.prefill_replicas and not w.cpu_tier_mb > 0:
+        raise ConfigError(
+            _join(path, "cpuTierMb"),
+            "prefill workers hand their KV over from their CPU tier (kv-sync): must be > 0 in a zone with"
+            " prefill workers",
+        )
+    most = _fields(WorkerSettings)["replicas"].metadata["max"]
+    total = w.prefill_replicas + w.decode_replicas
+    if total > most:
+        raise ConfigError(
+            _join(path, "prefillReplicas"), f"prefill and decode workers must be <= {most} in all, got {total}"
+        )
+    return dataclasses.replace(w, replicas=total)
+
+
 def _zone_name(value: Any, path: str) -> str:
     name = _check(value, str, {}, path)
     if not _ZONE_NAME.match(name):
@@ -317,6 +367,10 @@ def parse(raw: Any) -> SuiteSettings:
         raise ConfigError("zones", f"expected a non-empty list, got {_kind(zones_raw)}")
     ports: PortSettings = glob["ports"]
     zones = tuple(_zone(k, z, top, ports.zone_stride, ports.auto) for k, z in enumerate(zones_raw))
+    zones = tuple(
+        dataclasses.replace(z, worker=_worker_pools(z.worker, f"zones[{k}].worker" if "zones" in raw else "worker"))
+        for k, z in enumerate(zones)
+    )
     seen: set[str] = set()
     for k, z in enumerate(zones):
         if z.name in seen:

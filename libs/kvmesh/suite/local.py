@@ -8,6 +8,11 @@ kills whatever it had started, so no half-started suite is left behind. The zone
 and so do a zone's workers: a suite of N vLLM workers waits for one engine load, not N in a row. With several
 zones, each zone's cache-manager follows the others' and replicates its hot prefixes into them
 (`cacheManager.replicationBytesPerS`, default 50 MB/s; 0 = follow only): the zones are active-active.
+
+A disaggregated zone (`worker.prefillReplicas`, `worker.decodeReplicas`) starts worker i with `--role` of
+`WorkerSettings.roles()` (prefill workers first) and `--host-label` of this machine (one host: every handoff is a
+same-host one), each with its CPU tier (`worker.cpuTierMb`, the kv-sync handoff's source); the registry carries
+the role as the `worker_role` meta key (`kvmesh.discovery.model.WORKER_ROLE_META`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +34,7 @@ import grpc
 import yaml
 
 from kvmesh.core.modelfiles import resolve_model_dir
-from kvmesh.discovery.model import CatalogSnapshot, Role, ServiceInstance
+from kvmesh.discovery.model import WORKER_ROLE_META, CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
 from kvmesh.rpc.tls import channel_credentials
 from kvmesh.security.certs import DevPki, make_dev_pki
@@ -177,7 +183,7 @@ def start(s: SuiteSettings, rd: Path, run: Path | None = None, watch: StartWatch
             starts.append(partial(_start_zone, s, z, run, auth, redis_url, zone_envs, watch))
         suite.services += _start_together(starts)
         registry = run / "registry.yaml"
-        _write_registry(registry, suite.services)
+        _write_registry(registry, suite.services, worker_roles(s))
         for z in s.zones:
             suite.services.append(_start_failover(s, z, run, auth, registry, watch))
         routers = {str(p.info.get("zone")): p.address for p in suite.services if p.name == "router"}
@@ -286,6 +292,8 @@ def _start_worker(
     flags += ["--block-size", str(s.model.block_size), "--cache-manager", cache]
     flags += ["--max-model-len", str(w.max_model_len), "--kv-blocks", str(w.kv_blocks), "--sim-speed", str(w.sim_speed)]
     flags += ["--kvsync-port", str(w.kv_sync_port + i if w.kv_sync_port else 0)]
+    flags += ["--cpu-tier-mb", str(w.cpu_tier_mb), "--role", w.roles()[i].value]
+    flags += ["--host-label", socket.gethostname()] if w.disaggregated else []
     flags += ["--frames-port", "0"] if z.router.worker_transport == "frames" else []  # its listener is opt-in
     flags += ["--model", s.model.path] if s.model.path else []
     flags += ["--vllm-args", w.vllm_args] if w.vllm_args else []
@@ -394,6 +402,7 @@ def _start_planner(
     flags += ["--interval-s", str(p.interval_s), "--per-worker-rps", str(p.per_worker_rps)]
     flags += ["--min-workers", str(p.min_workers), "--max-workers", str(p.max_workers), "--buffer", str(p.buffer)]
     flags += ["--lead-s", str(p.lead_s), "--history-file", str(rd / f"planner-history-{z.name}.json")]
+    flags += ["--pools", "true"] if z.worker.disaggregated else []  # the prefill and decode pools sized apart
     return start_service(
         "planner",
         rd / "logs",
@@ -406,13 +415,21 @@ def _start_planner(
     )
 
 
-def _write_registry(path: Path, procs: list[ServiceProcess]) -> None:
-    """The suite's static registry (the failover services' `--registry-file`), in the registry's own format."""
+def worker_roles(s: SuiteSettings) -> dict[str, str]:
+    """Every worker's role by its service id (`worker-<zone>-<i>`), as `_start_worker` starts it."""
+    return {f"worker-{z.name}-{i}": role.value for z in s.zones for i, role in enumerate(z.worker.roles())}
+
+
+def _write_registry(path: Path, procs: list[ServiceProcess], roles: dict[str, str]) -> None:
+    """The suite's static registry (the failover services' `--registry-file`), in the registry's own format;
+    a worker's role (`roles`, by id) in its `worker_role` meta."""
     instances = []
     for p in procs:
         host, _, port = p.address.rpartition(":")
         zone = str(p.info.get("zone", "local"))
         meta = {"http": f"{HOST}:{p.info['http_port']}"}
+        if p.info["id"] in roles:
+            meta[WORKER_ROLE_META] = roles[p.info["id"]]
         instances.append(ServiceInstance(p.info["id"], Role(p.name), zone, "v1", host, int(port), meta=meta))
     write_catalog(path, CatalogSnapshot.of(instances))
 

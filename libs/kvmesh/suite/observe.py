@@ -42,13 +42,16 @@ class Prometheus:
 
 
 def scrape_config(state: dict[str, Any], rules: Path, interval_s: float) -> dict[str, Any]:
-    """prometheus.yml as a dict: a job per service kind, a target per instance (`kvmesh_id` labels it)."""
+    """prometheus.yml as a dict: a job per service kind, a target per instance (`kvmesh_id` labels it; a worker's
+    also `worker_role`, its prefill/decode role, which the dashboard's per-role panels group by)."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for svc in state["services"]:
         # a router of several processes: each process on its own port (the shared one reaches any of them)
         own = [(p["process_http_port"], p["id"]) for p in svc.get("processes", [])]
+        role = {"worker_role": svc["worker_role"]} if "worker_role" in svc else {}
         for port, ident in own or [(svc["http_port"], svc["id"])]:
-            jobs.setdefault(svc["name"], []).append({"targets": [f"127.0.0.1:{port}"], "labels": {"kvmesh_id": ident}})
+            target = {"targets": [f"127.0.0.1:{port}"], "labels": {"kvmesh_id": ident, **role}}
+            jobs.setdefault(svc["name"], []).append(target)
     interval = f"{max(1, round(interval_s))}s"
     tls = (state.get("auth") or {}).get("tls")  # a --tls suite serves HTTPS only: verified with its CA
     scheme = {"scheme": "https", "tls_config": {"ca_file": tls["ca"]}} if tls else {}

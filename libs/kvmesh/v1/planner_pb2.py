@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from kvmesh.v1 import worker_pb2 as kvmesh_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvmesh/v1/planner.proto\x12\tkvmesh.v1\"\x10\n\x0eGetPlanRequest\"\xa4\x01\n\x0fPlannerDecision\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\x0f\n\x07\x64\x65sired\x18\x02 \x01(\r\x12\x0f\n\x07serving\x18\x03 \x01(\r\x12\x10\n\x08starting\x18\x04 \x01(\r\x12\x0e\n\x06queued\x18\x05 \x01(\r\x12\x14\n\x0c\x66orecast_rps\x18\x06 \x01(\x01\x12\x0b\n\x03\x61\x64\x64\x18\x07 \x01(\r\x12\x0e\n\x06remove\x18\x08 \x03(\t\x12\x0e\n\x06reason\x18\t \x01(\t\"\xc1\x02\n\x08ZonePlan\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\x12\n\nforecaster\x18\x02 \x01(\t\x12:\n\x0c\x66orecast_mae\x18\x03 \x03(\x0b\x32$.kvmesh.v1.ZonePlan.ForecastMaeEntry\x12\x10\n\x08\x62ucket_s\x18\x04 \x01(\x01\x12\x17\n\x0fhistory_buckets\x18\x05 \x01(\r\x12\x10\n\x08\x66orecast\x18\x06 \x03(\x01\x12(\n\x04last\x18\x07 \x01(\x0b\x32\x1a.kvmesh.v1.PlannerDecision\x12-\n\tdecisions\x18\x08 \x03(\x0b\x32\x1a.kvmesh.v1.PlannerDecision\x12\r\n\x05\x65rror\x18\t \x01(\t\x1a\x32\n\x10\x46orecastMaeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0fGetPlanResponse\x12\x10\n\x08\x61\x63tuator\x18\x01 \x01(\t\x12\x12\n\ninterval_s\x18\x02 \x01(\x01\x12\"\n\x05zones\x18\x03 \x03(\x0b\x32\x13.kvmesh.v1.ZonePlan2R\n\x0ePlannerService\x12@\n\x07GetPlan\x12\x19.kvmesh.v1.GetPlanRequest\x1a\x1a.kvmesh.v1.GetPlanResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvmesh/v1/planner.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/worker.proto\"\x10\n\x0eGetPlanRequest\"\xc9\x01\n\x0fPlannerDecision\x12\n\n\x02\x61t\x18\x01 \x01(\x01\x12\x0f\n\x07\x64\x65sired\x18\x02 \x01(\r\x12\x0f\n\x07serving\x18\x03 \x01(\r\x12\x10\n\x08starting\x18\x04 \x01(\r\x12\x0e\n\x06queued\x18\x05 \x01(\r\x12\x14\n\x0c\x66orecast_rps\x18\x06 \x01(\x01\x12\x0b\n\x03\x61\x64\x64\x18\x07 \x01(\r\x12\x0e\n\x06remove\x18\x08 \x03(\t\x12\x0e\n\x06reason\x18\t \x01(\t\x12#\n\x05pools\x18\n \x01(\x0b\x32\x14.kvmesh.v1.PoolSplit\"\xe2\x01\n\tPoolSplit\x12\x17\n\x0f\x64\x65sired_prefill\x18\x01 \x01(\r\x12\x16\n\x0e\x64\x65sired_decode\x18\x02 \x01(\r\x12\x0f\n\x07prefill\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65\x63ode\x18\x04 \x01(\r\x12%\n\x1d\x66orecast_prefill_tokens_per_s\x18\x05 \x01(\x01\x12\x1f\n\x17\x66orecast_decode_streams\x18\x06 \x01(\x01\x12+\n\x0crole_changes\x18\x07 \x03(\x0b\x32\x15.kvmesh.v1.RoleChange\x12\x0e\n\x06reason\x18\x08 \x01(\t\"\x82\x01\n\nRoleChange\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12(\n\tfrom_role\x18\x03 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12&\n\x07to_role\x18\x04 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\"\xc1\x02\n\x08ZonePlan\x12\x0c\n\x04zone\x18\x01 \x01(\t\x12\x12\n\nforecaster\x18\x02 \x01(\t\x12:\n\x0c\x66orecast_mae\x18\x03 \x03(\x0b\x32$.kvmesh.v1.ZonePlan.ForecastMaeEntry\x12\x10\n\x08\x62ucket_s\x18\x04 \x01(\x01\x12\x17\n\x0fhistory_buckets\x18\x05 \x01(\r\x12\x10\n\x08\x66orecast\x18\x06 \x03(\x01\x12(\n\x04last\x18\x07 \x01(\x0b\x32\x1a.kvmesh.v1.PlannerDecision\x12-\n\tdecisions\x18\x08 \x03(\x0b\x32\x1a.kvmesh.v1.PlannerDecision\x12\r\n\x05\x65rror\x18\t \x01(\t\x1a\x32\n\x10\x46orecastMaeEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"[\n\x0fGetPlanResponse\x12\x10\n\x08\x61\x63tuator\x18\x01 \x01(\t\x12\x12\n\ninterval_s\x18\x02 \x01(\x01\x12\"\n\x05zones\x18\x03 \x03(\x0b\x32\x13.kvmesh.v1.ZonePlan2R\n\x0ePlannerService\x12@\n\x07GetPlan\x12\x19.kvmesh.v1.GetPlanRequest\x1a\x1a.kvmesh.v1.GetPlanResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +34,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ZONEPLAN_FORECASTMAEENTRY']._loaded_options = None
   _globals['_ZONEPLAN_FORECASTMAEENTRY']._serialized_options = b'8\001'
-  _globals['_GETPLANREQUEST']._serialized_start=38
-  _globals['_GETPLANREQUEST']._serialized_end=54
-  _globals['_PLANNERDECISION']._serialized_start=57
-  _globals['_PLANNERDECISION']._serialized_end=221
-  _globals['_ZONEPLAN']._serialized_start=224
-  _globals['_ZONEPLAN']._serialized_end=545
-  _globals['_ZONEPLAN_FORECASTMAEENTRY']._serialized_start=495
-  _globals['_ZONEPLAN_FORECASTMAEENTRY']._serialized_end=545
-  _globals['_GETPLANRESPONSE']._serialized_start=547
-  _globals['_GETPLANRESPONSE']._serialized_end=638
-  _globals['_PLANNERSERVICE']._serialized_start=640
-  _globals['_PLANNERSERVICE']._serialized_end=722
+  _globals['_GETPLANREQUEST']._serialized_start=62
+  _globals['_GETPLANREQUEST']._serialized_end=78
+  _globals['_PLANNERDECISION']._serialized_start=81
+  _globals['_PLANNERDECISION']._serialized_end=282
+  _globals['_POOLSPLIT']._serialized_start=285
+  _globals['_POOLSPLIT']._serialized_end=511
+  _globals['_ROLECHANGE']._serialized_start=514
+  _globals['_ROLECHANGE']._serialized_end=644
+  _globals['_ZONEPLAN']._serialized_start=647
+  _globals['_ZONEPLAN']._serialized_end=968
+  _globals['_ZONEPLAN_FORECASTMAEENTRY']._serialized_start=918
+  _globals['_ZONEPLAN_FORECASTMAEENTRY']._serialized_end=968
+  _globals['_GETPLANRESPONSE']._serialized_start=970
+  _globals['_GETPLANRESPONSE']._serialized_end=1061
+  _globals['_PLANNERSERVICE']._serialized_start=1063
+  _globals['_PLANNERSERVICE']._serialized_end=1145
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from kvmesh.v1 import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -50,6 +51,7 @@ class PlannerDecision(_message.Message):
     ADD_FIELD_NUMBER: _builtins.int
     REMOVE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
     at: _builtins.float
     """When it was taken, seconds since the Unix epoch."""
     desired: _builtins.int
@@ -70,6 +72,10 @@ class PlannerDecision(_message.Message):
     def remove(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Addresses of the workers it drained (or would have drained)."""
 
+    @_builtins.property
+    def pools(self) -> Global___PoolSplit:
+        """A prefill/decode disaggregated zone's pools (unset unless the planner sizes pools: --pools)."""
+
     def __init__(
         self,
         *,
@@ -82,14 +88,103 @@ class PlannerDecision(_message.Message):
         add: _builtins.int = ...,
         remove: _abc.Iterable[_builtins.str] | None = ...,
         reason: _builtins.str = ...,
+        pools: Global___PoolSplit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "at", b"at", "desired", b"desired", "forecast_rps", b"forecast_rps", "queued", b"queued", "reason", b"reason", "remove", b"remove", "serving", b"serving", "starting", b"starting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "at", b"at", "desired", b"desired", "forecast_rps", b"forecast_rps", "pools", b"pools", "queued", b"queued", "reason", b"reason", "remove", b"remove", "serving", b"serving", "starting", b"starting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PlannerDecision: _TypeAlias = PlannerDecision  # noqa: Y015
+
+@_typing.final
+class PoolSplit(_message.Message):
+    """A disaggregated zone's prefill and decode pools: the workers each needs for the forecast, each as it serves,
+    and the role changes that move the split (kvmesh.ops.planner.pools).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DESIRED_PREFILL_FIELD_NUMBER: _builtins.int
+    DESIRED_DECODE_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    DECODE_FIELD_NUMBER: _builtins.int
+    FORECAST_PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    FORECAST_DECODE_STREAMS_FIELD_NUMBER: _builtins.int
+    ROLE_CHANGES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    desired_prefill: _builtins.int
+    """Prefill workers the forecast asks for (its prompt tokens/s over one worker's at the TTFT target)."""
+    desired_decode: _builtins.int
+    """Decode workers the forecast asks for (its concurrent streams over one worker's at the ITL target)."""
+    prefill: _builtins.int
+    """Prefill workers taking traffic."""
+    decode: _builtins.int
+    """Decode workers taking traffic (those of role both included)."""
+    forecast_prefill_tokens_per_s: _builtins.float
+    """Forecast prompt tokens per second to prefill."""
+    forecast_decode_streams: _builtins.float
+    """Forecast concurrent decode streams."""
+    reason: _builtins.str
+    """Why the split moves, or why it does not yet (empty when the pools match their targets)."""
+    @_builtins.property
+    def role_changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoleChange]:
+        """Workers drained and restarted as the other role (or, dry-run, that would be)."""
+
+    def __init__(
+        self,
+        *,
+        desired_prefill: _builtins.int = ...,
+        desired_decode: _builtins.int = ...,
+        prefill: _builtins.int = ...,
+        decode: _builtins.int = ...,
+        forecast_prefill_tokens_per_s: _builtins.float = ...,
+        forecast_decode_streams: _builtins.float = ...,
+        role_changes: _abc.Iterable[Global___RoleChange] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode", b"decode", "desired_decode", b"desired_decode", "desired_prefill", b"desired_prefill", "forecast_decode_streams", b"forecast_decode_streams", "forecast_prefill_tokens_per_s", b"forecast_prefill_tokens_per_s", "prefill", b"prefill", "reason", b"reason", "role_changes", b"role_changes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolSplit: _TypeAlias = PoolSplit  # noqa: Y015
+
+@_typing.final
+class RoleChange(_message.Message):
+    """One worker's role change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    FROM_ROLE_FIELD_NUMBER: _builtins.int
+    TO_ROLE_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """Worker id."""
+    address: _builtins.str
+    """Its gRPC address."""
+    from_role: _worker_pb2.WorkerRole.ValueType
+    """The role it serves in."""
+    to_role: _worker_pb2.WorkerRole.ValueType
+    """The role it restarts as."""
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        from_role: _worker_pb2.WorkerRole.ValueType = ...,
+        to_role: _worker_pb2.WorkerRole.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "from_role", b"from_role", "to_role", b"to_role", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoleChange: _TypeAlias = RoleChange  # noqa: Y015
 
 @_typing.final
 class ZonePlan(_message.Message):

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kvmesh.discovery.model import WORKER_ROLE_META
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.suite.admin import calls, render, target, views
 from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, planner_pb2, router_pb2
@@ -28,6 +29,7 @@ def _list_workers() -> router_pb2.ListWorkersResponse:
         )
         w.load.decode_latency_p95_ms = 12.345
         w.load.prefix_hit_rate = 0.5
+    reply.workers[0].endpoint.meta[WORKER_ROLE_META] = "prefill"  # a router names each worker's role
     return reply
 
 
@@ -36,14 +38,22 @@ def test_workers_document_and_table() -> None:
     assert [w["state"] for w in doc["workers"]] == ["passing", "draining"]
     assert doc["workers"][1]["circuit"] == "half_open" and doc["workers"][1]["selections_total"] == 13
     assert doc["workers"][0]["kv_blocks_total"] == 256
+    assert [w["role"] for w in doc["workers"]] == ["prefill", ""]
     text = render.workers(doc)
     lines = text.splitlines()
     assert lines[0] == "router r:1  prefill weight 0.70  decode weight 0.30  workers 2"
-    head = "WORKER ZONE STATE CIRCUIT RUN WAIT KV USE IN-FLIGHT SELECTED P95 MS HIT"
+    head = "WORKER ZONE ROLE STATE CIRCUIT RUN WAIT KV USE IN-FLIGHT SELECTED P95 MS HIT"
     assert lines[1].split() == head.split()
-    assert lines[2].split() == ["w0", "a", "passing", "closed", "2", "0", "25%", "64/256", "0", "3", "12.35", "50%"]
-    assert lines[3].split()[2:4] == ["draining", "half_open"]
+    row = ["w0", "a", "prefill", "passing", "closed", "2", "0", "25%", "64/256", "0", "3", "12.35", "50%"]
+    assert lines[2].split() == row
+    assert lines[3].split()[2:5] == ["-", "draining", "half_open"]  # no role known: a router that does not say
     assert all(line == line.rstrip() for line in lines)
+
+
+def test_a_workers_role_comes_from_its_endpoint_meta() -> None:
+    reply = _list_workers()
+    reply.workers[1].endpoint.meta[WORKER_ROLE_META] = "decode"
+    assert [w["role"] for w in views.workers(reply, "r:1")["workers"]] == ["prefill", "decode"]
 
 
 def test_table_aligns_numbers_right_and_text_left() -> None:

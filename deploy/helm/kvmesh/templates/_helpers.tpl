@@ -176,6 +176,46 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.worker.gpusPerWorker | quote }}
 - name: KVMESH_GPU_HOUR_PRICE
   value: {{ $v.worker.gpuHourPrice | quote }}
+# prefill/decode disaggregation: this Deployment's role (kvmesh.workerPools); a disaggregated worker's host label
+# is its node (the handoff's link cost: same host, else same zone)
+- name: KVMESH_ROLE
+  value: {{ .role | quote }}
+{{- if ne .role "both" }}
+- name: KVMESH_HOST_LABEL
+  valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+{{- end }}
+{{- if eq .role "prefill" }}
+# a prefill worker hands its prompts' KV over from its CPU tier (kv-sync): in the pod's /dev/shm
+- name: KVMESH_CPU_TIER_MB
+  value: {{ $v.worker.prefillCpuTierMb | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* A zone's worker Deployments as role: replicas. `worker.replicas` workers of role both (aggregated) unless
+     the zone has prefill/decode pools: `worker.prefillReplicas` / `worker.decodeReplicas`, each overridable per
+     zone (`zones[].worker`); prefill workers without decode workers are refused. Args: root, zone. */}}
+{{- define "kvmesh.workerPools" -}}
+{{- $keys := list "replicas" "prefillReplicas" "decodeReplicas" }}
+{{- $own := .zone.worker | default dict }}
+{{- range $k, $_ := $own }}
+{{- if not (has $k $keys) }}{{ fail (printf "zones[%s].worker.%s: unknown key (known: %s)" $.zone.name $k (join ", " $keys)) }}{{ end }}
+{{- end }}
+{{- $w := merge (deepCopy $own) (pick .root.Values.worker "replicas" "prefillReplicas" "decodeReplicas") }}
+{{- range $k := $keys }}
+{{- if lt (int (index $w $k | default 0)) 0 }}{{ fail (printf "zones[%s].worker.%s: must be >= 0, got %v" $.zone.name $k (index $w $k)) }}{{ end }}
+{{- end }}
+{{- $p := int ($w.prefillReplicas | default 0) }}
+{{- $d := int ($w.decodeReplicas | default 0) }}
+{{- if and (gt $p 0) (eq $d 0) }}{{ fail (printf "zones[%s].worker: %d prefill workers and no decode worker: set decodeReplicas too (a prefill worker only computes prompts for decode workers)" .zone.name $p) }}{{ end }}
+{{- if and (gt $p 0) (not (gt (float64 .root.Values.worker.prefillCpuTierMb) 0.0)) }}{{ fail "worker.prefillCpuTierMb: must be > 0 (prefill workers hand their KV over from their CPU tier)" }}{{ end }}
+{{- if or (gt $p 0) (gt $d 0) }}
+decode: {{ $d }}
+{{- if gt $p 0 }}
+prefill: {{ $p }}
+{{- end }}
+{{- else }}
+both: {{ int $w.replicas }}
+{{- end }}
 {{- end -}}
 
 {{- define "kvmesh.env.failover" -}}
@@ -210,6 +250,12 @@ kvmesh.io/version: {{ .root.Values.version }}
   value: {{ $v.planner.intervalS | quote }}
 - name: KVMESH_HISTORY_FILE
   value: /var/lib/kvmesh-planner/history.json
+{{- if hasKey (include "kvmesh.workerPools" . | fromYaml) "prefill" }}
+# a disaggregated zone: the prefill and decode pools sized apart; role changes are reported, not carried out
+# (the actuator scales the zone's worker Deployment: its decode pool)
+- name: KVMESH_POOLS
+  value: "true"
+{{- end }}
 {{- end -}}
 
 {{- define "kvmesh.zoneNames" -}}

@@ -4,18 +4,23 @@ The forecaster it trusts is the best of :func:`kvmesh.ops.planner.forecast.compa
 refitted every ``retrain_s`` once ``min_train_days`` + 1 days are recorded; before that, the moving average
 over the last ``average_window_s`` (an hour; no model can be judged without a held-out day, so the planner
 says ``moving_average``).
+
+A disaggregated zone (``PlannerConfig.pools``) is sized pool by pool (:mod:`kvmesh.ops.planner.pools`): its
+desired workers are the prefill and decode targets' sum, and each step also says which workers change role.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvmesh.core.handoff import WorkerRole
 from kvmesh.ops.planner.forecast import Comparison, Forecaster, LstmForecaster, MovingAverage, compare, forecaster_named
 from kvmesh.ops.planner.history import DAY_S, LoadHistory
+from kvmesh.ops.planner.pools import PooledWorker, PoolPlan, PoolPolicy, SplitState, plan_split, pool_targets
 from kvmesh.ops.planner.sizing import ScaleAction, ScalerState, SizingPolicy, WorkerLife, plan_step
 
 
@@ -30,6 +35,7 @@ class PlannerConfig:
     min_train_days: int = 2
     lstm_epochs: int = 150
     average_window_s: float = 3600.0
+    pools: PoolPolicy | None = None  # a disaggregated zone: prefill and decode pools sized apart
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class Decision:
     forecast_rps: float
     forecaster: str
     forecast: tuple[float, ...] = ()  # requests per bucket, the next `horizon_buckets` buckets
+    pools: PoolPlan | None = None  # a disaggregated zone's pool sizing and role changes
 
 
 @dataclass
@@ -50,6 +57,7 @@ class ZonePlanner:
     config: PlannerConfig
     history: LoadHistory
     state: ScalerState = field(default_factory=ScalerState)
+    split: SplitState = field(default_factory=SplitState)
     comparison: Comparison | None = None
     last_train_s: float = -math.inf
     _forecaster: Forecaster | None = None
@@ -91,13 +99,25 @@ class ZonePlanner:
         starting: int,
         queued: int,
         removable: Collection[str] | None = None,
+        roles: Mapping[str, WorkerRole] | None = None,
+        incoming: Mapping[WorkerRole, int] | None = None,
     ) -> Decision:
         """Forecast the next ``horizon`` buckets, size the zone for the first ``lead_s`` of them, decide (see
-        :func:`plan_step`)."""
+        :func:`plan_step`); a disaggregated zone's pools too, `roles` giving each serving worker's (by
+        ``worker_id``; one not in it is ``both``), `incoming` the workers a role change is moving into each
+        pool (not serving meanwhile: counted where they are going, so the change is not asked twice)."""
         series = self.history.completed(now_s)
         f = self.forecaster()
         pred = f.predict(series, self.history.start_bucket, self.config.horizon_buckets) if series.size else np.zeros(0)
-        rps = self.config.sizing.sized_rate(pred, self.config.bucket_s)
-        desired = self.config.sizing.desired(rps)
-        action = plan_step(self.config.sizing, self.state, now_s, desired, serving, starting, queued, removable)
-        return Decision(action, desired, rps, f.name, tuple(float(x) for x in pred))
+        sizing = self.config.sizing
+        rps = sizing.sized_rate(pred, self.config.bucket_s)
+        if self.config.pools is None:
+            desired = sizing.desired(rps)
+            action = plan_step(sizing, self.state, now_s, desired, serving, starting, queued, removable)
+            return Decision(action, desired, rps, f.name, tuple(float(x) for x in pred))
+        targets = pool_targets(self.config.pools, rps, sizing.min_workers, sizing.max_workers)
+        action = plan_step(sizing, self.state, now_s, targets.total, serving, starting, queued, removable)
+        staying = [w for w in serving if w.worker_id not in action.remove]  # a worker scaled in changes no role
+        pooled = [PooledWorker(w, (roles or {}).get(w.worker_id, WorkerRole.BOTH)) for w in staying]
+        pools = plan_split(self.config.pools, self.split, now_s, targets, pooled, incoming or {})
+        return Decision(action, targets.total, rps, f.name, tuple(float(x) for x in pred), pools)

@@ -121,7 +121,11 @@ async def _part(fetch: Coroutine[Any, Any, dict[str, Any]]) -> tuple[dict[str, A
 
 async def _frame(targets: dict[str, Target | None], timeout: float) -> tuple[dict[str, Any], int]:
     """One `top` frame: the parts fetched together; a part that fails holds its error (exit code kept)."""
-    fetchers = {"workers": calls.list_workers, "zones": calls.zones, "index": calls.index}
+    fetchers: dict[str, Callable[[Target, float], Coroutine[Any, Any, dict[str, Any]]]] = {
+        "workers": calls.list_workers,
+        "zones": calls.zones,
+        "index": calls.index,
+    }
     names = {"workers": "router", "zones": "failover", "index": "cache-manager"}
     parts = {k: targets[names[k]] for k in fetchers}
     asked = [k for k, t in parts.items() if t is not None]

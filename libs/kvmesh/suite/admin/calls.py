@@ -65,6 +65,8 @@ async def _call(target: Target, method: str, timeout: float, run: Callable[[Any]
 
 
 async def list_workers(t: Target, timeout: float) -> dict[str, Any]:
+    """The router's workers (each one's prefill/decode role in its endpoint's `worker_role` meta)."""
+
     async def run(ch: Any) -> router_pb2.ListWorkersResponse:
         return await router_pb2_grpc.RouterAdminServiceStub(ch).ListWorkers(
             router_pb2.ListWorkersRequest(), timeout=timeout

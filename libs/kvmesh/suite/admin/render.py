@@ -62,6 +62,7 @@ def workers(doc: Mapping[str, Any]) -> str:
         [
             w["id"],
             w["zone"],
+            w["role"] or None,
             w["state"],
             w["circuit"],
             w["running"],
@@ -74,7 +75,7 @@ def workers(doc: Mapping[str, Any]) -> str:
         ]
         for w in doc["workers"]
     ]
-    headers = ["WORKER", "ZONE", "STATE", "CIRCUIT", "RUN", "WAIT", "KV USE", "IN-FLIGHT", "SELECTED"]
+    headers = ["WORKER", "ZONE", "ROLE", "STATE", "CIRCUIT", "RUN", "WAIT", "KV USE", "IN-FLIGHT", "SELECTED"]
     return head + "\n" + table([*headers, "P95 MS", "HIT"], rows)
 
 
@@ -290,7 +291,22 @@ def guardrails(doc: Mapping[str, Any], now: float) -> str:
 
 def _action(d: Mapping[str, Any]) -> str:
     parts = ([f"add {d['add']}"] if d["add"] else []) + ([f"drain {', '.join(d['remove'])}"] if d["remove"] else [])
+    pools = d.get("pools") or {}
+    parts += [f"{c['worker_id'] or c['address']} {c['from']} -> {c['to']}" for c in pools.get("role_changes", [])]
     return " and ".join(parts) or "hold"
+
+
+def _reason(d: Mapping[str, Any]) -> str:
+    """The scaling's reason, then the pool split's."""
+    return "; ".join(r for r in (d["reason"], (d.get("pools") or {}).get("reason", "")) if r)
+
+
+def _pool_line(p: Mapping[str, Any]) -> str:
+    return (
+        f"  pools: prefill {p['prefill']} serving / {p['desired_prefill']} desired "
+        f"(forecast {p['forecast_prefill_tokens_per_s']:.0f} prompt tokens/s), decode {p['decode']} serving / "
+        f"{p['desired_decode']} desired (forecast {p['forecast_decode_streams']:.1f} streams)"
+    )
 
 
 def plan(doc: Mapping[str, Any], now: float) -> str:
@@ -312,8 +328,10 @@ def plan(doc: Mapping[str, Any], now: float) -> str:
             out.append(
                 f"  {ago(last['at'], now)} ago: {last['serving']} serving, {last['starting']} starting, "
                 f"{last['queued']} queued; sized for {last['forecast_rps']:.3f} req/s -> desired {last['desired']}: "
-                f"{_action(last)}{' (' + last['reason'] + ')' if last['reason'] else ''}"
+                f"{_action(last)}{' (' + _reason(last) + ')' if _reason(last) else ''}"
             )
+            if last.get("pools"):
+                out.append(_pool_line(last["pools"]))
             out.append(f"  forecast, requests per {z['bucket_s']:g}s bucket: {ahead}")
         if z["decisions"]:
             rows = [
@@ -324,7 +342,7 @@ def plan(doc: Mapping[str, Any], now: float) -> str:
                     d["starting"],
                     d["queued"],
                     _action(d),
-                    d["reason"] or "-",
+                    _reason(d) or "-",
                 ]
                 for d in z["decisions"][-10:]
             ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, planner_pb2, router_pb2
+from kvmesh.discovery.model import WORKER_ROLE_META
+from kvmesh.v1 import cache_manager_pb2, common_pb2, failover_pb2, planner_pb2, router_pb2, worker_pb2
 
 
 def _health(value: common_pb2.HealthState.ValueType) -> str:
@@ -18,12 +19,15 @@ def _health(value: common_pb2.HealthState.ValueType) -> str:
 
 
 def worker(st: router_pb2.WorkerStatus) -> dict[str, Any]:
-    """One worker as a router sees it; `state` is ``draining`` while drained, else its health."""
+    """One worker as a router sees it; `state` is ``draining`` while drained, else its health. `role`: its
+    prefill/decode role (both, prefill, decode), its endpoint's `worker_role` meta ("" from a router that does
+    not say)."""
     load = st.load
     return {
         "id": st.endpoint.id,
         "address": st.endpoint.address,
         "zone": st.endpoint.zone,
+        "role": st.endpoint.meta.get(WORKER_ROLE_META, ""),
         "version": st.endpoint.version,
         "health": _health(st.endpoint.health),
         "state": "draining" if st.draining else _health(st.endpoint.health),
@@ -46,6 +50,7 @@ def worker(st: router_pb2.WorkerStatus) -> dict[str, Any]:
 
 
 def workers(reply: router_pb2.ListWorkersResponse, router: str) -> dict[str, Any]:
+    """The router's workers."""
     return {
         "router": router,
         "prefill_weight": reply.prefill_weight,
@@ -225,6 +230,34 @@ def _decision(d: planner_pb2.PlannerDecision) -> dict[str, Any]:
         "add": d.add,
         "remove": list(d.remove),
         "reason": d.reason,
+        "pools": _pools(d.pools) if d.HasField("pools") else None,
+    }
+
+
+def worker_role(value: worker_pb2.WorkerRole.ValueType) -> str:
+    """A worker's prefill/decode role as the word its `--role` takes; unset (an older worker) is both."""
+    return worker_pb2.WorkerRole.Name(value or worker_pb2.WORKER_ROLE_BOTH).removeprefix("WORKER_ROLE_").lower()
+
+
+def _pools(p: planner_pb2.PoolSplit) -> dict[str, Any]:
+    """A disaggregated zone's pools: targets, serving, the forecast figures, the role changes."""
+    return {
+        "desired_prefill": p.desired_prefill,
+        "desired_decode": p.desired_decode,
+        "prefill": p.prefill,
+        "decode": p.decode,
+        "forecast_prefill_tokens_per_s": p.forecast_prefill_tokens_per_s,
+        "forecast_decode_streams": p.forecast_decode_streams,
+        "role_changes": [
+            {
+                "worker_id": c.worker_id,
+                "address": c.address,
+                "from": worker_role(c.from_role),
+                "to": worker_role(c.to_role),
+            }
+            for c in p.role_changes
+        ],
+        "reason": p.reason,
     }
 
 
