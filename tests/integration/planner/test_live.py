@@ -138,7 +138,7 @@ def test_planner_scales_out_under_a_burst_and_back_in(services: Callable[..., Se
     assert zone.last.serving >= 2 and zone.history_buckets > 0 and len(zone.forecast) == 3
     assert any(d.add >= 1 and d.reason for d in zone.decisions), zone.decisions
     assert any(d.remove and "forecast needs" in d.reason for d in zone.decisions), zone.decisions
-    steps = [(d.add, tuple(d.remove), d.desired, d.serving, d.starting) for d in zone.decisions]
+    steps = [(d.add, tuple(d.remove), d.reason, d.desired, d.serving, d.starting) for d in zone.decisions]
     assert all(a != b for a, b in itertools.pairwise(steps)), steps  # a repeated decision is kept once
 
 
