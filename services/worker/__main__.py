@@ -11,7 +11,7 @@ from kvmesh.rpc.server import DEFAULT_MAX_REQUEST_BYTES, BoundPorts, ServiceRunn
 from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.admission import WindowGate, window_config
 from kvmesh.services.worker.app import WorkerApp
-from kvmesh.services.worker.engine_factory import build_engine, model_name
+from kvmesh.services.worker.engine_factory import build_engine, engine_handoff, model_name
 from kvmesh.services.worker.generate_frames import FramesListener
 from kvmesh.services.worker.kvpull import TIER_REGION, KvSyncServer, peer_pulls
 from kvmesh.services.worker.openai_http import OpenAIApi
@@ -34,6 +34,7 @@ async def build(runner: ServiceRunner, settings: WorkerSettings) -> None:
     engine = build_engine(settings, peers=pulls)
     await engine.start()
     app = WorkerApp(engine, settings.engine, settings.service_id or "worker", buffer=settings.kv_event_buffer)
+    app.engine_handoff = engine_handoff(engine)
     app.gate = WindowGate(window) if window is not None else None
     region = engine.served_tier()
     kvsync = KvSyncServer(region, settings) if region is not None else None

@@ -67,6 +67,12 @@ def vllm_tier_fields(s: WorkerSettings) -> dict[str, Any]:
     }
 
 
+def engine_handoff(engine: Engine) -> bool:
+    """Whether the engine hands a prefill half's KV over by its own transfer (vLLM's NixlConnector): the
+    worker's `WorkerApp.engine_handoff`, reported by GetInfo; kv-sync hands over otherwise."""
+    return bool(getattr(engine, "engine_handoff", False))
+
+
 def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
     """The engine of `--engine`; `peers` is where it pulls prefixes from (None: it pulls nothing)."""
     if s.engine == "sim":
@@ -97,7 +103,7 @@ def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
             pull_transport=peers,
         )
     if s.engine == "vllm":
-        from kvmesh.engine.vllm_config import VllmEngineConfig
+        from kvmesh.engine.vllm_config import VllmEngineConfig, nixl_importable
         from kvmesh.engine.vllm_engine import VllmEngine
 
         model = model_name(s)
@@ -111,6 +117,9 @@ def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
                 dtype=s.vllm_dtype,
                 extra_args=tuple(shlex.split(s.vllm_args)),
                 cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
+                # vLLM's NixlConnector beside kvmesh's when NIXL is installed (`pip install kvmesh[nixl]`)
+                engine_handoff=s.vllm_nixl and nixl_importable(),
+                handoff_hold_ms=s.handoff_hold_ms,
                 **vllm_tier_fields(s),
             ),
             peers=peers,

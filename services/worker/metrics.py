@@ -101,6 +101,29 @@ def observe_load(r: LoadReport) -> None:
         TIER_BLOCKS.set(r.extra["tier_blocks"])
         TIER_LOADED_TOKENS.set(r.extra.get("tier_loaded_tokens_total", 0.0))
         TIER_PULLED_BLOCKS.set(r.extra.get("tier_pulled_blocks_total", 0.0))
+    _observe_engine_handoffs(r.extra)
+
+
+ENGINE_HANDOFFS = Gauge(
+    "kvmesh_worker_engine_handoffs",
+    "Prefill/decode handoffs by the engine's own transfer (vLLM's NixlConnector), since the engine started:"
+    " sent, received, refused, void (past their hold), fallbacks (computed instead)",
+    ["event"],
+)
+NIXL = Gauge(
+    "kvmesh_worker_nixl",
+    "vLLM's NixlConnector's counts since the engine started (transfers, bytes, failed_transfers,"
+    " failed_handshakes, expired: prefill blocks its lease freed that no decode worker read, ...)",
+    ["stat"],
+)
+
+
+def _observe_engine_handoffs(extra: dict[str, float]) -> None:
+    for key, value in extra.items():
+        if key.startswith("handoffs_") and key.endswith("_total"):
+            ENGINE_HANDOFFS.labels(key.removeprefix("handoffs_").removesuffix("_total")).set(value)
+        elif key.startswith("nixl_") and key.endswith("_total"):
+            NIXL.labels(key.removeprefix("nixl_").removesuffix("_total")).set(value)
 
 
 def observe_pull(p: PullOutcome) -> None:

@@ -81,6 +81,7 @@ class WorkerSettings(ServerSettings):
     )
     host_label: str = setting("", "topology label: the host this worker runs on (empty: the machine's hostname)")
     rack_label: str = setting("", "topology label: the rack (or any link domain below the zone) it runs on")
+    vllm_nixl: bool = setting(True, "vLLM: P/D handoffs by vLLM's NixlConnector if NIXL is installed (false: kv-sync)")
     handoff_hold_ms: int = setting(
         10000, "longest a prefill half's KV is held for its decode worker, milliseconds (the router asks less)"
     )

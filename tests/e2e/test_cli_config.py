@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kvmesh.suite.launcher import free_port
+from kvmesh.core.ports import free_port
 from kvmesh.v1 import cache_manager_pb2, cache_manager_pb2_grpc, failover_pb2, failover_pb2_grpc
 from tests.support.cli import kvmesh_cli
 from tests.support.poll import wait_until

@@ -12,8 +12,9 @@ is killed, as on a host that went down.
 DATA frames on it are split into gRPC messages, and after forwarding the frame that completes a message for
 which `stall_after(message)` holds, the link stalls (`stalled` is set); with `hold_chosen` that frame is not
 forwarded either (a server whose one answer must never arrive, e.g. a prefill worker's handoff). When the
-server's end closes, the client's end is closed too. `disarm()`: watch nothing (a stream already watched is released unless stalled).
-Arm only once the client's long-lived streams are open: the proxy tells calls apart by order, not by path.
+server's end closes, the client's end is closed too. `disarm()`: watch nothing (a stream already watched is
+released unless stalled). Arm only once the client's long-lived streams are open: the proxy tells calls
+apart by order, not by path.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from kvmesh.suite.launcher import free_port
+from kvmesh.core.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,6 +22,7 @@ BENCHES = (
     "failover",
     "oversize",
     "balance",
+    "pd",
     "kvsync",
     "fuzz",
     "vllm-serve",
@@ -29,6 +30,7 @@ BENCHES = (
     "autoscale",
     "shared-index",
     "recovery",
+    "mutation",
 )
 
 

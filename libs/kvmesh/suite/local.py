@@ -34,6 +34,7 @@ import grpc
 import yaml
 
 from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.core.ports import free_port, ports_in_use
 from kvmesh.discovery.model import WORKER_ROLE_META, CatalogSnapshot, Role, ServiceInstance
 from kvmesh.discovery.static import write_catalog
 from kvmesh.rpc.tls import channel_credentials
@@ -41,7 +42,7 @@ from kvmesh.security.certs import DevPki, make_dev_pki
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.suite.config import PlannedPort, SuiteSettings, ZoneSettings, plan
-from kvmesh.suite.launcher import ServiceProcess, StartWatch, free_port, ports_in_use, start_service, vllm_core_env
+from kvmesh.suite.launcher import ServiceProcess, StartWatch, start_service, vllm_core_env
 
 HOST = "127.0.0.1"
 

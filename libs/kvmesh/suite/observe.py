@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from kvmesh.core.errors import FailedPrecondition
-from kvmesh.suite.launcher import ports_in_use
+from kvmesh.core.ports import ports_in_use
 
 DEFAULT_PORT = 9090
 ALERT_RULES = Path(__file__).resolve().parents[3] / "deploy" / "prometheus" / "alerts.yaml"

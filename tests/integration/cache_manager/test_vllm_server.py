@@ -21,7 +21,7 @@ import aiohttp
 import grpc
 import pytest
 
-from kvmesh.suite.launcher import free_port
+from kvmesh.core.ports import free_port
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2
 from tests.support.models import tiny_model

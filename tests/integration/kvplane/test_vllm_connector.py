@@ -179,6 +179,28 @@ async def test_expired_lease_or_missing_region_is_a_recompute(engines: tuple[Vll
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_a_prefill_half_names_the_blocks_its_tier_holds_for_a_decode_worker(
+    engines: tuple[VllmEngine, VllmEngine],
+) -> None:
+    """Without NIXL a vLLM prefill half hands its KV over by kv-sync: `prompt_digests` names the prompt's
+    leading full blocks (all but the last token's) exactly as the connector saved them in the tier, so the
+    worker can hold them and a decode worker pull them."""
+    a, _ = engines
+    ids = prompt(31)
+    req = EngineRequest("a-prefill-half", tuple(ids), sampling=SamplingParams(max_tokens=1), prefill_only=True)
+    async for _ in a.generate(req):
+        pass
+    digests = await a.prompt_digests(req)
+    assert len(digests) == (len(ids) - 1) // BS
+    assert digests == block_digests(ids, a.kv_layout())[: len(digests)]  # the connector's own identities
+    reader = RegionReader.attach(a.config.tier_shm_name)
+    try:
+        assert all(ref is not None for ref in reader.locate(digests))  # every one is in the tier to be held
+    finally:
+        reader.close()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_generated_blocks_are_saved_for_the_next_turn(engines: tuple[VllmEngine, VllmEngine]) -> None:
     a, b = engines
     first = prompt(6)[:40]

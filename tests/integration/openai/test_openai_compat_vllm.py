@@ -28,8 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kvmesh.core.ports import free_port
 from kvmesh.openai.fields import FIELDS, Endpoint, Field, fields_of
-from kvmesh.suite.launcher import ServiceProcess, free_port, start_service, vllm_core_env
+from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
 from tests.support.models import SHARED_BLOCK_SIZE, SHARED_MAX_MODEL_LEN, SharedVllmWorker, tiny_model
 from tests.support.procs import stop_process_group
 

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,19 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvmesh.suite.launcher import SERVICES, ServiceProcess, free_port
+from kvmesh.core.ports import free_port
+from kvmesh.suite.launcher import SERVICES, ServiceProcess
 from kvmesh.suite.observe import gone
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 BS = 32
 
 
 def workers(services: Callable[..., ServiceProcess], n: int, *extra: str) -> list[ServiceProcess]:
-    return [
-        services("worker", "--engine", "sim", "--block-size", str(BS), "--kv-blocks", "8192", *extra) for _ in range(n)
-    ]
+    sim = ("--engine", "sim", "--block-size", str(BS), "--kv-blocks", "8192", *extra)
+    return start_together(*[partial(services, "worker", *sim)] * n)
 
 
 def routed_by_process(router: ServiceProcess) -> dict[int, float]:
@@ -149,7 +151,7 @@ def test_two_processes_of_two_replicas_do_not_herd_a_shared_system_prompt(
     ws = workers(services, 4, "--sim-speed", "1", "--cache-manager", cm.address)
     flags = ["--workers", ",".join(w.address for w in ws), "--block-size", str(BS), "--cache-manager", cm.address]
     flags += ["--load-interval-ms", "10000", "--worker-stale-s", "60"]  # no load report in the burst
-    routers = [services("router", *flags, "--processes", "2", "--router-replicas", "2") for _ in range(2)]
+    routers = start_together(*[partial(services, "router", *flags, "--processes", "2", "--router-replicas", "2")] * 2)
     system = [(i % 1000) + 3 for i in range(2048)]
     prompts = [system + [(7 * i + k) % 1000 + 3 for k in range(64)] for i in range(48)]
     with ThreadPoolExecutor(16) as pool:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kvmesh.core.ports import free_port
 from kvmesh.suite import observe
-from kvmesh.suite.launcher import free_port
 from tests.support.cli import kvmesh_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

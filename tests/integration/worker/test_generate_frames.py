@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from kvmesh.core.config import ServerSettings
+from kvmesh.core.ports import free_port
 from kvmesh.routing import BreakerConfig, CircuitBreaker, WorkerView
 from kvmesh.security.certs import DevPki, make_dev_pki
 from kvmesh.security.identity import CallerRole, Identity
@@ -28,7 +29,7 @@ from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.services.router.worker_frames import ConnectFailed, FramedWorkerStream
 from kvmesh.services.router.worker_stream import WorkerStream
 from kvmesh.services.router.workers import WorkerHandle
-from kvmesh.suite.launcher import ServiceProcess, free_port, start_service
+from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from kvmesh.wire.frames import PROTOCOL_VERSION, FrameDecoder, encode_frame
 from tests.support.sim_worker import gen_req, start_sim_worker

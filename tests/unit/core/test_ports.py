@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.suite import launcher
-from kvmesh.suite.launcher import ephemeral_range, free_port
+from kvmesh.core import ports
+from kvmesh.core.ports import ephemeral_range, free_port
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def test_a_port_in_use_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
         s.bind(("127.0.0.1", free_port()))
         s.listen()
         taken = s.getsockname()[1]
-        monkeypatch.setattr(launcher.random, "randrange", lambda _a, _b: taken)  # the scan starts on it
+        monkeypatch.setattr(ports.random, "randrange", lambda _a, _b: taken)  # the scan starts on it
         got = free_port()
         assert got != taken and 1024 <= got < ephemeral_range()[0]
 
