@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import grpc
 import httpx
@@ -23,6 +24,7 @@ import pytest
 
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.fault
 
@@ -112,10 +114,8 @@ def p99(xs: list[float]) -> float:
 
 @pytest.mark.parametrize("hedge", ["false", "true"])
 def test_a_frozen_worker_never_stalls_a_stream(hedge: str, services: Callable[..., ServiceProcess]) -> None:
-    workers = [
-        services("worker", "--engine", "sim", "--sim-speed", "1", "--block-size", "16", "--kv-blocks", "4096")
-        for _ in range(N_WORKERS)
-    ]
+    sim = ("--engine", "sim", "--sim-speed", "1", "--block-size", "16", "--kv-blocks", "4096")
+    workers = start_together(*[partial(services, "worker", *sim)] * N_WORKERS)
     addresses = ",".join(w.address for w in workers)
     router = services("router", "--workers", addresses, "--block-size", "16", "--hedge-first-token", hedge)
     assert wait_for(lambda: routable(router) == N_WORKERS, 20)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import grpc.aio
@@ -21,6 +22,7 @@ from kvmesh.client.watch import EndpointWatcher
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
 from tests.consul_standin.launch import start_standin
+from tests.support.procs import start_together
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 CHECK_INTERVAL_S = 0.3
@@ -76,15 +78,16 @@ async def test_zone_link_partition_detected_and_healed(
     a, b = zones
     consul = start_standin(hosts=("127.0.0.1", a.host_ip, b.host_ip))
     try:
-        failovers = {}
-        for z in (a, b):
-            for name in ("cache-manager", "worker"):
-                procs.append(netns.start_in_zone(z, name, tmp_path / "svc"))
-            procs.append(netns.start_in_zone(z, "router", tmp_path / "svc"))
-            fo = netns.start_in_zone(
+
+        def start(z: netns.Zone, name: str, *args: str) -> ServiceProcess:
+            sp = netns.start_in_zone(z, name, tmp_path / "svc", *args)
+            procs.append(sp)
+            return sp
+
+        def start_failover(z: netns.Zone) -> ServiceProcess:
+            return start(
                 z,
                 "failover",
-                tmp_path / "svc",
                 "--consul-url",
                 f"http://{z.host_ip}:{consul.port}",
                 "--advertise-host",
@@ -108,8 +111,15 @@ async def test_zone_link_partition_detected_and_healed(
                 "--lkg-file",
                 str(tmp_path / f"lkg-{z.name}.json"),
             )
-            procs.append(fo)
-            failovers[z.name] = fo
+
+        # every process of both zones at once: none needs another's address to start (they meet through the
+        # registrations below)
+        fo_a, fo_b, *_ = start_together(
+            partial(start_failover, a),
+            partial(start_failover, b),
+            *(partial(start, z, name) for z in (a, b) for name in ("cache-manager", "worker", "router")),
+        )
+        failovers = {"a": fo_a, "b": fo_b}
         async with grpc.aio.insecure_channel(failovers["b"].address) as ch:
             stub = failover_pb2_grpc.FailoverServiceStub(ch)
             roles = {

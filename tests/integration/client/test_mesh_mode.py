@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ import pytest
 from kvmesh.client.mesh import mesh_aio_channel, mesh_channel
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.support.procs import ServiceProcess
+from tests.support.procs import ServiceProcess, start_together
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,9 @@ def _request(i: int) -> router_pb2.RouterServiceGenerateRequest:
 
 def test_mesh_channel_balances_and_survives_a_dead_router(services: Callable[..., ServiceProcess]) -> None:
     worker = services("worker", "--engine", "sim", "--sim-speed", "0")
-    routers = [services("router", "--workers", worker.address, "--service-id", f"router-{i}") for i in range(2)]
+    routers = start_together(
+        *(partial(services, "router", "--workers", worker.address, "--service-id", f"router-{i}") for i in range(2))
+    )
     target = "ipv4:" + ",".join(r.address for r in routers)  # what a DNS name with two A records resolves to
     with mesh_channel(target) as channel:
         stub = router_pb2_grpc.RouterServiceStub(channel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,7 @@ import pytest
 from kvmesh.discovery.model import Role, ServiceInstance
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, failover_pb2, failover_pb2_grpc
+from tests.support.procs import start_together
 from tests.support.registry import register
 from tests.support.scrape import metric
 
@@ -55,10 +57,12 @@ def test_slow_version_rolled_back_before_10_percent_good_one_promoted(
 ) -> None:
     reg = tmp_path / "registry.yaml"
     sim = ("--engine", "sim", "--block-size", "16", "--kv-blocks", "1024")
-    w1 = services("worker", *sim, "--version", "v1")
-    w2 = services("worker", *sim, "--version", "v2", "--sim-extra-step-ms", "25")
-    w3 = services("worker", *sim, "--version", "v3")
-    w4 = services("worker", *sim, "--version", "v4", "--sim-output-salt", "7")
+    w1, w2, w3, w4 = start_together(
+        partial(services, "worker", *sim, "--version", "v1"),
+        partial(services, "worker", *sim, "--version", "v2", "--sim-extra-step-ms", "25"),
+        partial(services, "worker", *sim, "--version", "v3"),
+        partial(services, "worker", *sim, "--version", "v4", "--sim-output-salt", "7"),
+    )
     register(reg, *(worker(f"w-v{i}", f"v{i}", w) for i, w in enumerate((w1, w2, w3, w4), 1)))
     fo = services(
         "failover",

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -25,6 +26,7 @@ from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, planner_pb2, planner_pb2_grpc, router_pb2, router_pb2_grpc
 from tests.integration.router.test_follows_failover import passing
 from tests.support.poll import wait_until
+from tests.support.procs import start_together
 from tests.support.registry import inst, register
 from tests.support.scrape import metric
 
@@ -72,7 +74,7 @@ def test_planner_scales_out_under_a_burst_and_back_in(services: Callable[..., Se
     reg = tmp_path / "registry.yaml"
     cm = services("cache-manager", "--block-size", str(BS))
     worker_args = f"--engine sim --sim-speed 0 --block-size {BS} --cache-manager {cm.address}"
-    w0, w1 = (services("worker", *worker_args.split()) for _ in range(2))
+    w0, w1 = start_together(*[partial(services, "worker", *worker_args.split())] * 2)
     register(reg, inst("a-cm", Role.CACHE_MANAGER, cm.address), inst("a-w0", Role.WORKER, w0.address),
              inst("a-w1", Role.WORKER, w1.address))  # fmt: skip
     fo = services(

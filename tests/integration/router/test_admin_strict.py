@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ import pytest
 
 from kvmesh.suite.launcher import ServiceProcess, start_service
 from kvmesh.v1 import router_pb2, router_pb2_grpc
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     d: Path = tmp_path_factory.mktemp("admin")
-    workers = [start_service("worker", d, "--engine", "sim", "--sim-speed", "0") for _ in range(2)]
+    workers = start_together(*[partial(start_service, "worker", d, "--engine", "sim", "--sim-speed", "0")] * 2)
     r = start_service("router", d, "--workers", ",".join(w.address for w in workers))
     yield r
     for sp in (r, *workers):

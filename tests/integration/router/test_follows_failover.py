@@ -9,6 +9,7 @@ comes back and serves. A worker of another zone is not taken while the router's 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -18,6 +19,7 @@ from kvmesh.discovery.model import Health, Role
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.support.poll import wait_until
+from tests.support.procs import start_together
 from tests.support.registry import inst, register
 
 pytestmark = pytest.mark.integration
@@ -53,12 +55,8 @@ def test_router_follows_endpoint_sets_critical_worker_leaves_and_returns(
 ) -> None:
     reg = tmp_path / "registry.yaml"
     cm = services("cache-manager", "--block-size", str(BS))
-    w0, w1 = (
-        services(
-            "worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS), "--cache-manager", cm.address
-        )
-        for _ in range(2)
-    )
+    sim = ("--engine", "sim", "--sim-speed", "0", "--block-size", str(BS), "--cache-manager", cm.address)
+    w0, w1 = start_together(*[partial(services, "worker", *sim)] * 2)
     # zone b's worker is never reachable: a router of zone a must not take it while zone a has workers
     register(
         reg,

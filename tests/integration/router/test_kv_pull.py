@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 import httpx
@@ -20,6 +21,7 @@ from kvmesh.services.router.index_replica import IndexReplica
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.integration.router.test_e2e import BS, _wait_for_holder, gen, start_router, stream, toks
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +29,9 @@ pytestmark = pytest.mark.integration
 def test_a_drained_holder_s_prefix_is_pulled_by_the_other_worker(services: Callable[..., ServiceProcess]) -> None:
     cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny")
     flags = ["--engine", "sim", "--block-size", str(BS), "--kv-blocks", "4096", "--sim-speed", "0"]
-    workers = [services("worker", *flags, "--cpu-tier-mb", "8", "--cache-manager", cm.address) for _ in range(2)]
+    workers = start_together(
+        *[partial(services, "worker", *flags, "--cpu-tier-mb", "8", "--cache-manager", cm.address)] * 2
+    )
     router = start_router(services, workers, "--cache-manager", cm.address, "--salt-model", "tiny")
     prompt = toks(40 * BS, 100)
     first = list(stream(router.address, gen(prompt, 6), key=None))
@@ -96,7 +100,9 @@ async def test_a_prefix_only_in_a_cpu_tier_is_priced_as_a_load_there_then_pulled
 ) -> None:
     cm = services("cache-manager", "--block-size", str(BS), "--model", "tiny")
     flags = ["--engine", "sim", "--block-size", str(BS), "--kv-blocks", "64", "--sim-speed", "0"]
-    workers = [services("worker", *flags, "--cpu-tier-mb", "8", "--cache-manager", cm.address) for _ in range(2)]
+    workers = start_together(
+        *[partial(services, "worker", *flags, "--cpu-tier-mb", "8", "--cache-manager", cm.address)] * 2
+    )
     router = start_router(services, workers, "--cache-manager", cm.address, "--salt-model", "tiny")
     prompt = toks(40 * BS, 100)
     first = list(stream(router.address, gen(prompt, 6), key=None))

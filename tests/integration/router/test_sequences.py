@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -16,13 +17,14 @@ import pytest
 from kvmesh.client.aio import AsyncClient
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 SIM = ("--engine", "sim", "--block-size", "32", "--kv-blocks", "1024", "--sim-speed", "0")
 
 
 def router_over(services: Callable[..., ServiceProcess], n_workers: int = 2) -> ServiceProcess:
-    workers = [services("worker", *SIM) for _ in range(n_workers)]
+    workers = start_together(*[partial(services, "worker", *SIM)] * n_workers)
     return services("router", "--workers", ",".join(w.address for w in workers), "--block-size", "32")
 
 

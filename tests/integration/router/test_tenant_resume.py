@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 import httpx
@@ -22,6 +23,7 @@ import pytest
 
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 BS = 32
@@ -160,7 +162,9 @@ def test_lora_adapters_are_selected_salted_and_validated(services: Callable[...,
 
 
 def test_resume_token_ids_continue_the_stream(services: Callable[..., ServiceProcess]) -> None:
-    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS)) for _ in range(2)]
+    workers = start_together(
+        *[partial(services, "worker", "--engine", "sim", "--sim-speed", "0", "--block-size", str(BS))] * 2
+    )
     router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", str(BS))
     prompt = toks(3 * BS + 5, 9)
     full_msgs = run(router.address, gen(prompt, 12))

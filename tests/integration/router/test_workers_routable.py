@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from functools import partial
 
 import grpc
 import httpx
@@ -13,6 +14,7 @@ import pytest
 
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import router_pb2, router_pb2_grpc
+from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +35,9 @@ def wait_routable(router: ServiceProcess, want: float, timeout_s: float = 20) ->
 
 
 def test_routable_gauge_follows_drain_and_loss(services: Callable[..., ServiceProcess]) -> None:
-    workers = [services("worker", "--engine", "sim", "--sim-speed", "0", "--block-size", "32") for _ in range(2)]
+    workers = start_together(
+        *[partial(services, "worker", "--engine", "sim", "--sim-speed", "0", "--block-size", "32")] * 2
+    )
     router = services("router", "--workers", ",".join(w.address for w in workers), "--block-size", "32")
     assert wait_routable(router, 2) == 2
     with grpc.insecure_channel(router.address) as ch:
