@@ -217,12 +217,13 @@ class RouterCore:
         self.tracker.assign(rid, wid, n_new, len(prompt), self.limits.block_size, now)
         handoff = handed.handoff if handed is not None else None
         request = worker_request(rid, req, plan, so_far, routed.pull, handoff, h.view.engine_handoff)
-        if routed.prefill is not None and handoff is None:
-            n_new = len(prompt)  # nothing handed over: the decode worker computes the prompt
+        # a decode half's first token may come after the whole prompt's prefill there (a handoff that fails is
+        # computed): its stall bound is the full prompt's, never the handoff's few tokens
+        watched_new = len(prompt) if routed.prefill is not None else n_new
         watch = StallWatch(
             self.stall,
             self.latency[wid],
-            n_new,
+            watched_new,
             lambda: h.last_report_rx,
             lambda: self._routable_besides(exclude | {wid}),  # `exclude` as it is then
         )
@@ -232,8 +233,8 @@ class RouterCore:
         return cur
 
     def _routable_besides(self, worker_ids: set[str]) -> bool:
-        """Whether a worker outside `worker_ids` could take a request now."""
-        return any(v.routable and v.id not in worker_ids for v in self.pool.views(time.monotonic()))
+        """Whether a worker outside `worker_ids` could take a request now (a prefill worker takes none)."""
+        return any(v.routable and v.role.decodes and v.id not in worker_ids for v in self.pool.views(time.monotonic()))
 
     def _record(self, wid: str, h: WorkerHandle, d: at.AttemptDecision, now: float) -> None:
         """Applies what the decision says the worker's breaker records."""

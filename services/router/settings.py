@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvmesh.core.config import ServerSettings, setting
+from kvmesh.routing.disagg import PdParams
 from kvmesh.security.guardrails import DEFAULT_MAX_MATCH_CHARS
 from kvmesh.services.router.limits import SIM_VOCAB_SIZE
+
+PD_DEFAULTS = PdParams()
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,13 @@ class RouterSettings(ServerSettings):
         "prefill/decode disaggregation where the fleet has prefill workers (--role prefill): each request is"
         " served aggregated or disaggregated by the decision of kvmesh.routing.disagg; false: always aggregated",
     )
-    pd_min_uncached_tokens: int = setting(256, "disaggregate only a request with at least this many uncached tokens")
+    pd_min_uncached_tokens: int = setting(
+        PD_DEFAULTS.min_uncached_tokens, "disaggregate only a request with at least this many uncached tokens"
+    )
     pd_max_prefill_queue_s: float = setting(
-        1.0, "prefill in place when the best prefill worker's backlog is longer than this, seconds (perf-model time)"
+        PD_DEFAULTS.max_prefill_queue_s,
+        "prefill in place when the best prefill worker's backlog is longer than this, seconds (perf-model time),"
+        " and prefilling in place would give the first token sooner",
     )
     pd_hold_ms: int = setting(10000, "how long a prefill worker holds a prompt's KV for its decode worker, ms")
     pd_prefill_timeout_ms: int = setting(

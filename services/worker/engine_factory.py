@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvmesh.core.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.handoff import WorkerRole
 from kvmesh.core.modelfiles import resolve_model_dir
 from kvmesh.engine.base import Engine
 from kvmesh.engine.clock import Clock, RealClock, VirtualClock
@@ -117,8 +118,10 @@ def build_engine(s: WorkerSettings, peers: PeerPulls | None = None) -> Engine:
                 dtype=s.vllm_dtype,
                 extra_args=tuple(shlex.split(s.vllm_args)),
                 cpu_kvcache_space_gib=s.vllm_cpu_kvcache_gib,
-                # vLLM's NixlConnector beside kvmesh's when NIXL is installed (`pip install kvmesh[nixl]`)
-                engine_handoff=s.vllm_nixl and nixl_importable(),
+                # vLLM's NixlConnector beside kvmesh's when NIXL is installed (`pip install kvmesh[nixl]`), on a
+                # worker of a disaggregated pool only: NIXL's progress thread polls (half a core when idle), and a
+                # `both` worker hands nothing over
+                engine_handoff=s.vllm_nixl and s.worker_role is not WorkerRole.BOTH and nixl_importable(),
                 handoff_hold_ms=s.handoff_hold_ms,
                 **vllm_tier_fields(s),
             ),

@@ -81,7 +81,11 @@ class WorkerSettings(ServerSettings):
     )
     host_label: str = setting("", "topology label: the host this worker runs on (empty: the machine's hostname)")
     rack_label: str = setting("", "topology label: the rack (or any link domain below the zone) it runs on")
-    vllm_nixl: bool = setting(True, "vLLM: P/D handoffs by vLLM's NixlConnector if NIXL is installed (false: kv-sync)")
+    vllm_nixl: bool = setting(
+        True,
+        "vLLM, role prefill or decode: P/D handoffs by vLLM's NixlConnector if NIXL is installed (false: kv-sync;"
+        " a both worker never runs NIXL)",
+    )
     handoff_hold_ms: int = setting(
         10000, "longest a prefill half's KV is held for its decode worker, milliseconds (the router asks less)"
     )

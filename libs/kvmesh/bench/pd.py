@@ -1,25 +1,34 @@
-"""``python -m kvmesh.bench pd``: prefill/decode disaggregation against aggregated serving, on the same load.
+"""``python -m kvmesh.bench pd``: prefill/decode disaggregation against aggregated serving, on the same load,
+through a real kvmesh router.
 
     python -m kvmesh.bench pd --engine vllm|sim [--streams 4] [--stream-tokens 96] [--long-prompts 6] ...
 
-Starts two workers on loopback (real vLLM with the tiny model, each engine pinned to its own cores as in
-`bench balance`, or simulated) and sends one client load twice, each phase under a tenant of its own (no
-prefix-cache hit from the other phase, same greedy output): `--streams` requests of a short prompt decoding
-`--stream-tokens` tokens each, and, while they decode, `--long-prompts` requests of `--long-tokens` prompt
-tokens arriving every `--gap-ms`.
+Two phases, one after the other, each its own processes on loopback (stopped before the next starts): two
+workers (real vLLM with the tiny model, each engine pinned to its own cores as in `bench balance`, or
+simulated) behind a kvmesh router, the client streaming from the router's `RouterService.Generate` as any
+client does:
 
-- aggregated: the workers as two aggregated workers, requests spread over them in turn (what a router does
-  with equal workers);
-- disaggregated: one prefill worker and one decode worker: each request's prefill half (`hand_off_ms`,
-  `prefill_only`, `max_tokens` 1) on the first, its decode half (the same request with the prefill half's
-  `KvHandoff`; a kv-sync handoff's `pull` as its `kv_pull`) on the second. The driver plays the router's P/D
-  part itself, straight to the workers over gRPC (the engine-level halves): the router's decision is not
-  measured, only what the split does to latencies.
+- aggregated: two workers of role `both` (the router's decision has no prefill pool: every request aggregated,
+  placed by its routing profile);
+- disaggregated: one `--role prefill` and one `--role decode` worker; the router decides per request
+  (`kvmesh.routing.disagg`): a long prompt's prefill half on the prefill worker, its KV handed to the decode
+  worker (vLLM's NIXL where installed, else kv-sync from the prefill worker's CPU tier), a short one served
+  aggregated on the decode worker.
 
-One JSON line: per phase TTFT (every request, client side: sent to first token; a disaggregated request's
-includes its prefill half) and ITL (the streams' gaps between tokens, while long prompts arrive) p50/p99, ms;
-`outputs_equal` (every request's greedy tokens the same in both phases); `handoffs` (prefill halves that ended
-with a usable handoff) and `fallbacks` (those that did not: their decode half computed the prompt).
+The load, the same in both phases: `--streams` requests of a short prompt decoding `--stream-tokens` tokens
+each, and, while they decode, `--long-prompts` requests of `--long-tokens` prompt tokens arriving every
+`--gap-ms`. Each phase first sends a warm-up through its router (the load's prompts reversed: no block
+shared with the measured ones; kernels' first runs, NIXL's handshake), unmeasured.
+
+One JSON line: per phase TTFT (every request that got a token, client side: sent to first token) and ITL
+(the streams' gaps between tokens, while long prompts arrive) p50/p99, ms, the requests the router migrated
+(its stall detection) and those that failed, by status code (the services' last warnings then go to stderr);
+`outputs_equal` (every request's greedy tokens the same in both phases); from the disaggregated
+router's /metrics over the measured load: `handoffs` (disaggregated decisions whose prefill half handed KV
+over), `fallbacks` (`kvmesh_handoff_fallbacks_total`: disaggregated requests served otherwise), the decisions
+by mode and reason, the blocks handed over; and from its workers' /metrics how the KV moved: `nixl` (the
+decode engine's `kvmesh_worker_engine_handoffs`: received, and fallbacks: computed instead) and `kv_sync`
+(the prefill worker's `kvmesh_worker_handoffs_total`: holds collected or expired).
 """
 
 from __future__ import annotations
@@ -27,10 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,13 +50,18 @@ from typing import Any
 import grpc
 
 from kvmesh.bench.balance import percentile
+from kvmesh.bench.zone_follow import scrape, total
 from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.discovery.model import WORKER_ROLE_META
 from kvmesh.suite.launcher import ServiceProcess, start_service, vllm_core_env
-from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 BLOCK_SIZE = 32
 TOKEN_LOW, TOKEN_HIGH = 200, 1000  # the tiny model's clean-text ids (vocabulary 1024), valid for the sim too
 AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
+ROLES = {AGGREGATED: ("both", "both"), DISAGGREGATED: ("prefill", "decode")}
+log = logging.getLogger(__name__)
+Samples = dict[str, list[tuple[dict[str, str], float]]]  # a /metrics page by sample name (`zone_follow.scrape`)
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,23 @@ class Result:
     tokens: list[int] = field(default_factory=list)
     ttft_ms: float = 0.0
     gaps_ms: list[float] = field(default_factory=list)
-    handoff: str = ""  # a disaggregated request's handoff kind: "engine", "pull" or "" (none: computed)
+    migrations: int = 0
+    error: str = ""  # the router's status code when the request failed (its tokens then fall short)
+
+
+@dataclass
+class Phase:
+    """A phase's processes: its two workers (in `ROLES` order) and the router over them."""
+
+    workers: list[ServiceProcess]
+    router: ServiceProcess
+
+    def stop(self) -> None:
+        for p in [self.router, *self.workers]:
+            try:
+                p.terminate(timeout=30)
+            except Exception:
+                p.kill()
 
 
 def load(setup: PdSetup) -> list[Job]:
@@ -109,16 +141,22 @@ def load(setup: PdSetup) -> list[Job]:
     return jobs
 
 
-def _sampling(max_tokens: int) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+def warm_up_load(jobs: Sequence[Job]) -> list[Job]:
+    """A quarter of the load, prompts reversed (no block shared with the measured prompts), 4 tokens each."""
+    return [Job(f"w{j.name}", j.prompt[::-1], 4, 0.0, j.stream) for j in jobs[:: max(1, len(jobs) // 4)]]
 
 
-async def _stream(
-    stub: worker_pb2_grpc.WorkerServiceStub, req: worker_pb2.GenerateRequest, t0: float, res: Result
-) -> None:
-    """The decode stream of `req`: tokens, TTFT from `t0`, gaps between token messages (per token)."""
+async def _stream(stub: router_pb2_grpc.RouterServiceStub, job: Job, rid: str, res: Result) -> None:
+    """`job` through the router: tokens, TTFT, gaps between token messages (per token), migrations."""
+    req = router_pb2.RouterServiceGenerateRequest(
+        request_id=rid,
+        token_ids=common_pb2.TokenIds(ids=job.prompt),
+        sampling=common_pb2.SamplingParams(max_tokens=job.max_tokens, temperature=0, ignore_eos=True),
+    )
+    t0 = time.perf_counter()
     last: float | None = None
     async for msg in stub.Generate(req, timeout=600):
+        res.migrations = max(res.migrations, msg.migrations)
         if not msg.token_ids:
             continue
         now = time.perf_counter()
@@ -130,130 +168,196 @@ async def _stream(
         res.tokens += list(msg.token_ids)
 
 
-async def run_phase(
-    mode: str, workers: Sequence[str], jobs: Sequence[Job], setup: PdSetup, tenant: str
-) -> dict[str, Result]:
-    """Sends `jobs` at their times; aggregated over `workers` in turn, disaggregated prefill on the first and
-    decode on the second."""
-    channels = [grpc.aio.insecure_channel(a) for a in workers]
-    stubs = [worker_pb2_grpc.WorkerServiceStub(c) for c in channels]
+async def send_load(router_address: str, jobs: Sequence[Job], prefix: str) -> dict[str, Result]:
+    """Sends `jobs` through the router at their times, each its own stream."""
     results: dict[str, Result] = {}
+    async with grpc.aio.insecure_channel(router_address) as ch:
+        stub = router_pb2_grpc.RouterServiceStub(ch)
 
-    async def one(i: int, job: Job, phase_t0: float) -> None:
-        await asyncio.sleep(max(0.0, phase_t0 + job.start_s - time.perf_counter()))
-        res = results[job.name] = Result(job.stream)
-        rid = f"{tenant}-{job.name}"
-        ids = common_pb2.TokenIds(ids=job.prompt)
+        async def one(job: Job, phase_t0: float) -> None:
+            await asyncio.sleep(max(0.0, phase_t0 + job.start_s - time.perf_counter()))
+            res = results[job.name] = Result(job.stream)
+            try:
+                await _stream(stub, job, f"{prefix}-{job.name}", res)
+            except grpc.aio.AioRpcError as e:  # what the client got: counted, the other requests go on
+                res.error = e.code().name
+                log.warning("request %s-%s failed: %s %s", prefix, job.name, res.error, e.details())
+
         t0 = time.perf_counter()
-        if mode == AGGREGATED:
-            req = worker_pb2.GenerateRequest(
-                request_id=rid, token_ids=ids, sampling=_sampling(job.max_tokens), tenant=tenant
-            )
-            await _stream(stubs[i % len(stubs)], req, t0, res)
-            return
-        prefill = worker_pb2.GenerateRequest(
-            request_id=f"{rid}-p",
-            token_ids=ids,
-            sampling=_sampling(1),
-            tenant=tenant,
-            prefill_only=True,
-            hand_off_ms=setup.hold_ms,
-        )
-        handoff: worker_pb2.KvHandoff | None = None
-        async for msg in stubs[0].Generate(prefill, timeout=600):
-            if msg.HasField("handoff"):
-                handoff = msg.handoff
-        decode = worker_pb2.GenerateRequest(
-            request_id=rid, token_ids=ids, sampling=_sampling(job.max_tokens), tenant=tenant
-        )
-        if handoff is not None and (handoff.engine_params_json or handoff.HasField("pull")):
-            decode.handoff.CopyFrom(handoff)
-            if handoff.HasField("pull"):
-                decode.kv_pull.CopyFrom(handoff.pull)
-            res.handoff = "engine" if handoff.engine_params_json else "pull"
-        await _stream(stubs[1], decode, t0, res)
-
-    try:
-        phase_t0 = time.perf_counter()
-        await asyncio.gather(*(one(i, j, phase_t0) for i, j in enumerate(jobs)))
-    finally:
-        for c in channels:
-            await c.close()
+        await asyncio.gather(*(one(j, t0) for j in jobs))
     return results
 
 
-def summary(results: dict[str, Result]) -> dict[str, Any]:
-    ttft = [r.ttft_ms for r in results.values()]
+def summary(results: Mapping[str, Result]) -> dict[str, Any]:
+    """TTFT of the requests that got a token, ITL of the streams, and how many requests the router migrated
+    or failed (by status code)."""
+    ttft = [r.ttft_ms for r in results.values() if r.tokens]
     gaps = [g for r in results.values() if r.stream for g in r.gaps_ms]
+
+    def p(xs: list[float], q: float) -> float | None:
+        return round(percentile(xs, q), 1) if xs else None
+
     return {
-        "ttft_ms": {"p50": round(percentile(ttft, 0.5), 1), "p99": round(percentile(ttft, 0.99), 1)},
-        "itl_ms": {"p50": round(percentile(gaps, 0.5), 1), "p99": round(percentile(gaps, 0.99), 1)},
+        "ttft_ms": {"p50": p(ttft, 0.5), "p99": p(ttft, 0.99)},
+        "itl_ms": {"p50": p(gaps, 0.5), "p99": p(gaps, 0.99)},
+        "migrated": sum(1 for r in results.values() if r.migrations),
+        "failed": dict(sorted(Counter(r.error for r in results.values() if r.error).items())),
     }
 
 
-def _worker_args(setup: PdSetup) -> tuple[list[str], list[dict[str, str]], float]:
-    """The workers' flags, each one's environment, the start timeout."""
+def _delta(before: Samples, after: Samples, name: str, /, **labels: str) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def _by_label(before: Samples, after: Samples, name: str, label: str) -> dict[str, float]:
+    """`name`'s growth between the two scrapes per value of `label` (values that did not grow left out)."""
+    values = {lab.get(label, "") for lab, _ in after.get(name, [])}
+    grown = {v: _delta(before, after, name, **{label: v}) for v in sorted(values)}
+    return {v: d for v, d in grown.items() if d}
+
+
+def handoff_counts(
+    router: tuple[Samples, Samples], prefill: tuple[Samples, Samples], decode: tuple[Samples, Samples]
+) -> dict[str, Any]:
+    """What the disaggregated phase's measured load did, from /metrics scraped before and after it: the
+    router's decisions and fallbacks (`handoffs`: disaggregated decisions minus fallbacks), and how the KV
+    moved (the decode engine's NIXL loads, the prefill worker's kv-sync holds)."""
+    decisions = {
+        f"{lab['mode']}/{lab['reason']}": _delta(*router, "kvmesh_pd_decisions_total", **lab)
+        for lab, _ in router[1].get("kvmesh_pd_decisions_total", [])
+    }
+    decisions = {k: int(v) for k, v in sorted(decisions.items()) if v}
+    fallbacks = _by_label(*router, "kvmesh_handoff_fallbacks_total", "cause")
+    disaggregated = sum(v for k, v in decisions.items() if k.startswith(f"{DISAGGREGATED}/"))
+    nixl = _by_label(*decode, "kvmesh_worker_engine_handoffs", "event")
+    return {
+        "handoffs": int(disaggregated - sum(fallbacks.values())),
+        "fallbacks": int(sum(fallbacks.values())),
+        "fallback_causes": {k: int(v) for k, v in fallbacks.items()},
+        "pd_decisions": decisions,
+        "handoff_blocks": int(_delta(*router, "kvmesh_handoff_blocks_total")),
+        "nixl": {k: int(v) for k, v in nixl.items() if k in ("received", "fallbacks")},
+        "kv_sync": {k: int(v) for k, v in _by_label(*prefill, "kvmesh_worker_handoffs_total", "outcome").items()},
+    }
+
+
+def _worker_args(setup: PdSetup) -> tuple[list[str], list[dict[str, str]], float, list[str]]:
+    """The workers' flags (a CPU tier: kv-sync handoffs), each one's environment, the start timeout, and the
+    router's model flags (its tokenizer)."""
     if setup.engine == "sim":
-        return ["--engine", "sim", "--block-size", str(BLOCK_SIZE), "--kv-blocks", "4096"], [{}, {}], 60.0
+        args = ["--engine", "sim", "--block-size", str(BLOCK_SIZE), "--kv-blocks", "4096", "--cpu-tier-mb", "64"]
+        return [*args, "--handoff-hold-ms", str(setup.hold_ms)], [{}, {}], 60.0, []
     model = resolve_model_dir("")
     if model is None:
         raise SystemExit("the vllm engine needs the tiny model: run scripts/build_tiny_model.py")
     args = ["--engine", "vllm", "--model", str(model), "--block-size", str(BLOCK_SIZE), "--max-model-len", "2048"]
     args += ["--vllm-dtype", "bfloat16", "--handoff-hold-ms", str(setup.hold_ms)]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    return args, [{**env, **e} for e in vllm_core_env(2, pinned=True)], 600.0
+    return args, [{**env, **e} for e in vllm_core_env(2, pinned=True)], 600.0, ["--model", str(model)]
 
 
-def start_workers(setup: PdSetup, tmp: Path) -> list[ServiceProcess]:
-    """Two workers of role `both` (a worker runs either half, and aggregated requests), started in parallel."""
-    args, envs, timeout = _worker_args(setup)
+def start_phase(mode: str, setup: PdSetup, tmp: Path) -> Phase:
+    """The phase's two workers (in parallel: vLLM takes a while) with `ROLES[mode]`, then the router over them,
+    returned once the router sees both workers' roles and load."""
+    args, envs, timeout, router_model = _worker_args(setup)
+    roles = ROLES[mode]
     procs: list[ServiceProcess] = []
     with ThreadPoolExecutor(2) as ex:
         futs = [
-            ex.submit(start_service, "worker", tmp / f"w{i}", *args, env=envs[i], timeout=timeout) for i in range(2)
+            ex.submit(
+                start_service, "worker", tmp / f"{mode}-{role}", *args, "--role", role, env=envs[i], timeout=timeout
+            )
+            for i, role in enumerate(roles)
         ]
-        for f in futs:
-            try:
+        try:
+            for f in futs:
                 procs.append(f.result())
-            except Exception:
-                for p in procs:
-                    p.kill()
-                raise
-    return procs
+        except Exception:
+            for p in procs:
+                p.kill()
+            raise
+    try:
+        router = start_service(
+            "router",
+            tmp / f"{mode}-router",
+            "--workers",
+            ",".join(p.address for p in procs),
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--pd-hold-ms",
+            str(setup.hold_ms),
+            *router_model,
+        )
+    except Exception:
+        for p in procs:
+            p.kill()
+        raise
+    phase = Phase(procs, router)
+    try:
+        _wait_for_workers(router.address, sorted(roles))
+    except Exception:
+        phase.stop()
+        raise
+    return phase
 
 
-async def measure(addresses: Sequence[str], setup: PdSetup) -> dict[str, Any]:
-    """A warm-up of each phase (kernels' first runs, NIXL's handshake), then both phases on the same load."""
+def _wait_for_workers(router_address: str, roles: list[str], timeout_s: float = 60.0) -> None:
+    """Until the router lists the workers with their roles (from GetInfo) and a load report each: before that
+    its decision could not see the prefill pool."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    with grpc.insecure_channel(router_address) as ch:
+        admin = router_pb2_grpc.RouterAdminServiceStub(ch)
+        while time.monotonic() < deadline:
+            listed = admin.ListWorkers(router_pb2.ListWorkersRequest(), timeout=10).workers
+            seen = sorted(w.endpoint.meta.get(WORKER_ROLE_META, "") for w in listed if w.load.timestamp)
+            if seen == roles:
+                return
+            time.sleep(0.2)  # polling the router's view: there is no event to wait on
+    raise RuntimeError(f"the router listed workers {seen}, not {roles}, within {timeout_s} s")
+
+
+def run_phase(mode: str, setup: PdSetup, jobs: Sequence[Job], tmp: Path) -> tuple[dict[str, Result], dict[str, Any]]:
+    """Starts the phase, warms it up, sends `jobs`, stops it; the results and (disaggregated) the handoff
+    counts of the measured load."""
+    phase = start_phase(mode, setup, tmp)
+    try:
+        asyncio.run(send_load(phase.router.address, warm_up_load(jobs), f"{mode}-warm"))
+        ports = [phase.router.http_port, *(w.http_port for w in phase.workers)]
+        before = [scrape(p) for p in ports]
+        results = asyncio.run(send_load(phase.router.address, jobs, mode))
+        after = [scrape(p) for p in ports]
+        if any(r.error for r in results.values()):
+            _log_warnings(phase)
+    finally:
+        phase.stop()
+    counts = handoff_counts(*zip(before, after, strict=True)) if mode == DISAGGREGATED else {}
+    return results, counts
+
+
+def _log_warnings(phase: Phase, last: int = 20) -> None:
+    """The services' last warnings and errors (why the router refused or lost a request: a worker out of
+    rotation, a breaker open), before the phase's run directory goes."""
+    for sp in [phase.router, *phase.workers]:
+        lines = [ln for ln in sp.log().splitlines() if " WARNING " in ln or " ERROR " in ln]
+        for ln in lines[-last:]:
+            log.warning("%s: %s", sp.name, ln)
+
+
+def run_pd(setup: PdSetup) -> dict[str, Any]:
     jobs = load(setup)
-    warm = [Job(f"w{j.name}", j.prompt[::-1], 4, 0.0, j.stream) for j in jobs[:: max(1, len(jobs) // 4)]]
-    await run_phase(AGGREGATED, addresses, warm, setup, "warm-a")
-    await run_phase(DISAGGREGATED, addresses, warm, setup, "warm-d")
-    agg = await run_phase(AGGREGATED, addresses, jobs, setup, "agg")
-    dis = await run_phase(DISAGGREGATED, addresses, jobs, setup, "dis")
-    handoffs = sum(1 for r in dis.values() if r.handoff)
+    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-pd-") as tmp:
+        agg, _ = run_phase(AGGREGATED, setup, jobs, Path(tmp))
+        dis, counts = run_phase(DISAGGREGATED, setup, jobs, Path(tmp))
+    failed = any(r.error for r in [*agg.values(), *dis.values()])  # a failed request's tokens fall short
     return {
         "engine": setup.engine,
         AGGREGATED: summary(agg),
         DISAGGREGATED: summary(dis),
-        "outputs_equal": all(agg[j.name].tokens == dis[j.name].tokens for j in jobs),
-        "handoffs": handoffs,
-        "handoff_kinds": sorted({r.handoff for r in dis.values() if r.handoff}),
-        "fallbacks": len(dis) - handoffs,
+        "outputs_equal": not failed and all(agg[j.name].tokens == dis[j.name].tokens for j in jobs),
+        **counts,
         "requests": len(jobs),
     }
-
-
-def run_pd(setup: PdSetup) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="kvmesh-bench-pd-") as tmp:
-        procs = start_workers(setup, Path(tmp))
-        try:
-            return asyncio.run(measure([p.address for p in procs], setup))
-        finally:
-            for p in procs:
-                try:
-                    p.terminate(timeout=30)
-                except Exception:
-                    p.kill()
 
 
 def main(argv: Sequence[str]) -> int:
@@ -267,12 +371,14 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--long-tokens", type=int, default=d.long_tokens, help="prompt tokens of a long prompt")
     ap.add_argument("--long-max-tokens", type=int, default=d.long_max_tokens)
     ap.add_argument("--gap-ms", type=float, default=d.gap_ms, help="between two long prompts' arrivals")
-    ap.add_argument("--hold-ms", type=int, default=d.hold_ms, help="a prefill half's hold")
+    ap.add_argument("--hold-ms", type=int, default=d.hold_ms, help="a prefill half's hold (router and workers)")
     ap.add_argument("--seed", type=int, default=d.seed)
     a = ap.parse_args(list(argv))
     for name in ("streams", "stream_prompt_tokens", "stream_tokens", "long_tokens", "long_max_tokens", "hold_ms"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if a.long_prompts < 0 or a.gap_ms < 0:
+        ap.error("--long-prompts and --gap-ms must be at least 0")
     setup = PdSetup(
         a.engine,
         a.streams,
