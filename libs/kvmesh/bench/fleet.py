@@ -13,6 +13,15 @@ tiers, links and margin used), ``kvmesh_data_plane_off`` (kvmesh's capacity and 
 plane, same protocol, same invocation; ``--no-off-baseline`` skips it) and, with ``--tier-sweep-gb``,
 ``tier_sweep`` (kvmesh's hit ratio at load_scale against the CPU tier size); per policy ``data_plane`` holds
 the run's transfer counts. Without ``--data-plane`` the run is the one without tiers.
+
+``--pd [--link-gbps 100] [--pd-policies LIST] [--splits 4,8,12]`` adds prefill/decode disaggregation
+(``kvmesh.fleet.pd``, ``kvmesh.fleet.pd_eval``) at the same total GPUs: for every P/D policy (kvmesh and each
+peer's decider) the best xPyD split by SLO capacity on the bisection window, written beside the aggregated
+figures in that policy's entry as ``"pd": {"slo_capacity", "split", "disagg_share", "handoff_ms": {"p50",
+"p99"}, "fallbacks", ...}`` (a P/D policy with no aggregated entry, ``vllm_router`` or ``always``, gets an
+entry with its routing policy and ``pd``), and kvmesh's aggregated capacity at its best per-step token budget
+(``best_chunk``, ``pd_eval.CHUNK_CANDIDATES``; ``--no-chunk-search`` skips it) with the gain
+``pd_over_best_chunk``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from typing import Any
 
 from kvmesh.fleet.evaluate import Job, evaluate, load_trace, run_jobs
 from kvmesh.fleet.metrics import Slo
+from kvmesh.fleet.pd import PD_DECIDERS, PD_ROUTING
+from kvmesh.fleet.pd_eval import CHUNK_CANDIDATES, chunk_configs, default_splits, pd_entry, split_configs
 from kvmesh.fleet.policies import ALL_POLICIES
 from kvmesh.fleet.reference import pooled_lru_hit_ratio
 from kvmesh.fleet.report import compact, write_report
@@ -77,7 +88,108 @@ def _parser() -> argparse.ArgumentParser:
         "--tier-sweep-gb", default="", help="comma list of CPU tier sizes: kvmesh's hit ratio at load_scale for each"
     )
     p.add_argument("--no-off-baseline", action="store_true", help="with --data-plane: skip kvmesh without it")
+    p.add_argument("--pd", action="store_true", help="also prefill/decode pools: best split per P/D policy")
+    p.add_argument("--link-gbps", type=float, default=100.0, help="with --pd: each worker's NIC for the handoff")
+    p.add_argument("--pd-policies", default=",".join(PD_DECIDERS), help=f"comma list of {','.join(PD_DECIDERS)}")
+    p.add_argument("--splits", default="", help="comma list of prefill worker counts (default: quarter to 7/8)")
+    p.add_argument("--no-chunk-search", action="store_true", help="with --pd: skip kvmesh's best-budget search")
     return p
+
+
+def pd_extras(
+    trace_arg: str,
+    base: FleetConfig,
+    ev: dict[str, Any],
+    a: argparse.Namespace,
+    pd_pols: list[str],
+) -> None:
+    """The --pd searches (module docstring), written into ``ev["results"]``: first kvmesh's best step budget
+    (the aggregated fleet's, and the decode engines' of every P/D fleet), then the best split per policy."""
+    splits = [int(x) for x in a.splits.split(",") if x.strip()] or default_splits(base.workers)
+    labels = tuple(f"{x}P{base.workers - x}D" for x in splits)
+    window = ev["bisect_window_s"]
+    res = ev["results"]
+    pd_base = base
+    if not a.no_chunk_search:
+        print(f"pd: kvmesh's best step budget of {len(CHUNK_CANDIDATES)}", file=sys.stderr)
+        chunk_labels = tuple(f"{b}/{c}" for b, c in CHUNK_CANDIDATES)
+        job = Job("search", "kvmesh", base, window, a.kvmesh_profile, False, tuple(chunk_configs(base)), chunk_labels)
+        found = run_jobs(trace_arg, base, [job], 1)[0]
+        b, c = CHUNK_CANDIDATES[found["best"]] if found["best"] is not None else CHUNK_CANDIDATES[0]
+        pd_base = chunk_configs(base, [(b, c)])[0]
+        res["kvmesh"]["best_chunk"] = {
+            "slo_capacity": found["slo_capacity"],
+            "max_batched_tokens": b,
+            "prefill_chunk_tokens": c,
+            "searched": found["searched"],
+        }
+    todo = []
+    for d in pd_pols:
+        xs = [x for x in splits if x > 0] if d == "always" else splits  # always-disaggregate needs a prefill pool
+        cands = tuple(split_configs(pd_base, d, xs, a.link_gbps))
+        lbs = tuple(f"{x}P{base.workers - x}D" for x in xs)
+        todo.append(Job("search", PD_ROUTING[d], pd_base, window, a.kvmesh_profile, False, cands, lbs))
+    print(f"pd: {len(todo)} split searches ({', '.join(labels)})", file=sys.stderr)
+    for d, found in zip(pd_pols, run_jobs(trace_arg, base, todo, a.jobs), strict=True):
+        entry = res.setdefault(d, {"routing": PD_ROUTING[d]})
+        entry["pd"] = pd_entry(found)
+        entry["pd"]["decode_engine"] = {
+            "max_batched_tokens": pd_base.max_batched_tokens,
+            "prefill_chunk_tokens": pd_base.prefill_chunk_tokens,
+        }
+    best = res["kvmesh"].get("best_chunk")
+    if best and "kvmesh" in pd_pols and best["slo_capacity"] > 0:
+        res["kvmesh"]["pd_over_best_chunk"] = res["kvmesh"]["pd"]["slo_capacity"] / best["slo_capacity"]
+
+
+def pd_section(results: dict[str, Any], pd_pols: list[str]) -> str:
+    """Markdown appended to report.md for a --pd run."""
+    lines = [
+        "",
+        "## Prefill/decode disaggregation",
+        "",
+        "Same total GPUs; per P/D policy the best xPyD split by slo_capacity on the bisection window "
+        "(`kvmesh.fleet.pd`, `kvmesh.fleet.pd_eval`). *aggregated*: the policy's slo_capacity above (engine "
+        "default: step budget 8192, chunk 1024).",
+        "",
+        "| P/D policy | routing | aggregated | P/D slo_capacity | split | disaggregated | handoff p50 / p99 ms "
+        "| fallbacks | ITL p99 ms |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for d in pd_pols:
+        r = results.get(d, {})
+        pd = r.get("pd")
+        if not pd:
+            continue
+        agg = results.get(PD_ROUTING[d], {}).get("slo_capacity")
+        ho = pd["handoff_ms"]
+        share = pd["disagg_share"]
+        lines.append(
+            f"| {d} | {PD_ROUTING[d]} | {agg if agg is None else f'{agg:.3f}'} | {pd['slo_capacity']:.3f} "
+            f"| {pd['split'] or ''} | {'' if share is None else f'{100 * share:.0f} %'} "
+            f"| {_ms(ho.get('p50'))} / {_ms(ho.get('p99'))} | {pd['fallbacks'] or 0} | {_ms(pd.get('itl_p99_ms'))} |"
+        )
+    best = results.get("kvmesh", {}).get("best_chunk")
+    if best:
+        lines += [
+            "",
+            f"kvmesh aggregated at its best step budget ({best['max_batched_tokens']} tokens, chunk "
+            f"{best['prefill_chunk_tokens']}): slo_capacity **{best['slo_capacity']:.3f}** (searched: "
+            + ", ".join(f"{c['label']} {_cap(c['capacity'])}" for c in best["searched"])
+            + ").",
+        ]
+        gain = results["kvmesh"].get("pd_over_best_chunk")
+        if gain is not None:
+            lines.append(f"kvmesh P/D over kvmesh aggregated at its best budget: **{gain:.2f}×**.")
+    return "\n".join(lines) + "\n"
+
+
+def _cap(v: float | None) -> str:
+    return "below the best (one probe)" if v is None else f"{v:.3f}"
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:,.0f}"
 
 
 def same_capacity_ratio(trace_arg: str, cfg: FleetConfig) -> float:
@@ -200,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown policies: {sorted(unknown)}", file=sys.stderr)
         return 2
+    pd_pols = [p.strip() for p in a.pd_policies.split(",") if p.strip()] if a.pd else []
+    if set(pd_pols) - set(PD_DECIDERS):
+        print(f"unknown --pd-policies: {sorted(set(pd_pols) - set(PD_DECIDERS))}", file=sys.stderr)
+        return 2
+    if a.pd and a.link_gbps <= 0:
+        print("--link-gbps must be > 0", file=sys.stderr)
+        return 2
     if 512 % a.block_size:
         print("--block-size must divide 512", file=sys.stderr)
         return 2
@@ -242,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         ev["results"].update(extra)  # after write_report: its tables iterate the policies of results
         with (out / "report.md").open("a") as f:
             f.write(data_plane_section(ev["results"], pols))
+    if pd_pols:
+        pd_extras(trace_arg, base, ev, a, pd_pols)
+        with (out / "report.md").open("a") as f:
+            f.write(pd_section(ev["results"], pd_pols))
     ev["wall_s"] = time.perf_counter() - t0
     with (out / "report.md").open("a") as f:
         f.write(f"\nWall time of the whole run: {ev['wall_s'] / 60:.1f} min on {ev['cpu_count']} CPUs.\n")
@@ -258,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         "hit_ratio": {p: round(r[p]["hit_ratio"], 4) for p in pols},
         "pooled_lru_hit_ratio": ev["reference"]["pooled_lru_hit_ratio"],
         **({k: r[k] for k in ("pooled_lru_same_capacity_hit_ratio",) if k in r}),
+        **({"pd_slo_capacity": {d: r[d]["pd"]["slo_capacity"] for d in pd_pols}} if pd_pols else {}),
+        **(
+            {"kvmesh_best_chunk_slo_capacity": r["kvmesh"]["best_chunk"]["slo_capacity"]}
+            if "best_chunk" in r.get("kvmesh", {})
+            else {}
+        ),
         "wall_s": round(ev["wall_s"], 1),
     }
     print(json.dumps(line))

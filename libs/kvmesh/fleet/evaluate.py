@@ -51,12 +51,14 @@ from kvmesh.fleet.trace import Trace, spread_simultaneous
 class Job:
     """One unit of work for a worker process."""
 
-    kind: str  # "capacity" or "run"
+    kind: str  # "capacity", "run" or "search" (the best of ``candidates``, ``pd_eval.search_best``)
     policy: str
     config: FleetConfig
     window_s: float | None = None
     kvmesh_profile: str | None = None
     keep_records: bool = True
+    candidates: tuple[FleetConfig, ...] = ()
+    labels: tuple[str, ...] = ()
 
 
 _STATE: dict[str, Any] = {}
@@ -118,6 +120,8 @@ def run_job(job: Job) -> dict[str, Any]:
     """Execute a job inside a worker process (the trace was loaded by ``_init``)."""
     tr, hc = _trace_for(job.window_s)
     t0 = time.perf_counter()
+    if job.kind == "search":
+        return _search_job(job, tr, hc, t0)
     if job.kind == "capacity":
         probes: list[dict[str, Any]] = []
 
@@ -142,6 +146,40 @@ def run_job(job: Job) -> dict[str, Any]:
     res = FleetSim(tr, make_policy(job.policy, job.kvmesh_profile), job.config, hc).run()
     ideal = _ideal_for(job.window_s, job.config)
     return {"kind": "run", "policy": job.policy, **result_payload(res, job.keep_records, ideal)}
+
+
+def _search_job(job: Job, tr: Trace, hc: HashCache, t0: float) -> dict[str, Any]:
+    """The best of ``job.candidates`` by SLO capacity on the window, with the summary of its passing probe at
+    that capacity (a run to the end: it met the SLO)."""
+    from kvmesh.fleet.pd_eval import search_best
+
+    summaries: dict[tuple[int, float], dict[str, Any]] = {}
+    index = {id(c): i for i, c in enumerate(job.candidates)}
+
+    def meets(cfg: FleetConfig, scale: float) -> bool:
+        run = replace(cfg, load_scale=scale, stop_when_slo_lost=True)
+        r = FleetSim(tr, make_policy(job.policy, job.kvmesh_profile), run, hc).run()
+        ok = bool(r.summary.get("meets_slo")) and not r.truncated
+        if ok:
+            summaries[(index[id(cfg)], scale)] = r.summary
+        return ok
+
+    found = search_best(job.candidates, meets, BISECT_START, BISECT_REL_TOL, BISECT_MAX_PROBES)
+    labels = job.labels or tuple(str(i) for i in range(len(job.candidates)))
+    best = found.best
+    return {
+        "kind": "search",
+        "policy": job.policy,
+        "slo_capacity": found.capacity,
+        "best": best,
+        "best_label": labels[best] if best is not None else None,
+        "best_summary": summaries.get((best, found.capacity)) if best is not None else None,
+        "searched": [
+            {"label": lb, "capacity": s.capacity, "probes": [[round(x, 4), ok] for x, ok in s.probes]}
+            for lb, s in zip(labels, found.searched, strict=True)
+        ],
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def result_payload(res: RunResult, keep_records: bool = True, ideal_ttft_s: Any = None) -> dict[str, Any]:

@@ -28,6 +28,11 @@ w; the engine then counts them as cached tokens,
 so ``hit_ratio`` = prompt tokens not recomputed (GPU hits + tier loads + pulls).
 With a batching window (``FleetConfig.batching``, :mod:`kvmesh.fleet.batching`) a request routed to w waits in
 w's window and is queued on the engine when a release (event WINDOW) lets it through, shortest prompt first.
+With P/D disaggregation (``FleetConfig.pd``, :mod:`kvmesh.fleet.pd`) the first x slots are prefill-only
+engines and the others decode engines; per request the policy's decider says aggregated (the policy routes
+over the decode pool) or a (prefill, decode) pair: the prefill half runs on the prefill worker (with its tier
+loads and pulls as above), its KV crosses the NICs (FIFO, event HANDOFF) and the decode half runs on the
+decode worker. The summary's ``pd`` block counts the decisions and the handoff times.
 With ``stop_when_slo_lost`` a run stops as soon as more requests violated TTFT (or ITL) than the p99 allows
 (``> n − ⌈0.99 n⌉``): the SLO verdict is then certain (used by the capacity bisection).
 """
@@ -38,19 +43,21 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from kvmesh.core.errors import InvalidArgument, ResourceExhausted
 from kvmesh.core.generation import EngineRequest, SamplingParams
+from kvmesh.core.handoff import KvHandoff, WorkerRole
 from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from kvmesh.engine.batching import WindowConfig
 from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.engine.sim.perf import block_bytes, chunked_prefill_time
 from kvmesh.fleet.batching import FleetWindows
-from kvmesh.fleet.metrics import RequestRecord, Slo, summarize
+from kvmesh.fleet.metrics import RequestRecord, Slo, pct, summarize
+from kvmesh.fleet.pd import Decider, HandoffEngineCore, PdFleet, make_decider
 from kvmesh.fleet.policies.base import Policy
 from kvmesh.fleet.tiers import DataPlane, WorkerTiers
 from kvmesh.fleet.trace import DEFAULT_VOCAB, Trace, prompt_tokens
@@ -58,7 +65,9 @@ from kvmesh.index.hashing import compute_block_hashes
 from kvmesh.routing.dataplane import load_pays, pull_pays
 from kvmesh.routing.types import RoutingQuery, WorkerView
 
-_STEP_END, _ARRIVAL, _WARM, _READY, _WINDOW, _CALL = 0, 1, 2, 3, 4, 5
+_PREFILL_HALF = "pf-"  # request id prefix of a disaggregated request's prefill half
+
+_STEP_END, _ARRIVAL, _WARM, _READY, _WINDOW, _CALL, _HANDOFF = 0, 1, 2, 3, 4, 5, 6
 
 
 class Index(Protocol):
@@ -95,6 +104,10 @@ class FleetConfig:
     vocab_size: int = DEFAULT_VOCAB
     data_plane: DataPlane | None = None
     batching: WindowConfig | None = None  # a batching window at each worker's admission (kvmesh.fleet.batching)
+    pd: PdFleet | None = None  # prefill/decode pools and the decider (kvmesh.fleet.pd)
+    # the TTFT allowance's chunk (ttft_mode "excess"); None: prefill_chunk_tokens. A chunk search fixes it so
+    # that every candidate is judged against the same allowance.
+    allowance_chunk_tokens: int | None = None
 
     def gpu_blocks_per_worker(self) -> int:
         """KV blocks of one worker's engine pool."""
@@ -117,6 +130,27 @@ class FleetConfig:
             vocab_size=self.vocab_size,
             check_token_range=False,  # `check_tokens` checks each prompt once, vectorised
         )
+
+    def role(self, slot: int) -> WorkerRole:
+        """Worker ``slot``'s role: the first ``pd.prefill_workers`` slots prefill, the rest decode."""
+        if self.pd is None:
+            return WorkerRole.BOTH
+        return WorkerRole.PREFILL if slot < self.pd.prefill_workers else WorkerRole.DECODE
+
+    def engine_for(self, slot: int) -> SimEngineCore:
+        """A fresh engine for worker ``slot`` (a prefill engine runs the P/D prefill budget and chunk)."""
+        ecfg = self.engine_config()
+        w = f"w{slot:02d}"
+        if self.pd is None:
+            return SimEngineCore(ecfg, worker_id=w)
+        if self.role(slot) is WorkerRole.PREFILL:
+            pre = replace(
+                ecfg,
+                max_batched_tokens=self.pd.prefill_max_batched_tokens,
+                prefill_chunk_tokens=min(self.pd.prefill_chunk_tokens, self.pd.prefill_max_batched_tokens),
+            )
+            return SimEngineCore(pre, worker_id=w)
+        return HandoffEngineCore(ecfg, worker_id=w)
 
 
 def check_tokens(tokens: np.ndarray, vocab_size: int) -> None:
@@ -201,8 +235,11 @@ class FleetSim:
         self.warmer = warmer
         self.progress = progress
         ecfg = config.engine_config()
+        if config.pd is not None:
+            config.pd.check(config.workers)
         self.ids = [f"w{i:02d}" for i in range(config.workers)]
-        self.engines = [SimEngineCore(ecfg, worker_id=w) for w in self.ids]
+        self.engines = [config.engine_for(i) for i in range(config.workers)]
+        self.roles = [config.role(i) for i in range(config.workers)]
         self.slot = {w: i for i, w in enumerate(self.ids)}
         self._views: list[WorkerView | None] = [None] * config.workers
         self.serving = [True] * config.workers  # routable workers (an autoscaler turns slots off and on)
@@ -229,6 +266,7 @@ class FleetSim:
         n = len(trace)
         self._allowed_bad = n - math.ceil(0.99 * n)
         self._init_data_plane()
+        self._init_pd()
         self.windows = FleetWindows(config.batching, config.workers) if config.batching is not None else None
 
     def _init_data_plane(self) -> None:
@@ -254,6 +292,16 @@ class FleetSim:
         self._block_bytes = block_bytes(self.cfg.block_size)
         self._loads_pay = load_pays(1, self.cfg.block_size, self.transfer_costs)
 
+    def _init_pd(self) -> None:
+        pd = self.cfg.pd
+        self.decider: Decider | None = make_decider(pd.decider) if pd is not None else None
+        self._kv_tok = self.cfg.engine_config().perf.kv_bytes_per_token
+        self._pd_half: dict[int, tuple[int, RoutingQuery]] = {}  # request → (decode slot, its query), until handed
+        self._pd_cached: dict[int, int] = {}  # request → prompt tokens the prefill worker found cached
+        self._handoff_s: list[float] = []
+        self.pd_stats: dict[str, float] = dict.fromkeys(("disaggregated", "aggregated", "fallbacks"), 0)
+        self.pd_reasons: dict[str, int] = {}
+
     # ---------------------------------------------------------------- scheduling helpers
     def _push(self, t: float, kind: int, arg: Any) -> None:
         self._seq += 1
@@ -262,7 +310,7 @@ class FleetSim:
     def view(self, slot: int) -> WorkerView:
         v = self._views[slot]
         if v is None:
-            v = WorkerView(id=self.ids[slot], transfer=self.transfer_costs)
+            v = WorkerView(id=self.ids[slot], transfer=self.transfer_costs, role=self.roles[slot])
             v.apply_report(self.engines[slot].load_report(self.now))
             self._views[slot] = v
         return v
@@ -289,7 +337,7 @@ class FleetSim:
         if not self.idle(slot):
             raise RuntimeError(f"worker {self.ids[slot]} still has work")
         w = self.ids[slot]
-        self.engines[slot] = SimEngineCore(self.cfg.engine_config(), worker_id=w)
+        self.engines[slot] = self.cfg.engine_for(slot)
         self.index.clear(w)
         self.gpu_held[slot].clear()
         self._incoming[slot].clear()
@@ -358,11 +406,14 @@ class FleetSim:
             tier_matches=tier_matches,
             peer_pulls=self.pulls,
         )
-        wid = self.policy.choose(rr, self.views(), self.now)
+        if self.decider is None:
+            wid = self.policy.choose(rr, self.views(), self.now)
+        else:
+            wid, rr = self._pd_route(i, rr)
         slot = self.slot[wid]
         rec = RequestRecord(i, wid, self.now, r.input_len, r.output_len)
         if self.cfg.slo.ttft_mode == "excess":
-            rec.ttft_allow = self.hc.isolated_ttft(i, self.cfg.prefill_chunk_tokens)
+            rec.ttft_allow = self.hc.isolated_ttft(i, self.cfg.allowance_chunk_tokens or self.cfg.prefill_chunk_tokens)
         self.records[i] = rec
         fetch = self._fetch(slot, i, hl, tier_matches) if self.dp is not None and hl else None
         if fetch is not None and fetch[0] > self.now:  # wait for the transfers, then queue on the engine
@@ -376,6 +427,45 @@ class FleetSim:
             self._submit(slot, i, rr)
         if self.warmer is not None:
             self.warmer.on_arrival(self, hs, toks, self.now)
+
+    def _pd_route(self, i: int, rr: RoutingQuery) -> tuple[str, RoutingQuery]:
+        """The decider's answer for request i: (the worker it goes to first, the query its policy is told).
+        Disaggregated: the prefill worker, with the query of the prefill half (id ``pf-i``, one token); the
+        decode half's query is kept for the handoff."""
+        assert self.decider is not None
+        views = self.views()
+        c = self.decider.choose(rr, views, self.policy, self.now)
+        st = self.pd_stats
+        self.pd_reasons[c.reason] = self.pd_reasons.get(c.reason, 0) + 1
+        if not c.disaggregate or c.prefill is None or c.decode is None:
+            st["aggregated"] += 1
+            st["fallbacks"] += int(c.fallback)
+            decode = [v for v in views if v.role.decodes]
+            return (c.decode if c.decode is not None else self.policy.choose(rr, decode, self.now)), rr
+        st["disaggregated"] += 1
+        full = len(rr.block_hashes)
+        # the decode half finds the whole prompt there: its policy books no prefill for it
+        self._pd_half[i] = (self.slot[c.decode], replace(rr, matches={c.decode: full}, tier_matches={}))
+        return c.prefill, replace(rr, request_id=f"{_PREFILL_HALF}{i}", max_tokens=1)
+
+    def _handoff(self, p_slot: int, i: int) -> None:
+        """Request i's prefill half ended on ``p_slot``: move its KV to the decode worker over the NICs."""
+        pd = self.cfg.pd
+        assert pd is not None
+        d_slot, _ = self._pd_half[i]
+        bs = self.cfg.block_size
+        n = self.trace.requests[i].input_len
+        held = len(self.engines[d_slot].pool.match_prefix(self.hc.hashes(i).tolist()[: (n - 1) // bs]))
+        secs = pd.handoff_s(n - 1 - held * bs, self._kv_tok)
+        end = self._transfer(("nic_in", d_slot), secs, ("nic_out", p_slot)) if secs > 0 else self.now
+        self._handoff_s.append(end - self.now)
+        self._awaiting[d_slot] += 1
+        self._push(end, _HANDOFF, i)
+
+    def _handed(self, i: int) -> None:
+        d_slot, rr = self._pd_half.pop(i)
+        self._awaiting[d_slot] -= 1
+        self._submit(d_slot, i, rr)
 
     def _submit(self, slot: int, i: int, rr: RoutingQuery | None) -> None:
         """Queue request i on engine ``slot``, through its batching window when there is one."""
@@ -402,11 +492,24 @@ class FleetSim:
         batching window)."""
         r = self.trace.requests[i]
         rid = str(i)
-        req = EngineRequest(
-            rid,
-            prompt_token_ids=tuple(self.hc.tokens(i).tolist()),
-            sampling=SamplingParams(max_tokens=r.output_len, ignore_eos=True, seed=i),
-        )
+        toks = tuple(self.hc.tokens(i).tolist())
+        if i in self._pd_half and self.roles[slot] is WorkerRole.PREFILL:  # the prefill half
+            rid = f"{_PREFILL_HALF}{i}"
+            req = EngineRequest(
+                rid, prompt_token_ids=toks, sampling=SamplingParams(max_tokens=1, seed=i), prefill_only=True
+            )
+        else:
+            handoff = None
+            if i in self._pd_cached:  # the decode half: its KV was handed over
+                handoff = KvHandoff(
+                    num_blocks=(r.input_len - 1) // self.cfg.block_size, cached_tokens=self._pd_cached[i]
+                )
+            req = EngineRequest(
+                rid,
+                prompt_token_ids=toks,
+                sampling=SamplingParams(max_tokens=r.output_len, ignore_eos=True, seed=i),
+                handoff=handoff,
+            )
         try:
             self.engines[slot].add_request(req, self.now)
         except (ResourceExhausted, InvalidArgument):
@@ -559,6 +662,14 @@ class FleetSim:
             rid = out.request_id
             if rid.startswith("warm-"):
                 continue
+            if rid.startswith(_PREFILL_HALF):
+                if out.finished:
+                    j = int(rid.removeprefix(_PREFILL_HALF))
+                    self._pd_cached[j] = out.usage.cached_tokens if out.usage is not None else 0
+                    self.policy.on_first_token(rid, w, self.now)
+                    self.policy.on_finish(rid, w, self.now)
+                    self._handoff(slot, j)
+                continue
             rec = self.records[int(rid)]
             assert rec is not None
             if math.isnan(rec.first_token):
@@ -568,7 +679,9 @@ class FleetSim:
                     self._ttft_bad += 1
             if out.finished:
                 rec.finish = self.now
-                if out.usage is not None:
+                if rec.index in self._pd_cached:  # disaggregated: the prefill worker's hit
+                    rec.cached_tokens = self._pd_cached.pop(rec.index)
+                elif out.usage is not None:
                     rec.cached_tokens = out.usage.cached_tokens
                 self.policy.on_finish(rid, w, self.now)
                 if rec.itl > slo.itl_s:
@@ -606,6 +719,8 @@ class FleetSim:
                 arg()
             elif kind == _READY:
                 self._ready(*arg)
+            elif kind == _HANDOFF:
+                self._handed(arg)
             elif kind == _WINDOW:
                 assert self.windows is not None
                 self.windows.release(self, arg, t)
@@ -641,7 +756,27 @@ class FleetSim:
             res.summary["batching"] = self.windows.stats()
         if self.dp is not None:
             res.summary["data_plane"] = {"peer_pulls": self.pulls, **self.dp_stats}
+        if cfg.pd is not None:
+            res.summary["pd"] = self.pd_summary()
         return res
+
+    def pd_summary(self) -> dict[str, Any]:
+        """The run's P/D figures: split, share of requests disaggregated, handoff time (from the prefill half's
+        end to the KV's arrival, NIC queueing included) p50/p99 in ms, load fallbacks, decisions by reason."""
+        pd = self.cfg.pd
+        assert pd is not None
+        st = self.pd_stats
+        n = st["disaggregated"] + st["aggregated"]
+        ho = self._handoff_s
+        return {
+            "split": pd.split(self.cfg.workers),
+            "decider": pd.decider,
+            "link_gbps": pd.link_gbps,
+            "disagg_share": st["disaggregated"] / n if n else 0.0,
+            "handoff_ms": {"p50": 1000 * pct(ho, 50) if ho else 0.0, "p99": 1000 * pct(ho, 99) if ho else 0.0},
+            "fallbacks": int(st["fallbacks"]),
+            "reasons": dict(sorted(self.pd_reasons.items())),
+        }
 
 
 def run_policy(

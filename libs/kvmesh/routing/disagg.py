@@ -14,10 +14,20 @@ For r (P prompt tokens, block size b), prefill workers p (role `prefill`) and de
     load(d)    = (decode_tokens_active(d) + inflight_decode_tokens(d)) / max_decode_tokens + kv_usage(d)
     d*         = argmin_d  load(d) + handoff(d) / handoff_scale        decode load and headroom, then locality
 
+    remote     = queue(p*) + u(p*) · s(p*) + handoff(d*)      first token's wait, disaggregated
+    local      = queue(d*) + u(d*) · s(d*)                     first token's wait, prefilled in place on d*
+
     disaggregate ⇔ prefill and decode pools both non-empty
                  ∧ u(p*) ≥ min_uncached_tokens                  (a short prefill is cheaper in place)
-                 ∧ queue(p*) ≤ max_prefill_queue_s               (a busy prefill pool: prefill in place)
+                 ∧ ¬(queue(p*) > max_prefill_queue_s ∧ local < remote)
+                                                  (a busy prefill pool: prefill in place, if that is sooner)
                  ∧ kv_usage(d*) < max_decode_kv_usage            (the decode worker can hold the KV)
+
+A prefill in place costs the decode worker's running requests its compute time (their ITL), which is why
+a busy prefill pool alone is not enough: in place must also be sooner. `max_prefill_queue_s` defaults to
+the TTFT SLO of the fleet evaluation (2 s): beyond it the request's TTFT is lost if it waits.
+`max_decode_kv_usage` defaults to 1 (off): with pure pools an aggregated request lands on the same full
+decode pool, so the fallback only helps where `both` workers exist (set it below 1 there).
 
 Pure: no I/O, no clock. The live router (`kvmesh.services.router.disaggregation`) and the fleet simulator
 call `decide` with the same views.
@@ -37,8 +47,8 @@ class PdParams:
     """The decision's thresholds and link factors (the module docstring's symbols)."""
 
     min_uncached_tokens: int = 256
-    max_prefill_queue_s: float = 1.0
-    max_decode_kv_usage: float = 0.9
+    max_prefill_queue_s: float = 2.0
+    max_decode_kv_usage: float = 1.0
     max_decode_tokens: int = 65536
     handoff_scale: float = 1.0
     prefill_s_per_token: float = 1.43e-4
@@ -103,10 +113,19 @@ def decide(req: RoutingQuery, workers: Sequence[WorkerView], params: PdParams | 
         return (d.decode_tokens_active + d.inflight_decode_tokens) / max(pr.max_decode_tokens, 1) + d.kv_usage
 
     d = min(decode, key=lambda w: (load(w) + handoff(w) / pr.handoff_scale, w.id))
-    terms = {"uncached_tokens": float(u), "prefill_queue_s": q, "handoff_s": handoff(d), "decode_load": load(d)}
+    remote = q + u * s(p) + handoff(d)
+    local = queue(d) + _uncached(req, d) * s(d)
+    terms = {
+        "uncached_tokens": float(u),
+        "prefill_queue_s": q,
+        "handoff_s": handoff(d),
+        "decode_load": load(d),
+        "remote_s": remote,
+        "local_s": local,
+    }
     if u < pr.min_uncached_tokens:
         return PdDecision(False, p.id, d.id, "short-prefill", terms)
-    if q > pr.max_prefill_queue_s:
+    if q > pr.max_prefill_queue_s and local < remote:
         return PdDecision(False, p.id, d.id, "prefill-busy", terms)
     if d.kv_usage >= pr.max_decode_kv_usage:
         return PdDecision(False, p.id, d.id, "decode-full", terms)
