@@ -134,3 +134,4 @@ _.data_received
 _.pause_writing
 _.resume_writing
 _.connection_lost
+_.candidate  # kvmesh.fleet.pd_eval.Searched: the split or step budget an outcome belongs to (read in reports and tests)
