@@ -115,12 +115,18 @@ def test_lease_is_the_hold_in_whole_seconds(hold_ms: int, lease_s: int) -> None:
 
 
 def test_a_worker_hands_off_by_nixl_when_installed_unless_told_not_to() -> None:
+    """A prefill or decode vLLM worker runs NIXL when it is installed and not switched off; a `both` worker never
+    (it hands nothing over, and NIXL's poller costs half a core when idle)."""
     from kvmesh.services.worker.engine_factory import build_engine, engine_handoff
     from kvmesh.services.worker.settings import WorkerSettings
 
-    on = build_engine(WorkerSettings(engine="vllm", model="tiny", handoff_hold_ms=8_000))
-    assert engine_handoff(on) == nixl_importable()  # NIXL found at start (`pip install kvmesh[nixl]`)
-    assert isinstance(on, VllmEngine) and on.config.handoff_lease_s == 8
-    assert not engine_handoff(build_engine(WorkerSettings(engine="vllm", model="tiny", vllm_nixl=False)))
+    for role in ("prefill", "decode"):
+        on = build_engine(WorkerSettings(engine="vllm", model="tiny", role=role, handoff_hold_ms=8_000))
+        assert engine_handoff(on) == nixl_importable()  # NIXL found at start (`pip install kvmesh[nixl]`)
+        assert isinstance(on, VllmEngine) and on.config.handoff_lease_s == 8
+    both = WorkerSettings(engine="vllm", model="tiny", role="both")
+    assert not engine_handoff(build_engine(both))
+    off = WorkerSettings(engine="vllm", model="tiny", role="decode", vllm_nixl=False)
+    assert not engine_handoff(build_engine(off))
     sim = build_engine(WorkerSettings(engine="sim", cpu_tier_mb=0))  # no tier: no shared memory to leave
     assert not engine_handoff(sim)  # the simulated engine hands over by kv-sync
