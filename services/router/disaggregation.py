@@ -123,7 +123,9 @@ class Disaggregation:
             close_call(call, handoff is not None)  # cancelled there unless it ended
             self.tracker.finish(prid)
         elapsed = time.perf_counter() - t0
-        h.breaker.record(time.monotonic(), elapsed * 1000.0, True)
+        # the breaker samples inter-token gaps (its measured phase, `StreamClock`): a prefill half has none, and
+        # its duration grows with the prompt and the queue, no sign of a sick worker
+        h.breaker.record(time.monotonic(), 0.0, True)
         m.PD_PREFILL_SECONDS.observe(elapsed)
         if handoff is None or not handoff.num_blocks:
             m.PD_FALLBACKS.labels("no_handoff").inc()
