@@ -323,3 +323,47 @@ def test_publish_of_a_digest_stored_meanwhile_keeps_the_stored_copy(region: Tier
     assert region.put(_digest(1), _data(1), now_ns=4) and region.put(_digest(2), _data(2), now_ns=5)
     assert region.put(_digest(3), _data(3), now_ns=6)  # b's slot was freed: four blocks fit
     assert len(region) == 4
+
+
+# The block length at its edges: a block is 1..block_bytes bytes. An empty block is refused (naming the field),
+# by `put` and by `publish` alike; one byte and exactly block_bytes are stored whole.
+
+
+def test_an_empty_block_is_refused_by_put(region: TierRegion) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        region.put(_digest(0), b"", now_ns=1)
+    assert e.value.field == "data" and f"1..{BLOCK}" in str(e.value)
+    assert len(region) == 0
+
+
+@pytest.mark.parametrize("length", [1, BLOCK])
+def test_one_byte_and_a_full_block_are_stored_whole(region: TierRegion, reader: RegionReader, length: int) -> None:
+    data = bytes((7 * k + 3) % 251 for k in range(length))
+    assert region.put(_digest(length), data, now_ns=1)
+    (ref,) = reader.locate([_digest(length)])
+    assert ref is not None
+    out = bytearray(BLOCK)
+    assert reader.read_into(ref, _digest(length), memoryview(out)) == length
+    assert bytes(out[:length]) == data
+
+
+@pytest.mark.parametrize("length", [0, BLOCK + 1])
+def test_publish_refuses_an_empty_or_oversize_length(region: TierRegion, length: int) -> None:
+    res = region.reserve(_digest(9), now_ns=1)
+    assert res is not None
+    with pytest.raises(InvalidArgument) as e:
+        region.publish(res, length, 0, now_ns=2)
+    assert e.value.field == "length"
+    region.abort(res)
+
+
+@pytest.mark.parametrize("length", [1, BLOCK])
+def test_publish_takes_one_byte_and_a_full_block(region: TierRegion, reader: RegionReader, length: int) -> None:
+    res = region.reserve(_digest(10 + length), now_ns=1)
+    assert res is not None
+    data = bytes((5 * k + 1) % 251 for k in range(length))
+    res.data[:length] = data
+    ref = region.publish(res, length, tier.checksum(data), now_ns=2)
+    out = bytearray(BLOCK)
+    assert reader.read_into(ref, _digest(10 + length), memoryview(out)) == length
+    assert bytes(out[:length]) == data
