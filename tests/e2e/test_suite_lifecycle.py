@@ -129,7 +129,9 @@ def test_status_and_down_know_a_starting_suite_and_runs_do_not_leak(home: Path) 
     os.kill(up.proc.pid, signal.SIGSTOP)
     held = _state(home)
     assert not (current / "planner-history-local.json").exists()  # nothing of run 1's: a fresh planner history
-    assert len(list((current / "logs").iterdir())) <= 2  # the cache-manager's, and the worker's if spawned
+    run2_logs = [p.name for p in (current / "logs").iterdir()]  # the cache-manager's, the worker's if spawned
+    assert run2_logs and not set(run2_logs) & set(run1_logs), run2_logs  # nothing of run 1's
+    assert all(name.startswith(("cache-manager-", "worker-")) for name in run2_logs), run2_logs
     assert sorted(p.name for p in (last / "logs").iterdir()) == run1_logs  # run 1's kept for reading
     down = kvmesh_cli(home, "down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
