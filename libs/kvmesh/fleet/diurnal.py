@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,23 +58,30 @@ def repeat_hour(hour: Trace, keep: Sequence[float], seed: int) -> Trace:
     for k, p in enumerate(keep):
         if not p >= 0.0:
             raise ValueError(f"keep[{k}] = {p} is not >= 0")
-        layer: list[TraceRequest] = []
+        layer: list[tuple[float, int, int, TraceRequest]] = []
         for frac in [1.0] * int(p) + [p - int(p)]:
             namespace += 1
             draws = rng.random(len(src))
             offset = namespace << _COPY_SHIFT
             layer += [
-                replace(
-                    r,
-                    arrival_s=r.arrival_s + k * HOUR_S,
-                    chunks=tuple(c + offset for c in r.chunks),
-                    session=f"{r.session}@{namespace}" if r.session else None,
-                )
-                for r, u in zip(src, draws, strict=True)
-                if u < frac
+                (r.arrival_s + k * HOUR_S, offset, namespace, r) for r, u in zip(src, draws, strict=True) if u < frac
             ]
-        layer.sort(key=lambda r: r.arrival_s)
-        out += [replace(r, index=len(out) + i) for i, r in enumerate(layer)]
+        layer.sort(key=lambda x: x[0])
+        # built in one pass (no dataclasses.replace: a day is about a million requests)
+        out += [
+            TraceRequest(
+                len(out) + i,
+                arrival,
+                r.input_len,
+                r.output_len,
+                tuple(c + offset for c in r.chunks),
+                f"{r.session}@{ns}" if r.session else None,
+                r.tenant,
+                r.follows,
+                r.think_s,
+            )
+            for i, (arrival, offset, ns, r) in enumerate(layer)
+        ]
     return Trace(f"{hour.name}x{len(keep)}h", out, {**hour.meta, "hours": len(keep)})
 
 
