@@ -16,8 +16,10 @@ from typing import Any
 
 import grpc
 
+from kvmesh.kvplane.kvsync import mooncake
 from kvmesh.kvplane.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
 from kvmesh.kvplane.kvsync.tier import RegionReader, TierRegion
+from kvmesh.kvplane.kvsync.transport import exports_mooncake
 from kvmesh.kvplane.pulls import TIER_REGION, PeerPulls, PullLimits
 from kvmesh.rpc.auth import Guard
 from kvmesh.rpc.channel import ChannelSecurity
@@ -42,10 +44,15 @@ class KvSyncServer:
         self.server = grpc.aio.server(options=list(_SERVER_OPTIONS))
         # the holds of prefill halves on this region: leased here, so they see every peer lease
         self.holds = HandoffHolds(region, TIER_REGION, settings.handoff_hold_ms)
-        servicer = KvSyncServicer({TIER_REGION: region}, on_lease=self.holds.observe_lease)
-        bounds = MessageBounds(per_method=REQUEST_BOUNDS)
         guard = Guard.from_settings(settings, "kvsync")  # the worker's own table: workers and peer zones only
-        add_to_server(servicer, InstrumentedServer(self.server, "kvsync", bounds, guard))
+        offer_mooncake = exports_mooncake(settings.kvsync_transport, guard is not None)
+        if offer_mooncake:  # the process's TE publishes the address peers reach this worker at
+            mooncake.configure(_advertised_host(settings))
+        self.servicer = KvSyncServicer(
+            {TIER_REGION: region}, on_lease=self.holds.observe_lease, mooncake=offer_mooncake
+        )
+        bounds = MessageBounds(per_method=REQUEST_BOUNDS)
+        add_to_server(self.servicer, InstrumentedServer(self.server, "kvsync", bounds, guard))
         self.port = 0
 
     async def start(self) -> str:
@@ -57,20 +64,28 @@ class KvSyncServer:
         else:
             self.port = self.server.add_insecure_port(bind)
         await self.server.start()
-        host = s.advertise_address.rsplit(":", 1)[0] if s.advertise_address else s.host
-        address = f"{host}:{self.port}"
-        log.info("kv-sync serving region %r (%s) on %s", TIER_REGION, self.region.shm_name, address)
+        address = f"{_advertised_host(s)}:{self.port}"
+        transports = ", ".join(self.servicer.transports(TIER_REGION))
+        log.info("kv-sync serving region %r (%s) on %s over %s", TIER_REGION, self.region.shm_name, address, transports)
         return address
 
     async def stop(self) -> None:
         await self.server.stop(grace=1.0)
+        self.servicer.close()  # no peer reads the region through TE once it is unmapped
         self.holds.close()
         if isinstance(self.region, RegionReader):  # an owner's region is closed by its owner
             self.region.close()
 
 
+def _advertised_host(settings: WorkerSettings) -> str:
+    """The host peers reach this worker at."""
+    return settings.advertise_address.rsplit(":", 1)[0] if settings.advertise_address else settings.host
+
+
 def peer_pulls(settings: WorkerSettings) -> PeerPulls:
     """The worker's pulls from its peers: its deadline cap, default lease and transport choice, and its
     outbound channel security."""
-    limits = PullLimits(settings.pull_timeout_ms, settings.pull_lease_ms, settings.pull_over_shm)
+    limits = PullLimits(
+        settings.pull_timeout_ms, settings.pull_lease_ms, settings.pull_over_shm, settings.kvsync_transport
+    )
     return PeerPulls(limits, ChannelSecurity.of(settings))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from kvmesh.core.config import ServerSettings, setting
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.handoff import WorkerRole
+from kvmesh.kvplane.kvsync.transport import check_choice
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,13 @@ class WorkerSettings(ServerSettings):
     pull_timeout_ms: int = setting(2000, "deadline of a peer pull, milliseconds (a hint may give a shorter one)")
     pull_lease_ms: int = setting(5000, "lease a peer pull asks for, milliseconds")
     pull_over_shm: bool = setting(True, "read a same-host peer's tier from its shared memory (false: always gRPC)")
+    kvsync_transport: str = setting(
+        "auto",
+        "kv-sync transport: auto (the best both workers offer: shared memory on one host, else Mooncake's"
+        " Transfer Engine where both run it, else gRPC), shm, mooncake or grpc (that one, gRPC the fallback);"
+        " the tier is offered through Mooncake under mooncake, and under auto only when this worker enforces"
+        " no authorisation table (TE's reads are unauthenticated: docs/security.md)",
+    )
     pull_staging_mb: float = setting(
         64.0,
         "vLLM worker: staging region (shared memory) for blocks pulled over gRPC from a peer on another host,"
@@ -95,6 +103,7 @@ class WorkerSettings(ServerSettings):
 
     def __post_init__(self) -> None:
         self.worker_role  # noqa: B018 -- a bad --role fails at start, naming the flag, not at the first request
+        check_choice("kvsync_transport", self.kvsync_transport)
 
     @property
     def worker_role(self) -> WorkerRole:

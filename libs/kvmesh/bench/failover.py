@@ -297,7 +297,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     clients: list[AsyncClient] = []
     try:
         links = InterZoneLinks(zones, a.workers_per_zone, a.link_delay_ms, a.link_rate)
-        sync = await figures.sync_probe(zones[0], a.link_delay_ms, a.link_rate)
+        sync = await figures.sync_probe(zones[0], a.link_delay_ms, a.link_rate, transport=a.sync_transport)
         if a.consul_url:
             consul_urls = {z.name: a.consul_url for z in zones}
         else:
@@ -498,6 +498,7 @@ def result_line(
         "consul": a.consul_url or "stand-in",
         "link": {"delay_ms_each_way": a.link_delay_ms, "rate_bytes_per_s": a.link_rate},
         "cross_zone_sync_ms": extra["sync"],
+        "cross_zone_sync_transport": a.sync_transport,
         "errors": stats.errors[:5],
     }
     if killed:
@@ -528,6 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replication-bytes-per-s", type=float, default=50e6, help="each zone's replication budget")
     p.add_argument("--link-delay-ms", type=float, default=0.5, help="inter-zone link: added each way")
     p.add_argument("--link-rate", type=float, default=1.25e9, help="inter-zone link: bytes/s per connection and way")
+    p.add_argument(
+        "--sync-transport",
+        choices=("mooncake", "grpc"),
+        default="mooncake",
+        help="the cross-zone sync probe's kv-sync transport (a 32-block pull across the emulated link)",
+    )
     p.add_argument("--partition-s", type=float, default=30.0, help="--scenario partition: how long the link is cut")
     p.add_argument("--context-tokens", type=int, default=1024, help="a session's prompt before its new question")
     p.add_argument("--think-s", type=float, default=1.0, help="pause between a session's turns")

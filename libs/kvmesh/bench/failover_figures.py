@@ -69,18 +69,30 @@ def firsts(rows: Sequence[Any]) -> list[Any]:
     return list(first.values())
 
 
-async def sync_probe(zone: netns.Zone, delay_ms: float, rate: float, iters: int = 200) -> dict[str, float]:
-    """p50/p99 of a 32-block pull across the emulated link (see the module docstring)."""
+async def sync_probe(
+    zone: netns.Zone, delay_ms: float, rate: float, iters: int = 200, transport: str = "grpc"
+) -> dict[str, float]:
+    """p50/p99 of a 32-block pull across the emulated link (see the module docstring); `transport` mooncake:
+    through the peer's Mooncake TE, its two ports behind proxies with the same delay and cap
+    (`kvsync.mooncake_relays`), every block still CRC32C-checked."""
     size = kvsync_bench.tiny_block_bytes()
-    peer = kvsync_bench.start_peer(size, host=zone.ns_ip, ns=zone.ns)
+    over_te = transport == "mooncake"
+    peer = kvsync_bench.start_peer(
+        size, host=zone.ns_ip, ns=zone.ns, transport=transport if over_te else "shm", mooncake_host="127.0.0.1"
+    )
     proxy = None
+    relays = kvsync_bench.mooncake_relays(peer, zone.ns_ip, delay_ms, rate) if over_te else []
     try:
         proxy = ProxyProcess(f"{zone.ns_ip}:{json.loads(peer.first)['port']}", delay_ms, rate=rate)
         async with grpc.aio.insecure_channel(proxy.address, options=kvsync_bench.CHANNEL_OPTS) as ch:
-            samples, _, _ = await kvsync_bench.time_pulls(KvSyncClient(ch), size, SYNC_BLOCKS, False, iters, 10.0)
+            samples, _, _ = await kvsync_bench.time_pulls(
+                KvSyncClient(ch), size, SYNC_BLOCKS, False, iters, 10.0, transport=transport, registered=over_te
+            )
     finally:
         if proxy is not None:
             proxy.close()
+        for relay in relays:
+            relay.stop()
         peer.stop()
     return {
         "p50": round(kvsync_bench.percentile(samples, 50) * 1e3, 3),

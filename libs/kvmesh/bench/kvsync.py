@@ -1,14 +1,22 @@
-"""kv-sync transfer figures: pulls of 1, 8, 32 and 128 blocks over shared memory, loopback gRPC and a link.
+"""kv-sync transfer figures: pulls of 1, 8, 32 and 128 blocks over shared memory, Mooncake, loopback gRPC and
+a link.
 
-    python -m kvmesh.bench kvsync [--quick] [--budget-s S] [--delay-ms 0.5]
+    python -m kvmesh.bench kvsync [--quick] [--budget-s S] [--delay-ms 0.5] [--transport shm|mooncake|grpc ...]
 
 A peer process (`kvmesh.kvplane.kvsync.peer`) per block size holds 128 blocks in a tier region; this process pulls
-them with `KvSyncClient.pull` (one AcquireLease RPC, then the blocks; every block CRC32C-verified):
+them with `KvSyncClient.pull` (one AcquireLease RPC, then the blocks; every block CRC32C-verified), each row
+naming the transport the pulls took (a pull that fell back to another fails the bench):
 - `shm`: the peer's region attached here (same host), one copy per block;
+- `mooncake`: one-sided reads of the peer's region through Mooncake's Transfer Engine over loopback TCP (the
+  peer's process and this one each run a TE; one batch per pull), into buffers registered with this
+  process's TE (as a worker's staging region is): TE's copy, then a CRC32C pass; `mooncake_arena` rows: into
+  plain buffers, through a registered staging arena (TE's copy, then one pass that copies and checks);
 - `grpc`: over 127.0.0.1 (ReadBlocks stream);
 - `link`: the peer in its own network namespace, reached over a veth pair through a userspace delay proxy
   adding `--delay-ms` each way (1 ms to the round trip); without root/iproute2, the peer on loopback behind
-  the same proxy (`link_mode` says which).
+  the same proxy (`link_mode` says which);
+- `mooncake_link` (with mooncake, in a namespace only): that peer read through TE across the same link, its
+  TE's handshake and data ports each behind a delay proxy (`mooncake_relays`).
 Block sizes: the tiny model's (`tiny_block_bytes` = 2 (K, V) x layers x kv_heads x head_dim x block_size
 x dtype bytes, from scripts/build_tiny_model.py's SPEC, block_size 32 (the vLLM adapter's default), bfloat16:
 what vLLM-cpu's `--dtype auto` picks for a float32 checkpoint on x86, and `--kv-cache-dtype auto` follows)
@@ -22,7 +30,9 @@ block size as `extra` = the median over pairs of (checked - plain copy of 128 bl
 both see the same load; over gRPC replaying the chunks of one real ReadBlocks stream), and charged to the
 bytes each pull copied:
     integrity_s(transport) = sum over block sizes S of bytes_copied(transport, S) x extra(path, S) / (128 S)
-with path shm for `shm`, gRPC for `grpc` and `link` (the same client code). `integrity_share` =
+with path shm for `shm` and `mooncake` (the same checked pass over whole blocks: `copy_checksum`, or for
+registered buffers the CRC32C alone, which costs no more), gRPC for `grpc` and `link` (the same client code).
+`--transport` (repeatable; default all three) picks the transports measured; `link` comes with grpc. `integrity_share` =
 sum of integrity_s / sum of pull seconds (AcquireLease/ReadBlocks calls included: the transfer's time);
 `integrity_share_by_transport` the same per transport; the differences are in `shm_check_128_blocks` and
 `grpc_check_128_blocks`.
@@ -51,11 +61,13 @@ import grpc
 import numpy as np
 
 from kvmesh.bench import netns
+from kvmesh.kvplane.kvsync import mooncake as te
 from kvmesh.kvplane.kvsync.client import BlockAssembly, KvSyncClient, PullStats
 from kvmesh.kvplane.kvsync.codec import Chunk, decode_chunks
 from kvmesh.kvplane.kvsync.peer import LAYOUT, REGION, peer_digests
 from kvmesh.kvplane.kvsync.service import SERVICE
 from kvmesh.kvplane.kvsync.tier import RegionReader
+from kvmesh.kvplane.kvsync.transport import GRPC, MOONCAKE, SHM, TRANSPORTS
 from kvmesh.v1 import kvsync_pb2
 
 BLOCKS = (1, 8, 32, 128)
@@ -112,14 +124,29 @@ class _Proc:
         self.proc.wait(timeout=30)
 
 
-def start_peer(block_bytes: int, host: str = "127.0.0.1", ns: str | None = None) -> _Proc:
+def start_peer(
+    block_bytes: int, host: str = "127.0.0.1", ns: str | None = None, transport: str = SHM, mooncake_host: str = ""
+) -> _Proc:
+    """A peer process serving 128 blocks; `transport` auto or mooncake: it offers Mooncake too, its TE
+    publishing `mooncake_host` (default `host`)."""
     cmd = [sys.executable, "-m", "kvmesh.kvplane.kvsync.peer", "--block-bytes", str(block_bytes), "--blocks", "128"]
-    cmd += ["--host", host]
+    cmd += ["--host", host, "--transport", transport, "--mooncake-host", mooncake_host]
     return _Proc(["ip", "netns", "exec", ns, *cmd] if ns else cmd)
 
 
-def _proxy(target: str, delay_ms: float) -> _Proc:
-    return _Proc([sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target, "--delay-ms", str(delay_ms)])
+def _proxy(target: str, delay_ms: float, port: int = 0, rate: float = 0.0) -> _Proc:
+    cmd = [sys.executable, "-m", "kvmesh.bench.delay_proxy", "--target", target, "--delay-ms", str(delay_ms)]
+    return _Proc([*cmd, "--port", str(port), "--rate", str(rate)])
+
+
+def mooncake_relays(peer: _Proc, ns_ip: str, delay_ms: float, rate: float = 0.0) -> list[_Proc]:
+    """Delay proxies that carry a zone peer's TE through the link: TE publishes its hostname and both its
+    ports (handshake and TCP data, the latter random) to peers, so the peer's TE publishes 127.0.0.1
+    (`--mooncake-host`) and a proxy here listens on each of its ports' numbers, forwarding to the same port
+    in the zone (network namespaces have their own port spaces). `rate`: each proxy's cap per direction and
+    connection, bytes/s (0 = none)."""
+    info = json.loads(peer.first)
+    return [_proxy(f"{ns_ip}:{p}", delay_ms, port=p, rate=rate) for p in info["listening"] if p != info["port"]]
 
 
 @contextmanager
@@ -144,28 +171,45 @@ async def time_pulls(
     iters: int,
     budget_s: float,
     preleased: bool = False,
+    transport: str = "auto",
+    registered: bool = False,
 ) -> tuple[list[float], int, float]:
     """(pull seconds per iteration, bytes copied, pull seconds in total) over the timed `n`-block pulls;
-    `preleased`: with a lease taken once beforehand, as a router's pull hint carries it (no lease call)."""
+    `preleased`: with a lease taken once beforehand, as a router's pull hint carries it (no lease call).
+    `transport` (not auto): the one every pull must take; `registered`: the buffers lie in one array
+    registered with this process's Mooncake TE (a worker's staging region), else each is a bytearray."""
     digests = peer_digests(n)
-    outs = [memoryview(bytearray(block_bytes)) for _ in range(n)]
+    landing = np.zeros(n * block_bytes, dtype=np.uint8)
+    engine = te.engine() if registered else None
+    export = engine.register(memoryview(landing.data)) if engine is not None else None
+    whole = memoryview(landing.data)
+    outs = [
+        whole[i * block_bytes : (i + 1) * block_bytes] if registered else memoryview(bytearray(block_bytes))
+        for i in range(n)
+    ]
     lease = await client.acquire_lease(REGION, digests, ttl_ms=30_000) if preleased else None
     samples: list[float] = []
     copied = 0
     stop = time.monotonic() + budget_s
-    for i in range(iters + 2):  # bounded; the first two are warm-up (channel, shm attach, page faults)
-        t = time.perf_counter()
-        stats: PullStats = await client.pull(
-            REGION, digests, outs, LAYOUT, timeout_s=30.0, prefer_shm=prefer_shm, lease=lease
-        )
-        dt = time.perf_counter() - t
-        if stats.blocks != n:
-            raise RuntimeError(f"pulled {stats.blocks} of {n} blocks")
-        if i >= 2:
-            samples.append(dt)
-            copied += stats.bytes
-            if len(samples) >= 3 and time.monotonic() > stop:
-                break
+    try:
+        for i in range(iters + 2):  # bounded; the first two are warm-up (channel, shm attach, page faults)
+            t = time.perf_counter()
+            stats: PullStats = await client.pull(
+                REGION, digests, outs, LAYOUT, timeout_s=30.0, prefer_shm=prefer_shm, lease=lease, transport=transport
+            )
+            dt = time.perf_counter() - t
+            if stats.blocks != n:
+                raise RuntimeError(f"pulled {stats.blocks} of {n} blocks")
+            if transport != "auto" and stats.transport != transport:
+                raise RuntimeError(f"the pull went over {stats.transport}, not {transport}")
+            if i >= 2:
+                samples.append(dt)
+                copied += stats.bytes
+                if len(samples) >= 3 and time.monotonic() > stop:
+                    break
+    finally:
+        if engine is not None and export is not None:
+            engine.unregister(export)
     return samples, copied, sum(samples)
 
 
@@ -182,22 +226,40 @@ def _row(transport: str, n: int, block_bytes: int, samples: list[float]) -> dict
     }
 
 
-def _must_show(results: list[dict[str, Any]], memcpy: list[dict[str, Any]], share: float, tiny: int) -> dict[str, Any]:
-    """The issue's kv-sync targets, from this run's rows."""
+def _must_show(
+    results: list[dict[str, Any]],
+    preleased: dict[str, list[dict[str, Any]]],
+    memcpy: list[dict[str, Any]],
+    share: float,
+    tiny: int,
+) -> dict[str, Any]:
+    """The kv-sync targets, from this run's rows (those of the transports measured)."""
     row = {(r["transport"], r["blocks"], r["block_bytes"]): r for r in results}
-    shm_p99 = row[("shm", 32, tiny)]["p99_ms"]
-    grpc_p99 = row[("grpc", 32, tiny)]["p99_ms"]
-    ref = next(m["gbps"] for m in memcpy if m["block_bytes"] == MIB)
-    ratio = round(row[("shm", 128, MIB)]["gbps"] / ref, 3) if ref else 0.0
-    return {
-        "shm_32_tiny_p99_ms": shm_p99,
-        "shm_32_tiny_p99_under_5ms": shm_p99 < 5.0,
-        "grpc_32_tiny_p99_ms": grpc_p99,
-        "grpc_32_tiny_p99_under_5ms": grpc_p99 < 5.0,
-        "shm_128x1mib_over_memcpy": ratio,
-        "shm_at_least_half_memcpy": ratio >= 0.5,
-        "integrity_share_at_most_5pct": share <= 0.05,
-    }
+    early = {(r["blocks"], r["block_bytes"]): r for r in preleased[MOONCAKE]}
+    out: dict[str, Any] = {"integrity_share_at_most_5pct": share <= 0.05}
+    for transport in (SHM, GRPC):
+        if (transport, 32, tiny) in row:
+            p99 = row[(transport, 32, tiny)]["p99_ms"]
+            out |= {f"{transport}_32_tiny_p99_ms": p99, f"{transport}_32_tiny_p99_under_5ms": p99 < 5.0}
+    ref = next((m["gbps"] for m in memcpy if m["block_bytes"] == MIB), 0.0)
+    if (SHM, 128, MIB) in row:
+        ratio = round(row[(SHM, 128, MIB)]["gbps"] / ref, 3) if ref else 0.0
+        out |= {"shm_128x1mib_over_memcpy": ratio, "shm_at_least_half_memcpy": ratio >= 0.5}
+    if (MOONCAKE, 32, tiny) in row:
+        p99 = row[(MOONCAKE, 32, tiny)]["p99_ms"]
+        gbps = row[(MOONCAKE, 128, MIB)]["gbps"]
+        out |= {
+            "mooncake_32_tiny_p99_ms": p99,
+            "mooncake_32_tiny_p99_under_2ms": p99 < 2.0,
+            "mooncake_32_tiny_preleased_p99_ms": early[(32, tiny)]["p99_ms"],
+            "mooncake_1x1mib_gbps": row[(MOONCAKE, 1, MIB)]["gbps"],
+            "mooncake_128x1mib_gbps": gbps,
+            "mooncake_1mib_at_least_1_5_gbps": gbps >= 1.5,
+        }
+    if ("mooncake_link", 32, tiny) in row:
+        p99 = row[("mooncake_link", 32, tiny)]["p99_ms"]
+        out |= {"mooncake_link_32_tiny_p99_ms": p99, "mooncake_link_32_tiny_p99_under_5ms": p99 < 5.0}
+    return out
 
 
 def _paired(plain: Callable[[], None], checked: Callable[[], None], iters: int) -> tuple[float, float, float]:
@@ -330,7 +392,7 @@ def _integrity_shares(
     per byte on that path and block size (the module docstring's formula), over the pulls' seconds."""
     spent: dict[str, list[float]] = {}
     for (transport, size), (nbytes, seconds) in copied.items():
-        path = "shm" if transport == "shm" else "grpc"
+        path = "shm" if transport == SHM or transport.startswith(MOONCAKE) else "grpc"
         acc = spent.setdefault(transport, [0.0, 0.0])
         acc[0] += nbytes * extra_per_byte[(path, size)]
         acc[1] += seconds
@@ -343,7 +405,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     tiny = tiny_block_bytes()
     sizes = (tiny, MIB)
     results: list[dict[str, Any]] = []
-    preleased: list[dict[str, Any]] = []
+    preleased: dict[str, list[dict[str, Any]]] = {SHM: [], MOONCAKE: []}  # transport -> rows
     memcpy: list[dict[str, Any]] = []
     sockets: list[dict[str, Any]] = []
     ref_iters = 3 if args.quick else 10
@@ -353,15 +415,29 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     checks: dict[str, list[dict[str, Any]]] = {"shm": [], "grpc": []}
     procs: list[_Proc] = []
 
-    async def measure(transport: str, client: KvSyncClient, size: int, prefer_shm: bool) -> None:
+    async def measure(
+        label: str, client: KvSyncClient, size: int, prefer_shm: bool, transport: str, registered: bool = False
+    ) -> None:
         """Rows for every batch size, and the bytes and seconds they took."""
-        acc = copied.setdefault((transport, size), [0.0, 0.0])
+        acc = copied.setdefault((label, size), [0.0, 0.0])
         for n in BLOCKS:
             iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
-            samples, nbytes, total = await time_pulls(client, size, n, prefer_shm, iters, args.budget_s)
-            results.append(_row(transport, n, size, samples))
+            samples, nbytes, total = await time_pulls(
+                client, size, n, prefer_shm, iters, args.budget_s, transport=transport, registered=registered
+            )
+            results.append(_row(label, n, size, samples))
             acc[0] += nbytes
             acc[1] += total
+
+    async def measure_preleased(client: KvSyncClient, size: int, transport: str) -> None:
+        """Rows of pulls with a lease taken beforehand (a router's pull hint): no lease call timed."""
+        for n in BLOCKS:
+            iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
+            samples, _, _ = await time_pulls(
+                client, size, n, transport == SHM, iters, args.budget_s, True, transport, transport == MOONCAKE
+            )
+            row = _row(transport, n, size, samples)
+            preleased[transport].append({k: v for k, v in row.items() if k != "transport"})
 
     def checked(path: str, size: int, timed: tuple[float, float, float]) -> None:
         checks[path].append(_check_row(size, timed))
@@ -370,11 +446,15 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     with _link_zone() as (zone, link_mode):
         try:
             for size in sizes:
-                local = start_peer(size)
+                local = start_peer(size, transport="auto" if MOONCAKE in args.transports else SHM)
                 procs.append(local)
+                over_link = zone is not None and MOONCAKE in args.transports  # TE through the link's proxies
                 if zone is not None:
-                    remote = start_peer(size, host=zone.ns_ip, ns=zone.ns)
+                    offer = MOONCAKE if over_link else SHM
+                    remote = start_peer(size, host=zone.ns_ip, ns=zone.ns, transport=offer, mooncake_host="127.0.0.1")
                     target = f"{zone.ns_ip}:{json.loads(remote.first)['port']}"
+                    if over_link:
+                        procs.extend(mooncake_relays(remote, zone.ns_ip, args.delay_ms))
                 else:
                     remote = local
                     target = f"127.0.0.1:{json.loads(local.first)['port']}"
@@ -387,18 +467,23 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                     grpc.aio.insecure_channel(f"127.0.0.1:{proxy.first.strip()}", options=CHANNEL_OPTS) as linked,
                 ):
                     near, far = KvSyncClient(direct), KvSyncClient(linked)
-                    await measure("shm", near, size, prefer_shm=True)
+                    if SHM in args.transports:
+                        await measure(SHM, near, size, True, SHM)
+                        await measure_preleased(near, size, SHM)
                     checked("shm", size, await shm_check_seconds(near, size, check_iters))
                     # the references right after shm, under the same machine load
                     memcpy.append({"block_bytes": size, "gbps": round(memcpy_gbps(size, 128, ref_iters), 3)})
                     sockets.append({"block_bytes": size, "gbps": round(socket_gbps(size, 128, ref_iters), 3)})
-                    for n in BLOCKS:
-                        iters = args.iters if n * size <= 8 * MIB else max(3, args.iters // 10)
-                        samples, _, _ = await time_pulls(near, size, n, True, iters, args.budget_s, preleased=True)
-                        preleased.append({k: v for k, v in _row("shm", n, size, samples).items() if k != "transport"})
-                    await measure("grpc", near, size, prefer_shm=False)
+                    if MOONCAKE in args.transports:
+                        await measure(MOONCAKE, near, size, False, MOONCAKE, registered=True)
+                        await measure_preleased(near, size, MOONCAKE)
+                        await measure("mooncake_arena", near, size, False, MOONCAKE)
                     checked("grpc", size, await grpc_check_seconds(direct, size, check_iters))
-                    await measure("link", far, size, prefer_shm=False)
+                    if GRPC in args.transports:
+                        await measure(GRPC, near, size, False, GRPC)
+                        await measure("link", far, size, False, GRPC)
+                    if over_link:
+                        await measure("mooncake_link", far, size, False, MOONCAKE, registered=True)
                     near.close()
                     far.close()
                 for p in procs:
@@ -414,8 +499,10 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "memcpy": memcpy,
         "socket": sockets,
         "integrity_share": share,
-        "shm_preleased": preleased,
-        "must_show": _must_show(results, memcpy, share, tiny),
+        "shm_preleased": preleased[SHM],
+        "mooncake_preleased": preleased[MOONCAKE],
+        "must_show": _must_show(results, preleased, memcpy, share, tiny),
+        "transports": args.transports,
         "shm_check_128_blocks": checks["shm"],
         "grpc_check_128_blocks": checks["grpc"],
         "integrity_share_by_transport": by_transport,
@@ -435,7 +522,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=0, help="timed pulls per configuration (default 200; quick 3)")
     p.add_argument("--budget-s", type=float, default=0.0, help="time per configuration (default 3; quick 0.2)")
     p.add_argument("--delay-ms", type=float, default=0.5, help="added each way on the link (RTT + 2x)")
+    p.add_argument(
+        "--transport",
+        action="append",
+        choices=TRANSPORTS,
+        dest="transports",
+        help="a transport to measure (repeatable; default all)",
+    )
     args = p.parse_args(argv)
+    args.transports = args.transports or list(TRANSPORTS)
     args.iters = args.iters or (3 if args.quick else 200)
     args.budget_s = args.budget_s or (0.2 if args.quick else 3.0)
     with tempfile.TemporaryDirectory():

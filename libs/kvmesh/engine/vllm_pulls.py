@@ -116,6 +116,7 @@ class VllmPulls:
                 ttl_ms=lease_ms,
                 timeout_s=timeout_s,
                 prefer_shm=False,  # the shared-memory case is the same-host lease above
+                transport=self.peers.limits.transport,
             )
         except PullFailed as e:
             if not e.blocks:
@@ -128,7 +129,11 @@ class VllmPulls:
             until_ns = time.monotonic_ns() + lease_ms * 1_000_000
             staged = self.staging.commit(plan, delivered, until_ns)
         log.info(
-            "pulled %d blocks (%d B) from %s over gRPC into staging", len(staged), delivered.bytes, pull.source_address
+            "pulled %d blocks (%d B) from %s over %s into staging",
+            len(staged),
+            delivered.bytes,
+            pull.source_address,
+            delivered.transport,
         )
         return staged, until_ns, partial
 

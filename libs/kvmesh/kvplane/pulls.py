@@ -2,8 +2,9 @@
 puts on a pull, and what a lease on a peer's region offers.
 
 `PeerPulls` is the simulated engine's `pull_transport` (it reads the peer's shared memory when it attaches on
-this host and streams over gRPC otherwise; any failure raises `PullFailed`, whose verified leading blocks the
-engine keeps) and the vLLM engine's source of kv-sync clients (`kvmesh.engine.vllm_pulls`).
+this host, else through Mooncake's Transfer Engine when both workers run one, else streams over gRPC; any
+failure raises `PullFailed`, whose verified leading blocks the engine keeps) and the vLLM engine's source of
+kv-sync clients (`kvmesh.engine.vllm_pulls`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ TIER_REGION = "cpu"  # the region name a worker serves its CPU tier under (a pul
 @dataclass(frozen=True, slots=True)
 class PullLimits:
     """A worker's own bounds on the pulls it makes: the deadline cap and the lease asked for when a pull
-    names none, in ms, and whether a same-host peer is read through shared memory."""
+    names none, in ms, whether a same-host peer is read through shared memory, and the transport choice
+    (`kvmesh.kvplane.kvsync.transport`: auto, shm, mooncake or grpc)."""
 
     timeout_ms: int
     lease_ms: int
     over_shm: bool = True
+    transport: str = "auto"
 
     def timeout_ms_of(self, pull: KvPull) -> int:
         """The pull's deadline: its own, capped by this worker's."""
@@ -67,6 +70,7 @@ class PeerPulls:
             ttl_ms=self.limits.lease_ms_of(pull),
             timeout_s=self.limits.timeout_ms_of(pull) / 1000.0,
             prefer_shm=self.limits.over_shm,
+            transport=self.limits.transport,
         )
         log.debug("pulled %d blocks from %s over %s", stats.blocks, pull.source_address, stats.transport)
         return stats.blocks

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvmesh.kvplane.kvsync import mooncake
 from kvmesh.kvplane.kvsync.client import PullStats
 from kvmesh.kvplane.kvsync.tier import Reservation, SlotRef, TierRegion, region_name
 from kvmesh.kvplane.vllm_connector.layout import KvLayout
@@ -42,6 +43,7 @@ class PullStaging:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.region: TierRegion | None = None
+        self._export: mooncake.Export | None = None  # the region registered with this process's Mooncake TE
 
     @property
     def enabled(self) -> bool:
@@ -52,6 +54,9 @@ class PullStaging:
             slots = max(1, self.capacity_bytes // layout.block_bytes)
             name = region_name(STAGING_TAG)
             self.region = TierRegion.create(name, layout.block_bytes, slots, layout.describe())
+            engine = mooncake.running()  # a Mooncake pull then lands straight in the reserved slots
+            if engine is not None:
+                self._export = engine.register(self.region.segment)
             log.info("pull staging region %s: %d slots of %d B", name, slots, layout.block_bytes)
         return self.region
 
@@ -97,5 +102,9 @@ class PullStaging:
 
     def close(self) -> None:
         if self.region is not None:
+            engine = mooncake.running()
+            if engine is not None and self._export is not None:
+                engine.unregister(self._export)  # before the unmap: no read may reach freed pages
+            self._export = None
             self.region.close(unlink=True)
             self.region = None

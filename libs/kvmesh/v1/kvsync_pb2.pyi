@@ -52,6 +52,9 @@ class DescribeResponse(_message.Message):
     BLOCK_BYTES_FIELD_NUMBER: _builtins.int
     NUM_SLOTS_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
+    TRANSPORTS_FIELD_NUMBER: _builtins.int
+    MOONCAKE_SESSION_FIELD_NUMBER: _builtins.int
+    MOONCAKE_BASE_FIELD_NUMBER: _builtins.int
     region: _builtins.str
     """Region name on the worker."""
     shm_name: _builtins.str
@@ -66,6 +69,20 @@ class DescribeResponse(_message.Message):
     """Slots in the region."""
     layout: _builtins.str
     """Model, dtype, block size and KV layout; regions with different layouts never exchange blocks."""
+    mooncake_session: _builtins.str
+    """Mooncake Transfer Engine session of the server's process ("host:port", the host being the address
+    peers reach), where the whole region is registered; empty when Mooncake is not offered.
+    """
+    mooncake_base: _builtins.int
+    """Virtual address of the region's first byte in the server's process (the base of the registered
+    segment): slot headers and data sit at the offsets the region's layout gives from here.
+    """
+    @_builtins.property
+    def transports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Transports this server offers for reading the region's blocks, best first ("shm", "mooncake", "grpc").
+        Empty from an older server: shm (when `shm_name` attaches) and grpc.
+        """
+
     def __init__(
         self,
         *,
@@ -75,10 +92,13 @@ class DescribeResponse(_message.Message):
         block_bytes: _builtins.int = ...,
         num_slots: _builtins.int = ...,
         layout: _builtins.str = ...,
+        transports: _abc.Iterable[_builtins.str] | None = ...,
+        mooncake_session: _builtins.str = ...,
+        mooncake_base: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_bytes", b"block_bytes", "layout", b"layout", "num_slots", b"num_slots", "region", b"region", "region_id", b"region_id", "shm_name", b"shm_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_bytes", b"block_bytes", "layout", b"layout", "mooncake_base", b"mooncake_base", "mooncake_session", b"mooncake_session", "num_slots", b"num_slots", "region", b"region", "region_id", b"region_id", "shm_name", b"shm_name", "transports", b"transports"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

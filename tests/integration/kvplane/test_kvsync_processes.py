@@ -1,9 +1,12 @@
 """kv-sync across real processes: a reader process attached to a region, a peer process served over gRPC
-(pulled over its socket and over its shared memory), the peer killed with SIGKILL mid-stream."""
+(pulled over its socket and over its shared memory), the peer killed with SIGKILL mid-stream; a peer offering
+its region through Mooncake's Transfer Engine (a corrupt byte, SIGKILL mid-read, an expired lease, an
+unreachable engine falling back to gRPC)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,11 +18,13 @@ import time
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 
+from kvmesh.kvplane.kvsync import mooncake
 from kvmesh.kvplane.kvsync.client import KvSyncClient, PullFailed
 from kvmesh.kvplane.kvsync.peer import LAYOUT, REGION, peer_block, peer_digests
-from kvmesh.kvplane.kvsync.tier import TierRegion
+from kvmesh.kvplane.kvsync.tier import RegionReader, TierRegion, slot_data_offset
 
 pytestmark = pytest.mark.integration
 
@@ -244,3 +249,142 @@ def test_reader_process_never_gets_a_torn_block_while_the_owner_rewrites() -> No
         assert ok > 0 and writes > 0
     finally:
         region.close()
+
+
+# Mooncake: a peer process offering its region through its Transfer Engine, pulled one-sided over loopback TCP.
+# (The engine is a required dependency where these run: no skip.)
+
+
+def _mooncake_peer(peers: list[PeerProcess], size: int, n: int) -> PeerProcess:
+    peer = PeerProcess("--block-bytes", str(size), "--blocks", str(n), "--transport", "mooncake")
+    peers.append(peer)
+    assert peer.info["transports"] == ["shm", "mooncake", "grpc"], "the peer's Mooncake TE did not start"
+    return peer
+
+
+async def test_mooncake_pull_from_a_peer_process_lands_checked_and_detects_a_corrupt_byte(
+    peers: list[PeerProcess],
+) -> None:
+    size, n, bad = 16384, 8, 3
+    peer = _mooncake_peer(peers, size, n)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
+    client = KvSyncClient(channel, timeout_s=10)
+    engine = mooncake.engine()
+    assert engine is not None
+    landing = np.zeros(n * size, dtype=np.uint8)  # as a worker's staging region: registered, read straight into
+    export = engine.register(memoryview(landing.data))
+    try:
+        want = [peer_block(i, size) for i in range(n)]
+        whole = memoryview(landing.data)
+        registered = [whole[i * size : (i + 1) * size] for i in range(n)]
+        stats = await client.pull(REGION, peer_digests(n), registered, LAYOUT, prefer_shm=False)
+        assert (stats.transport, stats.blocks, stats.bytes) == ("mooncake", n, n * size)
+        assert [bytes(o) for o in registered] == want
+        # flip one data byte of block `bad` in the peer's region (its CRC32C, written with the block, stays)
+        reader = RegionReader.attach(peer.info["shm_name"])
+        ref = reader.locate(peer_digests(n))[bad]
+        assert ref is not None
+        at = slot_data_offset(reader.block_bytes, reader.num_slots, ref.slot) + 100
+        reader.segment[at] ^= 0xFF
+        reader.close()
+        outs = [memoryview(bytearray(size)) for _ in range(n)]  # plain buffers: through a staging arena
+        with pytest.raises(PullFailed) as err:
+            await client.pull(REGION, peer_digests(n), outs, LAYOUT, prefer_shm=False)
+        assert err.value.reason == "corrupt"
+        assert err.value.delivered.transport == "mooncake"
+        assert err.value.blocks == bad  # the blocks before the corrupt one, verified; none after it
+        assert [bytes(o) for o in outs[:bad]] == want[:bad]
+    finally:
+        engine.unregister(export)
+        client.close()
+        await channel.close()
+
+
+async def test_mooncake_pull_from_a_peer_killed_mid_read_fails_closed(peers: list[PeerProcess]) -> None:
+    size, n = 1 << 20, 192
+    peer = _mooncake_peer(peers, size, n)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
+    client = KvSyncClient(channel, timeout_s=10)
+    engine = mooncake.engine()
+    assert engine is not None
+    try:
+        outs = [memoryview(bytearray(size)) for _ in range(n)]
+        start = time.monotonic()
+        pull = asyncio.create_task(client.pull(REGION, peer_digests(n), outs, LAYOUT, prefer_shm=False))
+        for _ in range(10_000):  # bounded (10 s): until the batch read of 192 MiB is under way
+            if engine.in_flight or pull.done():
+                break
+            await asyncio.sleep(0.001)
+        assert engine.in_flight, "the Mooncake read never started"
+        os.kill(peer.proc.pid, signal.SIGKILL)
+        with pytest.raises(PullFailed) as err:
+            await pull
+        # the read failed (TE error), gRPC under the same lease found the peer gone: nothing delivered
+        assert err.value.reason == "unavailable"
+        assert err.value.blocks == 0
+        assert time.monotonic() - start < 10.0
+        # the TE read was what failed first: the region's next pulls skip Mooncake for a while
+        assert client.transports(await client.describe(REGION), prefer_shm=False) == ["grpc"]
+    finally:
+        client.close()
+        await channel.close()
+
+
+async def test_mooncake_pull_from_a_stalled_peer_is_a_timeout_at_the_deadline(peers: list[PeerProcess]) -> None:
+    """A peer that stops answering (SIGSTOP: its sockets stay open) holds TE's read until TE's own progress
+    timeout; the pull still ends at its deadline (the read lands in a staging arena, left to TE)."""
+    size, n = 16384, 8
+    peer = _mooncake_peer(peers, size, n)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        lease = await client.acquire_lease(REGION, peer_digests(n), ttl_ms=30_000)
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        outs = [memoryview(bytearray(size)) for _ in range(n)]
+        start = time.monotonic()
+        with pytest.raises(PullFailed) as err:
+            await client.pull(REGION, peer_digests(n), outs, LAYOUT, prefer_shm=False, lease=lease, timeout_s=1.0)
+        assert (err.value.reason, err.value.blocks) == ("timeout", 0)
+        assert 0.9 < time.monotonic() - start < 2.5
+    finally:
+        client.close()
+        await channel.close()
+
+
+async def test_mooncake_pull_with_an_expired_lease_fails_closed(peers: list[PeerProcess]) -> None:
+    size, n = 16384, 4
+    peer = _mooncake_peer(peers, size, n)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        lease = await client.acquire_lease(REGION, peer_digests(n), ttl_ms=100)
+        lease = dataclasses.replace(lease, deadline=time.monotonic() - 0.001)  # the lease's end has passed here
+        outs = [memoryview(bytearray(size)) for _ in range(n)]
+        with pytest.raises(PullFailed) as err:
+            await client.pull(REGION, peer_digests(n), outs, LAYOUT, prefer_shm=False, lease=lease)
+        assert (err.value.reason, err.value.blocks, err.value.delivered.transport) == ("expired", 0, "mooncake")
+    finally:
+        client.close()
+        await channel.close()
+
+
+async def test_mooncake_offered_but_unreachable_falls_back_to_grpc(peers: list[PeerProcess]) -> None:
+    size, n = 16384, 8
+    peer = _mooncake_peer(peers, size, n)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{peer.info['port']}")
+    client = KvSyncClient(channel, timeout_s=10)
+    try:
+        info = await client.describe(REGION)
+        assert info.mooncake_session and info.mooncake_base
+        # as a peer that advertised a TE session nobody listens at (the cached description is what pulls use)
+        client._described[REGION] = dataclasses.replace(info, mooncake_session="127.0.0.1:1")
+        want = [peer_block(i, size) for i in range(n)]
+        for _ in range(2):  # the first pull tries Mooncake and falls back; the next goes straight to gRPC
+            outs = [memoryview(bytearray(size)) for _ in range(n)]
+            stats = await client.pull(REGION, peer_digests(n), outs, LAYOUT, prefer_shm=False)
+            assert (stats.transport, stats.blocks) == ("grpc", n)
+            assert [bytes(o) for o in outs] == want
+        assert client.transports(client._described[REGION], prefer_shm=False) == ["grpc"]
+    finally:
+        client.close()
+        await channel.close()

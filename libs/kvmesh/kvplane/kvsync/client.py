@@ -1,12 +1,15 @@
-"""Client side of kv-sync: a peer's tier over KvSyncService, and `pull`, which prefers its shared memory.
+"""Client side of kv-sync: a peer's tier over KvSyncService, and `pull`, which picks the best transport.
 
 `pull` asks for one lease per call (`AcquireLease`), then copies the leading held blocks into the caller's
-buffers: straight from the peer's shared memory when its region attaches here (same host: the name opens
-and the region id matches), else over `ReadBlocks`. Each block is verified (CRC32C on the copy, generation,
-identity). Whatever goes wrong (dead peer, deadline, corrupt or stale block, expired lease, unknown
-region, layout mismatch) raises `PullFailed`, which the caller turns into a recompute; `PullFailed.delivered`
-says how many leading blocks had arrived whole and verified before the failure (the caller may keep those,
-never a block after them). Every call has a deadline.
+buffers over the first transport of `transport.transport_order`: straight from the peer's shared memory when
+its region attaches here (same host: the name opens and the region id matches), else one-sided through
+Mooncake's Transfer Engine when both sides run one (`mooncake`), else over `ReadBlocks`. A Mooncake transfer
+that fails (cannot connect, a TE error) falls back to `ReadBlocks` under the same lease. Each block is
+verified (CRC32C on the copy, generation, identity) whichever transport moved it. Whatever else goes wrong
+(dead peer, deadline, corrupt or stale block, expired lease, unknown region, layout mismatch) raises
+`PullFailed`, which the caller turns into a recompute; `PullFailed.delivered` says how many leading blocks had
+arrived whole and verified before the failure (the caller may keep those, never a block after them). Every
+call has a deadline.
 
 Copies of a block's bytes on the gRPC path, client side (server side: `kvmesh.kvplane.kvsync.service`):
   4. kernel -> grpc-core slice (receive);
@@ -16,7 +19,10 @@ Copies of a block's bytes on the gRPC path, client side (server side: `kvmesh.kv
      (`tier.copy_checksum`, continued across a block's chunks), so verifying reads no byte twice. The
      buffer may be a reserved slot of the caller's own region (`TierRegion.reserve`), which then publishes
      the block with `stats.crcs` (a vLLM worker's staging): no further copy or checksum.
-On the shared-memory path there is one: region -> the caller's buffer, checked in the same pass.
+On the shared-memory path there is one: region -> the caller's buffer, checked in the same pass. On the
+Mooncake path: TE's read (peer region -> the caller's buffer when it lies in memory registered with this
+process's TE, e.g. a staging region, then a CRC32C pass over it; else -> a registered staging arena, then
+`copy_checksum` into the caller's buffer: one pass that copies and checks), slot headers in the same batch.
 Neither path can time its check apart from its copy: `bench kvsync` measures the check's cost as a checked
 minus a plain copy of the same blocks through the same code (`verify=False`).
 """
@@ -24,6 +30,7 @@ minus a plain copy of the same blocks through the same code (`verify=False`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -31,18 +38,34 @@ from dataclasses import dataclass, field
 import grpc
 
 from kvmesh.core.errors import FailedPrecondition, KvmeshError, NotFound, Unavailable
+from kvmesh.kvplane.kvsync import mooncake as te
 from kvmesh.kvplane.kvsync.codec import Chunk, decode_chunks
 from kvmesh.kvplane.kvsync.service import SERVICE, WRITE_CHUNK_BYTES
-from kvmesh.kvplane.kvsync.tier import CorruptBlock, RegionReader, SlotRef, StaleBlock, checksum, copy_checksum
+from kvmesh.kvplane.kvsync.tier import (
+    SLOT_HEADER_BYTES,
+    CorruptBlock,
+    RegionReader,
+    SlotRef,
+    StaleBlock,
+    checksum,
+    copy_checksum,
+    parse_slot_header,
+    slot_data_offset,
+    slot_header_offset,
+)
+from kvmesh.kvplane.kvsync.transport import GRPC, MOONCAKE, SHM, check_choice, transport_order
 from kvmesh.v1 import kvsync_pb2, kvsync_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_TTL_MS = 5_000
+MOONCAKE_RETRY_S = 10.0  # after a failed Mooncake transfer, a region's pulls go over gRPC this long
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class PullStats:
-    """What one pull did: transport (shm | grpc), leading blocks copied and verified, their bytes, each one's
+    """What one pull did: transport (shm | mooncake | grpc), leading blocks copied and verified, their bytes, each one's
     length and CRC32C (from the copy's own pass; what a staging region publishes without recomputing)."""
 
     transport: str
@@ -93,6 +116,9 @@ class RegionInfo:
     block_bytes: int
     num_slots: int
     layout: str
+    transports: tuple[str, ...] = ()  # offered, best first (empty: an older server, shm and grpc)
+    mooncake_session: str = ""  # the peer's TE session, where the region is registered ("" = not offered)
+    mooncake_base: int = 0  # the region segment's address in the peer's process
 
 
 @dataclass(frozen=True)
@@ -143,13 +169,24 @@ class KvSyncClient:
         )
         self._described: dict[str, RegionInfo] = {}
         self._readers: dict[str, RegionReader | None] = {}
+        self._mooncake_down: dict[str, float] = {}  # region -> until when its Mooncake transfers are skipped
 
     async def describe(self, region: str, timeout_s: float | None = None) -> RegionInfo:
         """The peer's region (cached: a region's description does not change while it lives)."""
         info = self._described.get(region)
         if info is None:
             r = await self.stub.Describe(kvsync_pb2.DescribeRequest(region=region), timeout=timeout_s or self.timeout_s)
-            info = RegionInfo(r.region, r.shm_name, r.region_id, r.block_bytes, r.num_slots, r.layout)
+            info = RegionInfo(
+                r.region,
+                r.shm_name,
+                r.region_id,
+                r.block_bytes,
+                r.num_slots,
+                r.layout,
+                tuple(r.transports),
+                r.mooncake_session,
+                r.mooncake_base,
+            )
             self._described[region] = info
         return info
 
@@ -270,19 +307,24 @@ class KvSyncClient:
         timeout_s: float | None = None,
         prefer_shm: bool = True,
         lease: Lease | None = None,
+        transport: str = "auto",
     ) -> PullStats:
         """Copies the leading blocks of `digests` the peer holds into `outs` (one buffer per digest) within
-        `timeout_s`; `stats.blocks` says how many. Raises PullFailed (recompute) on any failure, its
-        `delivered` the leading blocks verified before it (for `outs` in a staging region: the ones to publish).
+        `timeout_s`; `stats.blocks` says how many, `stats.transport` over what. Raises PullFailed (recompute)
+        on any failure, its `delivered` the leading blocks verified before it (for `outs` in a staging region:
+        the ones to publish).
 
-        Calls: shm, one AcquireLease (none when `lease`, e.g. from a router's pull hint, is given); gRPC, one
-        ReadBlocks (leasing by digest, or reading the given lease). Plus one Describe per region and client."""
+        `transport`: auto (the best both sides offer: shm, mooncake, grpc) or the one to prefer (then grpc);
+        `prefer_shm=False` rules shm out. Calls: one AcquireLease (none when `lease`, e.g. from a router's
+        pull hint, is given), then shm or Mooncake reads, or one ReadBlocks (leasing by digest when it is the
+        only transport, else reading the lease). Plus one Describe per region and client."""
         if len(outs) < len(digests):
             raise ValueError("one output buffer per digest")
+        check_choice("transport", transport)
         budget = timeout_s or self.timeout_s
-        progress = PullStats("shm" if prefer_shm else "grpc")  # the verified leading blocks, as they complete
+        progress = PullStats(GRPC)  # the verified leading blocks, as they complete
         try:
-            pulling = self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm, lease, progress)
+            pulling = self._pull(region, digests, outs, layout, ttl_ms, budget, prefer_shm, lease, transport, progress)
             # wait_for returns only once the cancelled pull has stopped: nothing writes `outs` after a raise
             return await asyncio.wait_for(pulling, budget)
         except PullFailed as e:
@@ -299,6 +341,18 @@ class KvSyncClient:
         except KvmeshError as e:
             raise PullFailed("protocol", e.message, progress) from None
 
+    def transports(self, info: RegionInfo, transport: str = "auto", prefer_shm: bool = True) -> list[str]:
+        """The transports a pull from the peer's region tries, in order (attaches its shared memory when
+        shm may come first; starts this process's TE when the peer offers Mooncake)."""
+        shm_attaches = prefer_shm and transport in ("auto", SHM) and self._reader(info) is not None
+        mooncake_here = (
+            transport in ("auto", MOONCAKE)
+            and bool(info.mooncake_session)
+            and time.monotonic() >= self._mooncake_down.get(info.region, 0.0)
+            and te.engine() is not None
+        )
+        return transport_order(transport, info.transports, shm_attaches, mooncake_here)
+
     async def _pull(
         self,
         region: str,
@@ -309,6 +363,7 @@ class KvSyncClient:
         timeout_s: float,
         prefer_shm: bool,
         lease: Lease | None,
+        transport: str,
         stats: PullStats,
     ) -> PullStats:
         start = time.monotonic()
@@ -316,34 +371,98 @@ class KvSyncClient:
         if info.layout != layout:
             raise PullFailed("layout", f"peer region holds {info.layout!r}, this worker needs {layout!r}")
         left = lambda: max(0.001, timeout_s - (time.monotonic() - start))  # noqa: E731
-        reader = self._reader(info) if prefer_shm else None
-        if reader is None and lease is None:
+        order = self.transports(info, transport, prefer_shm)
+        if order[0] == GRPC and lease is None:
             return await self.read_digests(region, digests, outs[: len(digests)], ttl_ms, left(), stats)
         if lease is None:
             lease = await self.acquire_lease(region, digests, ttl_ms, left())
-        if reader is not None and lease.region_id and lease.region_id != info.region_id:
-            reader = await self._redescribe(region, left())  # the peer's region was replaced (restart)
-            if reader is not None and reader.region_id != lease.region_id:
+        if order[0] != GRPC and lease.region_id and lease.region_id != info.region_id:
+            info = await self._redescribe(region, left())  # the peer's region was replaced (restart)
+            order = self.transports(info, transport, prefer_shm)
+            if order[0] != GRPC and info.region_id != lease.region_id:
                 raise PullFailed("stale", "the peer's region changed while pulling")
         count = lease.prefix
-        stats.transport = "shm" if reader is not None else "grpc"
+        stats.transport = order[0]
         if count == 0:
             return stats
-        if reader is not None:
+        if order[0] == SHM:
+            reader = self._readers.get(region)
+            assert reader is not None  # shm comes first only when it attached
             return _read_shm(reader, lease, outs, count, stats)
+        if order[0] == MOONCAKE:
+            try:
+                return await self._read_mooncake(info, lease, outs, count, stats)
+            except te.TransferFailed as e:  # the bytes did not move: the same lease, over gRPC
+                log.warning("kv-sync: mooncake read of %r failed, pulling over gRPC: %s", region, e)
+                self._mooncake_down[region] = time.monotonic() + MOONCAKE_RETRY_S
+                stats.transport = GRPC
         await self.read_blocks(lease, outs, count, left(), stats)
         if time.monotonic() > lease.deadline:  # the owner may have reused a slot after the server's checks
             stats.discard()  # which block that hit is unknown: keep none
             raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
         return stats
 
-    async def _redescribe(self, region: str, timeout_s: float) -> RegionReader | None:
-        """Forgets the cached description and mapping of `region`, then describes and attaches it again."""
+    async def _read_mooncake(
+        self, info: RegionInfo, lease: Lease, outs: Sequence[memoryview], count: int, stats: PullStats
+    ) -> PullStats:
+        """One TE batch of the leased blocks' slot headers and data, then each block checked in order (the
+        header's generation and digest are the leased ones, CRC32C of the copy equals the header's), counted
+        in `stats` as each passes. The data lands in `outs` directly when they lie in memory registered with
+        this process's TE, else in a staging arena that `copy_checksum` copies out of in the checking pass.
+        Raises `te.TransferFailed` (nothing counted) when the bytes did not move."""
+        engine = te.engine()
+        if engine is None:
+            raise te.TransferFailed("no transfer engine in this process")
+        if time.monotonic() >= lease.deadline:
+            raise PullFailed("expired", "the lease ended before the read")
+        sizes = [min(info.block_bytes, len(outs[i])) for i in range(count)]
+        addresses = [te.buffer_address(outs[i]) for i in range(count)]
+        direct = all(engine.registered(a, n) for a, n in zip(addresses, sizes, strict=True))
+        heads = count * SLOT_HEADER_BYTES
+        base = info.mooncake_base
+        with engine.arena(heads + (0 if direct else sum(sizes))) as arena:
+            local: list[int] = []
+            remote: list[int] = []
+            lengths: list[int] = []
+            at = heads
+            for i in range(count):
+                ref = lease.refs[i]
+                assert ref is not None
+                local += [arena.address + i * SLOT_HEADER_BYTES, addresses[i] if direct else arena.address + at]
+                remote += [
+                    base + slot_header_offset(ref.slot),
+                    base + slot_data_offset(info.block_bytes, info.num_slots, ref.slot),
+                ]
+                lengths += [SLOT_HEADER_BYTES, sizes[i]]
+                at += 0 if direct else sizes[i]
+            await engine.read(info.mooncake_session, local, remote, lengths, None if direct else arena)
+            if time.monotonic() > lease.deadline:  # the owner may have reused a slot during the read
+                raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
+            at = heads
+            for i in range(count):
+                ref = lease.refs[i]
+                assert ref is not None
+                generation, digest, length, crc = parse_slot_header(arena.view[i * SLOT_HEADER_BYTES :])
+                if generation != ref.generation or digest != lease.digests[i] or length == 0:
+                    raise StaleBlock(f"slot {ref.slot} no longer holds the leased block {i}")
+                if length > sizes[i]:
+                    raise FailedPrecondition(f"block {i} ({length} B) is larger than its buffer ({sizes[i]} B)")
+                dest = outs[i][:length]
+                got = checksum(dest) if direct else copy_checksum(dest, arena.view[at : at + length])
+                at += 0 if direct else sizes[i]
+                if got != crc:
+                    raise CorruptBlock(f"integrity check failed for block {digest.hex()[:16]}: CRC32C mismatch")
+                stats.add(length, crc)
+        return stats
+
+    async def _redescribe(self, region: str, timeout_s: float) -> RegionInfo:
+        """Forgets the cached description and mapping of `region`, then describes it again."""
         self._described.pop(region, None)
+        self._mooncake_down.pop(region, None)
         old = self._readers.pop(region, None)
         if old is not None:
             old.close()
-        return self._reader(await self.describe(region, timeout_s))
+        return await self.describe(region, timeout_s)
 
     def close(self) -> None:
         """Unmaps the peers' regions this client attached."""

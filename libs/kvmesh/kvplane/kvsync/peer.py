@@ -1,8 +1,12 @@
 """A stand-alone kv-sync peer for benchmarks and tests: one tier region filled with known blocks, served.
 
     python -m kvmesh.kvplane.kvsync.peer --block-bytes B --blocks N [--slots S] [--host H] [--stall-after K]
+        [--transport auto|shm|mooncake|grpc] [--mooncake-host H]
 
-Prints one JSON line once it serves: {"port", "shm_name", "region", "layout"}. The blocks are
+Prints one JSON line once it serves: {"port", "shm_name", "region", "layout", "transports", "listening"}.
+`--transport` auto or mooncake registers the region with this process's Mooncake Transfer Engine and offers
+it (default shm: shared memory and gRPC only); `--mooncake-host` is the hostname TE publishes (a relay's, for
+a peer reached through one: `listening` lists the ports the relay must carry). The blocks are
 `peer_digests(N)` with data `peer_block(i, B)`, so a client knows what it should receive. `--stall-after K`
 makes every ReadBlocks stream stop after K messages and print "stalled" (a test kills the peer then).
 SIGTERM stops it cleanly: the server stops and the region is unlinked (a SIGKILLed peer leaves its segment to
@@ -25,8 +29,10 @@ from typing import Any
 import grpc
 import numpy as np
 
+from kvmesh.kvplane.kvsync import mooncake
 from kvmesh.kvplane.kvsync.service import REQUEST_BOUNDS, KvSyncServicer, add_to_server
 from kvmesh.kvplane.kvsync.tier import TierRegion
+from kvmesh.kvplane.kvsync.transport import CHOICES, MOONCAKE
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.v1 import kvsync_pb2
 
@@ -87,12 +93,16 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         for i, digest in enumerate(peer_digests(args.blocks)):
             region.put(digest, peer_block(i, args.block_bytes), now_ns=0)
+        mooncake.configure(args.mooncake_host or args.host)
+        offer = args.transport in ("auto", MOONCAKE)
         servicer: KvSyncServicer
         if args.stall_after >= 0:
             stalled = lambda: print("stalled", flush=True)  # noqa: E731
-            servicer = BreakingKvSync({REGION: region}, messages=args.stall_after, stall=True, on_break=stalled)
+            servicer = BreakingKvSync(
+                {REGION: region}, messages=args.stall_after, stall=True, on_break=stalled, mooncake=offer
+            )
         else:
-            servicer = KvSyncServicer({REGION: region})
+            servicer = KvSyncServicer({REGION: region}, mooncake=offer)
         opts: Sequence[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", 8 << 20),
             ("grpc.max_send_message_length", 64 << 20),
@@ -103,9 +113,14 @@ async def serve(args: argparse.Namespace) -> None:
         await server.start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        print(json.dumps({"port": port, "shm_name": shm_name, "region": REGION, "layout": LAYOUT}), flush=True)
+        info = {"port": port, "shm_name": shm_name, "region": REGION, "layout": LAYOUT}
+        transports = servicer.transports(REGION)
+        # every port this process listens on once its TE runs (gRPC's, TE's handshake and data ports)
+        listening = mooncake.listening_ports() if MOONCAKE in transports else []
+        print(json.dumps({**info, "transports": transports, "listening": listening}), flush=True)
         await stop.wait()
         await server.stop(None)
+        servicer.close()
     finally:
         region.close()
 
@@ -117,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--stall-after", type=int, default=-1)
+    p.add_argument("--transport", choices=CHOICES, default="shm")
+    p.add_argument("--mooncake-host", default="", help="the hostname TE publishes to peers (default --host)")
     args = p.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(args))

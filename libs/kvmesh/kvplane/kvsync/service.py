@@ -15,10 +15,16 @@ Copies of a block's bytes on the way out of `ReadBlocks` (the server side; the c
   3. slice -> kernel socket buffer (send).
 Register with `add_to_server` (not the generated `add_KvSyncServiceServicer_to_server`): it installs the
 identity serialiser that lets `ReadBlocks` yield pre-serialised bytes.
+
+With `mooncake=True` the servicer registers every region's whole segment with the process's Mooncake
+Transfer Engine (`kvmesh.kvplane.kvsync.mooncake`) and Describe offers the `mooncake` transport (its session
+and the segment's base address): a peer then reads leased blocks one-sided, with no copy here at all. `close`
+ends the registrations; call it before the regions are unmapped.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -26,10 +32,13 @@ from typing import Any
 import grpc
 
 from kvmesh.core.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from kvmesh.kvplane.kvsync import mooncake as te
 from kvmesh.kvplane.kvsync.codec import Chunk, encode_chunks
 from kvmesh.kvplane.kvsync.tier import DIGEST_BYTES, RegionReader, SlotRef, StaleBlock, TierRegion, checksum
+from kvmesh.kvplane.kvsync.transport import offered
 from kvmesh.v1 import kvsync_pb2
 
+log = logging.getLogger(__name__)
 SERVICE = "kvmesh.v1.KvSyncService"
 MAX_BLOCKS = 4096  # per AcquireLease / ReadBlocks / WriteBlocks call
 MAX_TTL_MS = 30_000
@@ -71,12 +80,35 @@ class KvSyncServicer:
         max_ttl_ms: int = MAX_TTL_MS,
         message_bytes: int = MESSAGE_DATA_BYTES,
         on_lease: LeaseObserver | None = None,
+        mooncake: bool = False,
     ) -> None:
         self.regions = regions
         self.clock = clock
         self.max_ttl_ms = max_ttl_ms
         self.message_bytes = message_bytes
         self.on_lease = on_lease
+        self._engine = te.engine() if mooncake else None
+        self._exports: dict[str, te.Export] = {}
+        if self._engine is not None:
+            self._export_all(self._engine)
+
+    def _export_all(self, engine: te.MooncakeEngine) -> None:
+        for name, region in self.regions.items():
+            try:
+                self._exports[name] = engine.register(region.segment)
+            except te.TransferFailed as e:  # served over shm and gRPC only
+                log.warning("kv-sync: region %r not offered over mooncake: %s", name, e)
+
+    def transports(self, region: str) -> list[str]:
+        """What Describe offers for reading `region`, best first."""
+        return offered("auto", region in self._exports)
+
+    def close(self) -> None:
+        """Ends the regions' transfer-engine registrations (before they are unmapped)."""
+        if self._engine is not None:
+            for export in self._exports.values():
+                self._engine.unregister(export)
+        self._exports.clear()
 
     def _region(self, name: str) -> TierRegion | RegionReader:
         if not name:
@@ -90,6 +122,7 @@ class KvSyncServicer:
         self, request: kvsync_pb2.DescribeRequest, context: grpc.aio.ServicerContext
     ) -> kvsync_pb2.DescribeResponse:
         region = self._region(request.region)
+        export = self._exports.get(request.region)
         return kvsync_pb2.DescribeResponse(
             region=request.region,
             shm_name=region.shm_name,
@@ -97,6 +130,9 @@ class KvSyncServicer:
             block_bytes=region.block_bytes,
             num_slots=region.num_slots,
             layout=region.layout,
+            transports=self.transports(request.region),
+            mooncake_session=export.session if export is not None else "",
+            mooncake_base=export.base if export is not None else 0,
         )
 
     def _lease(

@@ -156,6 +156,26 @@ def segment_bytes(block_bytes: int, num_slots: int) -> int:
     return data_offset(num_slots) + block_bytes * num_slots
 
 
+def slot_header_offset(slot: int) -> int:
+    """Byte offset of a slot's header in the segment."""
+    return HEADER_BYTES + slot * SLOT_HEADER_BYTES
+
+
+def slot_data_offset(block_bytes: int, num_slots: int, slot: int) -> int:
+    """Byte offset of a slot's data in the segment."""
+    return data_offset(num_slots) + slot * block_bytes
+
+
+_SLOT_HEADER = struct.Struct("<Q32sII")  # generation, digest, length, crc32c (the first 48 of a header's 64 B)
+
+
+def parse_slot_header(raw: bytes | memoryview) -> tuple[int, bytes, int, int]:
+    """(generation, digest, length, CRC32C) of a slot header copied out of a region (by a one-sided read
+    from another host, which sees the bytes but not the region's numpy views)."""
+    generation, digest, length, crc = _SLOT_HEADER.unpack_from(raw)
+    return int(generation), bytes(digest), int(length), int(crc)
+
+
 class _Segment(Protocol):
     """A mapped shared-memory segment (the owner's `SharedMemory`, or a reader's `_Attached`)."""
 
@@ -189,6 +209,11 @@ class _Mapped:
         )
         self._epoch: npt.NDArray[np.uint64] = np.ndarray((1,), dtype="<u8", buffer=buf, offset=_EPOCH_OFFSET)
         self._data_start = data_offset(n)
+
+    @property
+    def segment(self) -> memoryview:
+        """The whole mapped segment (what a transfer engine registers for one-sided reads by peers)."""
+        return self._buf
 
     @property
     def region_id(self) -> bytes:
