@@ -88,6 +88,8 @@ class RouterRequest:
         """Sequence `index` of this `n > 1` request as a request of its own, resumed after `so_far` (its
         tokens): `n = 1`, no prompt log-probabilities (the first attempt sent them), its own request id."""
         sampling = dataclasses.replace(self.sampling, n=1, prompt_logprobs=None)
+        if sampling.seed is not None and sampling.temperature > 0:  # the engine sampled sequence i from seed + i
+            sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
         return RouterRequest(
             f"{self.request_id}-{index}",
             self.prompt,

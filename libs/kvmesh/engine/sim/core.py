@@ -202,7 +202,10 @@ class SimEngineCore:
         if req.sampling.seed is not None:
             seed = req.sampling.seed
         elif req.sampling.temperature == 0.0:
-            seed = zlib.crc32(struct.pack(f"<{len(prompt)}q", *prompt))
+            # seeded by the request's own prompt: a resumed request's prompt ends with its output so far, which
+            # must not change the tokens that follow (a fault-free run's)
+            own = prompt[: len(prompt) - req.resumed_output_tokens]
+            seed = zlib.crc32(struct.pack(f"<{len(own)}q", *own))
         else:
             seed = zlib.crc32(req.request_id.encode())
         salt = self._chain_salt(req)

@@ -315,3 +315,19 @@ def test_token_range_check_can_be_left_to_the_caller() -> None:
     trusting = SimEngineCore(dataclasses.replace(cfg, check_token_range=False))
     trusting.add_request(EngineRequest("a", prompt_token_ids=(1, 100)), 0.0)
     assert trusting.request_ids() == ["a"]
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_resumed_request_continues_with_the_tokens_of_a_fault_free_run(seed: int | None) -> None:
+    # a migrated request comes back with its output so far appended to its prompt (`resumed_output_tokens`):
+    # its next tokens are the fault-free run's, greedy (seeded by its own prompt, not the resumed one) or seeded
+    prompt = list(range(100, 200))
+    sampling = SamplingParams(max_tokens=8, temperature=0.0 if seed is None else 1.0, seed=seed)
+    whole = SimEngineCore(SimConfig(block_size=BS, num_blocks=256))
+    whole.add_request(EngineRequest("a", tuple(prompt), sampling=sampling), 0.0)
+    tokens = [t for s in run(whole)[1] for o in s.outputs for t in o.token_ids]
+    assert len(tokens) == 8
+    resumed = SimEngineCore(SimConfig(block_size=BS, num_blocks=256))
+    rest = dataclasses.replace(sampling, max_tokens=5)
+    resumed.add_request(EngineRequest("b", tuple(prompt + tokens[:3]), sampling=rest, resumed_output_tokens=3), 0.0)
+    assert [t for s in run(resumed)[1] for o in s.outputs for t in o.token_ids] == tokens[3:]

@@ -4,10 +4,13 @@ uint32, and no RouterRequest built any other way."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvmesh.core.errors import InvalidArgument
-from kvmesh.core.generation import SamplingParams, StructuredOutput
+from kvmesh.core.generation import EngineRequest, SamplingParams, StructuredOutput
+from kvmesh.engine.sim.core import SimConfig, SimEngineCore
 from kvmesh.services.router.limits import CoreLimits
 from kvmesh.services.router.request import RouterRequest
 from kvmesh.wire.token_ids import TokenIdArray
@@ -66,3 +69,37 @@ def test_a_structured_output_resumes_like_any_request() -> None:
     with pytest.raises(InvalidArgument) as ei:  # the bound on resumed tokens holds all the same
         RouterRequest.checked(LIMITS, "r", (1, 2), grammar, resume_ids=[3] * 5)
     assert ei.value.field == "resume_token_ids"
+
+
+def test_a_resumed_sequence_of_a_seeded_n_request_continues_that_sequence() -> None:
+    # the engine samples sequence i of a seeded n > 1 request from seed + i (as vLLM does): the router resumes
+    # sequence i, as a request of its own, under that seed, so it continues sequence i and not sequence 0
+    def tokens(request: EngineRequest) -> dict[int, list[int]]:
+        core = SimEngineCore(SimConfig(block_size=16, num_blocks=256))
+        core.add_request(request, 0.0)
+        out: dict[int, list[int]] = {}
+        now = 0.0
+        while core.has_work():
+            step = core.step(now)
+            now += step.duration_s
+            for o in step.outputs:
+                out.setdefault(o.index, []).extend(o.token_ids)
+        return out
+
+    prompt = tuple(range(10, 90))
+    sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=2)
+    both = tokens(EngineRequest("r", prompt, sampling=sampling))
+    assert both[0] != both[1]
+    limits = CoreLimits(max_prompt_tokens=100, vocab_size=128_256)
+    parent = RouterRequest.checked(limits, "r", prompt, sampling)
+    second = parent.sequence(1, both[1][:2])
+    assert second.sampling.n == 1 and second.sampling.seed == 6
+    resumed = EngineRequest(
+        second.request_id,
+        prompt + tuple(second.resume_ids),
+        sampling=dataclasses.replace(second.sampling, max_tokens=4),
+        resumed_output_tokens=2,
+    )
+    assert tokens(resumed)[0] == both[1][2:]
+    greedy = RouterRequest.checked(limits, "g", prompt, dataclasses.replace(sampling, temperature=0.0))
+    assert greedy.sequence(1, ()).sampling.seed == 5  # greedy: the seed samples nothing

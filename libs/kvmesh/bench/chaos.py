@@ -1,0 +1,150 @@
+"""``python -m kvmesh.bench chaos --duration-s 600 --seed 1 [--out DIR]``: a randomised fault campaign over
+a two-zone suite under steady mixed traffic, its invariants checked over the whole history.
+
+The suite (`kvmesh.bench.chaos_suite`): two zones in network namespaces (needs root), each a cache-manager,
+`--workers-per-zone` simulated workers computing in real time (`--sim-speed`), a router (authorisation
+enforced) and a failover service, linked by the emulated inter-zone link; the Consul stand-in. The schedule
+(`kvmesh.bench.chaos_schedule`, from `--seed` alone) injects every fault kind at least once, overlapping by
+its rule, in ``[--warmup-s, --duration-s - --settle-s)``; the traffic (`kvmesh.bench.chaos_traffic`, also
+from the seed) runs from 0 to `--duration-s - --settle-s / 2`, so every fault meets requests in flight and
+the last requests meet a quiet suite. Then the final pass (`kvmesh.bench.chaos_runner`), the teardown, and one
+JSON line:
+
+    {"seed", "duration_s", "faults": {KIND: count}, "requests", "succeeded", "retried_ok", "lost",
+     "wrong_tokens", "duplicates", "hung", "index_converged_s", "leaks": {"leases", "slots", "shm"},
+     "growth_per_hour": {TARGET: {"rss_mb", "fds", "threads", "tasks"}}, ...}
+
+plus ``shed`` (arrivals not sent: the in-flight bound was reached), ``fills`` (pool-filling requests),
+``failed_non_retryable``, ``drain_violations``, ``not_serving``, ``index_differences``. The schedule, one
+line per fault, and the history of every request that broke an invariant go to stderr (the run replays from
+its seed). `--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvmesh.bench import chaos_report as report
+from kvmesh.bench.chaos_check import history, tally, verdict
+from kvmesh.bench.chaos_runner import Campaign, final_pass, remove_shm, shm_of
+from kvmesh.bench.chaos_schedule import counts, make_schedule
+from kvmesh.bench.chaos_suite import SuiteConfig, start_suite, stop_suite
+from kvmesh.bench.chaos_traffic import Traffic, TrafficConfig
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def run(a: argparse.Namespace) -> dict[str, Any]:
+    schedule = make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
+    log(f"chaos: seed {a.seed}, {len(schedule)} faults:")
+    for f in schedule:
+        log("  " + f.line())
+    tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-chaos-"))
+    config = SuiteConfig(workers_per_zone=a.workers_per_zone, sim_speed=a.sim_speed)
+    suite = None
+    traffic: Traffic | None = None
+    try:
+        suite = await start_suite(tmp, config)
+        traffic_config = TrafficConfig(a.seed, a.rps, a.max_in_flight, a.deadline_s, seeded_sessions=a.seeded_sessions)
+        traffic = Traffic(suite, traffic_config, 0.0)
+        await traffic.start()
+        t0 = time.monotonic()
+        traffic.t0 = t0
+        campaign = Campaign(suite, traffic, t0)
+        traffic_end = a.duration_s - a.settle_s / 2
+        online = asyncio.create_task(watch_online(traffic))
+        await asyncio.gather(
+            traffic.run(traffic_end),
+            campaign.run_faults(schedule),
+            campaign.sample_every(a.sample_s, a.duration_s),
+        )
+        online.cancel()
+        log(f"chaos: traffic and faults over at t={campaign.now():.1f}s; final pass")
+        final = await final_pass(suite)
+        await traffic.close()
+        traffic = None
+    finally:
+        if traffic is not None:
+            await traffic.close()
+        if suite is not None:
+            await asyncio.to_thread(stop_suite, suite)
+    leftover = shm_of(suite.pids)
+    remove_shm(final["shm_before_teardown"] + leftover)
+    t, bad = tally(campaign.traffic.records)
+    for r in bad:
+        log(history(r))
+    for v in campaign.drain_violations:
+        log(f"rogue drain: {v}")
+    growth = report.growth_per_hour(campaign.samples, a.warmup_s + 30)
+    extra = {
+        "shed": campaign.traffic.shed,
+        "fills": t.fills,
+        "failed_non_retryable": t.failed_non_retryable,
+        "drain_violations": len(campaign.drain_violations),
+        "not_serving": final["not_serving"],
+        "index_differences": final["index_differences"][:10],
+        "shm_left": final["shm_before_teardown"] + leftover,
+    }
+    result = report.result_line(a.seed, a.duration_s, counts(schedule), t, final, leftover, growth, extra)
+    if a.out:
+        out = Path(a.out)
+        report.write_history(out, schedule, campaign.faults, campaign.traffic.records, campaign.samples)
+        report.plot(out, campaign.faults, campaign.traffic.records, a.duration_s)
+    return result
+
+
+async def watch_online(traffic: Traffic, every_s: float = 1.0) -> None:
+    """The online check: each request that has ended and broke an invariant is printed (with its history)
+    as soon as it is seen, not only in the final pass."""
+    seen = 0
+    while True:
+        await asyncio.sleep(every_s)  # the check's period
+        records = traffic.records
+        while seen < len(records) and records[seen].ended is not None:
+            r = records[seen]
+            if verdict(r):
+                log(f"chaos: invariant broken at t={r.ended:.2f}s\n{history(r)}")
+            seen += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m kvmesh.bench chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--duration-s", type=float, default=600.0)
+    p.add_argument("--workers-per-zone", type=int, default=2)
+    p.add_argument("--rps", type=float, default=3.0, help="base arrival rate (x10 during a burst)")
+    p.add_argument("--max-in-flight", type=int, default=24, help="requests open at once at most")
+    p.add_argument("--deadline-s", type=float, default=30.0, help="each request's deadline, retries included")
+    p.add_argument("--sim-speed", type=float, default=1.0, help="the simulated workers' time speed-up (> 0)")
+    p.add_argument("--warmup-s", type=float, default=5.0, help="no fault before")
+    p.add_argument("--settle-s", type=float, default=20.0, help="no fault in the last this many seconds")
+    p.add_argument("--mean-gap-s", type=float, default=6.0, help="mean time between fault starts")
+    p.add_argument("--sample-s", type=float, default=5.0, help="soak sampling period")
+    p.add_argument(
+        "--seeded-sessions",
+        action="store_true",
+        help="multi-turn sessions carry a sampling seed (default: greedy with none, as a chat client sends them)",
+    )
+    p.add_argument("--out", default="", help="folder for history.jsonl and chaos.png")
+    a = p.parse_args(argv)
+    if a.sim_speed <= 0:
+        p.error("--sim-speed must be > 0: requests must take time to overlap the faults")
+    if a.workers_per_zone < 2:
+        p.error("--workers-per-zone must be >= 2: the rogue planner's drain needs a floor to stop at")
+    try:
+        make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
+    except ValueError as e:
+        p.error(f"--duration-s: {e}")
+    print(json.dumps(asyncio.run(run(a))), flush=True)
+    return 0

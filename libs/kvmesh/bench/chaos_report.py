@@ -1,0 +1,142 @@
+"""The chaos campaign's output: the JSON line, the soak figures, and with ``--out DIR`` the history (JSONL:
+the schedule, every fault as carried out, every request with its events, every soak sample) and a plot of
+load, faults and latency over time."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvmesh.bench.chaos_check import RequestRecord, Tally, verdict
+from kvmesh.bench.chaos_runner import FaultLog, Sample
+
+MIN_SPAN_S = 60.0  # a process instance sampled for less (after warm-up) gives no growth figure
+
+
+def growth_per_hour(samples: Sequence[Sample], warmup_s: float) -> dict[str, dict[str, float | None]]:
+    """Per target, the least-squares slope per hour of RSS (MiB), fds and threads over the samples of its
+    last process instance (a restart starts afresh) taken after `warmup_s`; None where that instance was
+    sampled for less than `MIN_SPAN_S`. ``tasks`` (asyncio tasks) is None: not observable from outside."""
+    out: dict[str, dict[str, float | None]] = {}
+    for target in sorted({s.target for s in samples}):
+        mine = [s for s in samples if s.target == target]
+        last_pid = mine[-1].pid
+        pts = [s for s in mine if s.pid == last_pid and s.t >= warmup_s]
+        fig: dict[str, float | None] = {"rss_mb": None, "fds": None, "threads": None, "tasks": None}
+        if len(pts) >= 3 and pts[-1].t - pts[0].t >= MIN_SPAN_S:
+            ts = [p.t for p in pts]
+            for name in ("rss_mb", "fds", "threads"):
+                ys = [float(getattr(p, name)) for p in pts]
+                slope = statistics.linear_regression(ts, ys).slope if len(set(ys)) > 1 else 0.0
+                fig[name] = round(slope * 3600, 2)
+        out[target] = fig
+    return out
+
+
+def result_line(
+    seed: int,
+    duration_s: float,
+    fault_counts: dict[str, int],
+    tally: Tally,
+    final: dict[str, Any],
+    leftover_shm: list[str],
+    growth: dict[str, dict[str, float | None]],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "bench": "chaos",
+        "seed": seed,
+        "duration_s": duration_s,
+        "faults": fault_counts,
+        "requests": tally.requests,
+        "succeeded": tally.succeeded,
+        "retried_ok": tally.retried_ok,
+        "migrated_ok": tally.migrated_ok,
+        "lost": tally.lost,
+        "wrong_tokens": tally.wrong_tokens,
+        "duplicates": tally.duplicates,
+        "hung": tally.hung,
+        "index_converged_s": final["index_converged_s"],
+        "leaks": {
+            "leases": final["leases"],
+            "slots": final["slots"],
+            "shm": len(final["shm_before_teardown"]) + len(leftover_shm),
+        },
+        "growth_per_hour": growth,
+        **extra,
+    }
+
+
+def write_history(
+    out: Path,
+    schedule: Sequence[Any],
+    faults: Sequence[FaultLog],
+    records: Sequence[RequestRecord],
+    samples: Sequence[Sample],
+) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "history.jsonl"
+    with path.open("w") as f:
+        for s in schedule:
+            f.write(json.dumps({"type": "scheduled", **s.as_dict()}) + "\n")
+        for fl in faults:
+            f.write(json.dumps({"type": "fault", **fl.as_dict()}) + "\n")
+        for r in records:
+            f.write(json.dumps({"type": "request", **asdict(r)}) + "\n")
+        for sm in samples:
+            f.write(json.dumps({"type": "sample", **asdict(sm)}) + "\n")
+    return path
+
+
+def plot(out: Path, faults: Sequence[FaultLog], records: Sequence[RequestRecord], duration_s: float) -> Path:
+    """Three panels over campaign time: requests started per second (load, pool-filling ones included), the
+    faults as spans, and each request's latency (those that broke an invariant marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (load, spans, lat) = plt.subplots(3, 1, figsize=(14, 9), sharex=True, height_ratios=[1, 1.4, 2])
+    width = int(duration_s) + 1
+    per_s = [0] * width
+    for r in records:
+        if 0 <= int(r.started) < width:
+            per_s[int(r.started)] += 1
+    load.plot(range(width), per_s, lw=0.8)
+    load.set_ylabel("requests/s")
+    kinds = sorted({fl.fault.kind for fl in faults})
+    colours = plt.get_cmap("tab10")
+    for fl in faults:
+        y = kinds.index(fl.fault.kind)
+        spans.broken_barh([(fl.started, max(0.2, fl.ended - fl.started))], (y - 0.4, 0.8), color=colours(y % 10))
+    spans.set_yticks(range(len(kinds)), kinds)
+    spans.set_ylabel("faults")
+    groups = {
+        "fine": [r for r in records if r.kind != "fill" and not verdict(r)],
+        "pool-filling load": [r for r in records if r.kind == "fill" and not verdict(r)],
+        "broke an invariant": [r for r in records if verdict(r)],
+    }
+    styles = {
+        "fine": (".", 6, "tab:blue"),
+        "pool-filling load": (".", 6, "tab:gray"),
+        "broke an invariant": ("x", 30, "tab:red"),
+    }
+    for label, group in groups.items():
+        if group:
+            marker, size, colour = styles[label]
+            xs = [r.started for r in group]
+            ys = [(r.ended or r.started) - r.started for r in group]
+            lat.scatter(xs, ys, marker=marker, s=size, c=colour, label=label)
+    lat.set_ylabel("latency, s")
+    lat.set_xlabel("campaign time, s")
+    lat.legend(loc="upper right")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "chaos.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

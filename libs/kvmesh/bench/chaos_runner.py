@@ -1,0 +1,399 @@
+"""The chaos campaign's processes: the suite (`chaos_suite`), the traffic (`chaos_traffic`), the faults of the
+schedule (`chaos_schedule`) carried out at their times, a soak sampler, and the final pass once the last fault
+has ended and the traffic has stopped:
+
+* every process SERVING (grpc.health.v1), each waited for at most `FINAL_SERVING_S`;
+* each cache-manager's index equals what its workers hold: per worker, the distinct blocks of the worker's
+  own full dump (WorkerService.StreamKvEvents from sequence 0) and of the cache-manager's index snapshot
+  (CacheManagerService.WatchIndex) are as many; and each zone's copy of the other's index (GetStats'
+  followed_zones) holds as many blocks as that zone's own. Polled until true: `index_converged_s` is how long
+  after the traffic stopped (None: not within `CONVERGE_S`);
+* no kv-sync lease held and no tier slot left mid-write in any worker's CPU-tier region (attached read-only
+  from here, polled until none or `CONVERGE_S`);
+* no shared-memory segment (/dev/shm/kvmesh-<pid>-*) of a process of this suite that has exited: counted
+  before the teardown (what the restarted workers' orphan clean-up missed) and after it (what a SIGTERM left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc.aio
+
+from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
+from kvmesh.bench.chaos_suite import PLANNER, Suite, all_serving, signal_process, wait_exit
+from kvmesh.bench.chaos_traffic import Traffic
+from kvmesh.kvplane.kvsync.tier import RegionReader
+from kvmesh.suite.shm_leftovers import unlink_unmapped
+from kvmesh.v1 import (
+    cache_manager_pb2,
+    cache_manager_pb2_grpc,
+    common_pb2,
+    router_pb2,
+    router_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+FINAL_SERVING_S = 30.0
+CONVERGE_S = 60.0
+TERM_EXIT_S = 30.0
+SHM_DIR = "/dev/shm"
+_OWNED = re.compile(r"kvmesh-(\d+)-.+")
+
+
+@dataclass
+class FaultLog:
+    """What one fault did: when it started and ended (campaign seconds) and what happened."""
+
+    fault: Fault
+    started: float = 0.0
+    ended: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.fault.as_dict(), "started": self.started, "ended": self.ended, "notes": self.notes}
+
+
+@dataclass
+class Sample:
+    t: float
+    target: str
+    pid: int
+    rss_mb: float
+    fds: int
+    threads: int
+
+
+class Campaign:
+    """Faults and samples over a running suite and its traffic; `t0` is the campaign's zero (monotonic)."""
+
+    def __init__(self, suite: Suite, traffic: Traffic, t0: float) -> None:
+        self.suite, self.traffic, self.t0 = suite, traffic, t0
+        self.faults: list[FaultLog] = []
+        self.samples: list[Sample] = []
+        self.drain_violations: list[str] = []
+        self._link_lock = asyncio.Lock()
+        # the overlap rule at run time: a restart can outlast the fault's scheduled time, and the next process
+        # fault must not start before it (two zones' processes down at once, or two faults racing on one process)
+        self._process_lock = asyncio.Lock()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def _sleep_until(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, t - self.now()))
+
+    async def run_faults(self, schedule: list[Fault]) -> None:
+        """Each fault at its time (they overlap as the schedule says); returns once every one has ended."""
+        await asyncio.gather(*(self._at(f) for f in schedule))
+
+    async def _at(self, f: Fault) -> None:
+        await self._sleep_until(f.t)
+        log = FaultLog(f, started=self.now())
+        self.faults.append(log)
+        lock = self._process_lock if f.kind in PROCESS_KINDS else contextlib.nullcontext()
+        try:
+            async with lock:
+                if self.now() - log.started > 0.05:
+                    log.notes.append(f"waited {self.now() - log.started:.2f}s for the previous process fault's end")
+                    log.started = self.now()
+                await KINDS[f.kind](self, f, log)
+        except Exception as e:  # a fault that could not be carried out is reported, never the campaign's end
+            log.notes.append(f"fault failed: {type(e).__name__}: {str(e)[:300]}")
+        log.ended = self.now()
+
+    # ---- process faults -------------------------------------------------------------------------------------
+    async def _restart(self, target: str, log: FaultLog) -> None:
+        t = self.now()
+        await asyncio.to_thread(self.suite.start, target)
+        log.notes.append(f"restarted in {self.now() - t:.2f}s (pid {self.suite.procs[target].proc.pid})")
+
+    async def kill(self, f: Fault, log: FaultLog) -> None:
+        signal_process(self.suite, f.target, signal.SIGKILL)
+        code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
+        log.notes.append(f"killed (exit {code})")
+        await self._sleep_until(log.started + f.duration_s)
+        await self._restart(f.target, log)
+
+    async def stop(self, f: Fault, log: FaultLog) -> None:
+        signal_process(self.suite, f.target, signal.SIGSTOP)
+        await self._sleep_until(log.started + f.duration_s)
+        signal_process(self.suite, f.target, signal.SIGCONT)
+        log.notes.append("continued")
+
+    async def term(self, f: Fault, log: FaultLog) -> None:
+        signal_process(self.suite, f.target, signal.SIGTERM)
+        code = await asyncio.to_thread(wait_exit, self.suite, f.target, TERM_EXIT_S)
+        if code is None:
+            log.notes.append(f"did not exit within {TERM_EXIT_S}s of SIGTERM: killed")
+            signal_process(self.suite, f.target, signal.SIGKILL)
+            code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
+        log.notes.append(f"exited {code} after {self.now() - log.started:.2f}s")
+        await self._restart(f.target, log)
+
+    # ---- the inter-zone link --------------------------------------------------------------------------------
+    def _proxies(self) -> list[Any]:
+        links = self.suite.links
+        assert links is not None
+        return [*links.cm.values(), *links.kvsync.values()]
+
+    async def link_cut(self, f: Fault, log: FaultLog) -> None:
+        async with self._link_lock:
+            assert self.suite.links is not None
+            await asyncio.to_thread(self.suite.links.cut)
+            await self._sleep_until(log.started + f.duration_s)
+            await asyncio.to_thread(self.suite.links.heal)
+
+    async def link_delay(self, f: Fault, log: FaultLog) -> None:
+        """The link restarted with the fault's delay (its connections die at the switch), then as before."""
+        async with self._link_lock:
+            proxies = self._proxies()
+            before = proxies[0].delay_ms
+
+            def switch(delay: float) -> None:
+                for p in proxies:
+                    p.delay_ms = delay
+                    p.cut()
+                    p.heal()
+
+            await asyncio.to_thread(switch, float(f.params["delay_ms"]))
+            await self._sleep_until(log.started + f.duration_s)
+            await asyncio.to_thread(switch, before)
+
+    async def link_flap(self, f: Fault, log: FaultLog) -> None:
+        async with self._link_lock:
+            links = self.suite.links
+            assert links is not None
+            half = float(f.params["period_s"]) / 2
+            flaps = 0
+            while self.now() < log.started + f.duration_s:
+                await asyncio.to_thread(links.cut)
+                await asyncio.sleep(half)  # the flap's own rhythm
+                await asyncio.to_thread(links.heal)
+                await asyncio.sleep(half)
+                flaps += 1
+            log.notes.append(f"{flaps} flaps")
+
+    # ---- the rogue planner ------------------------------------------------------------------------------------
+    async def rogue_drain(self, f: Fault, log: FaultLog) -> None:
+        """DrainWorker of every worker of the zone's router with the planner's identity: whatever it lets
+        through must leave the zone its floor; each refusal must be PERMISSION_DENIED naming drain_floor
+        (`drain_violations` otherwise). Undrained after the fault's time."""
+        zone = f.target
+        md = (("authorization", f"Bearer {self.suite.tokens[PLANNER.id]}"),)
+        address = self.suite.address(f"{zone}/router")
+        drained: list[str] = []
+        async with grpc.aio.insecure_channel(address) as ch:
+            stub = router_pb2_grpc.RouterAdminServiceStub(ch)
+            try:
+                listed = await stub.ListWorkers(router_pb2.ListWorkersRequest(), metadata=md, timeout=5)
+            except grpc.aio.AioRpcError as e:
+                log.notes.append(f"router unreachable ({e.code().name}): nothing drained")
+                return
+            ids = [w.endpoint.id for w in listed.workers]
+            routable = sum(1 for w in listed.workers if not w.draining and w.circuit != "open")
+            refused = 0
+            for wid in ids:
+                try:
+                    await stub.DrainWorker(
+                        router_pb2.DrainWorkerRequest(worker_id=wid, drain=True), metadata=md, timeout=5
+                    )
+                    drained.append(wid)
+                    log.notes.append(f"drained {wid}")
+                except grpc.aio.AioRpcError as e:
+                    log.notes.append(f"refused {wid}: {e.code().name} {e.details()[:160]}")
+                    if e.code() == grpc.StatusCode.PERMISSION_DENIED and "drain_floor" in (e.details() or ""):
+                        refused += 1
+                    elif e.code() != grpc.StatusCode.UNAVAILABLE:
+                        self.drain_violations.append(f"t={self.now():.2f} {zone}: {wid} refused with {e.code().name}")
+            if ids and refused == 0:
+                self.drain_violations.append(
+                    f"t={self.now():.2f} {zone}: the planner drained {len(drained)} of {len(ids)} workers "
+                    f"({routable} routable before) and no drain was refused by drain_floor"
+                )
+            await self._sleep_until(log.started + f.duration_s)
+            for wid in drained:
+                try:
+                    await stub.DrainWorker(
+                        router_pb2.DrainWorkerRequest(worker_id=wid, drain=False), metadata=md, timeout=5
+                    )
+                except grpc.aio.AioRpcError as e:
+                    log.notes.append(f"undrain {wid}: {e.code().name} (a restarted router forgot the drain)")
+
+    # ---- load ----------------------------------------------------------------------------------------------------
+    async def pool_full(self, f: Fault, log: FaultLog) -> None:
+        sent = await self.traffic.fill(f.target, log.started + f.duration_s)
+        log.notes.append(f"{sent} long sessions sent")
+
+    async def burst(self, f: Fault, log: FaultLog) -> None:
+        self.traffic.rate_factor = float(f.params["factor"])
+        await self._sleep_until(log.started + f.duration_s)
+        self.traffic.rate_factor = 1.0
+
+    # ---- soak sampling -------------------------------------------------------------------------------------------
+    async def sample_every(self, every_s: float, until: float) -> None:
+        while self.now() < until:
+            for target, sp in list(self.suite.procs.items()):
+                s = proc_sample(sp.proc.pid)
+                if s is not None:
+                    self.samples.append(Sample(round(self.now(), 2), target, sp.proc.pid, *s))
+            await asyncio.sleep(every_s)  # the sampling period
+
+
+KINDS: dict[str, Callable[[Campaign, Fault, FaultLog], Awaitable[None]]] = {
+    "kill": Campaign.kill,
+    "stop": Campaign.stop,
+    "term": Campaign.term,
+    "link_cut": Campaign.link_cut,
+    "link_delay": Campaign.link_delay,
+    "link_flap": Campaign.link_flap,
+    "rogue_drain": Campaign.rogue_drain,
+    "pool_full": Campaign.pool_full,
+    "burst": Campaign.burst,
+}
+
+
+def proc_sample(pid: int) -> tuple[float, int, int] | None:
+    """(RSS MiB, open fds, threads) of a live process, from /proc; None when it is gone."""
+    try:
+        status = open(f"/proc/{pid}/status").read()  # noqa: SIM115 - read at once
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").strip().startswith("Z"):
+        return None
+    rss_kb = int(fields.get("VmRSS", "0 kB").split()[0])
+    return round(rss_kb / 1024, 2), fds, int(fields.get("Threads", "0"))
+
+
+# ---- the final pass --------------------------------------------------------------------------------------------
+async def worker_blocks(address: str) -> tuple[str, set[int], str]:
+    """(worker id, the distinct engine hashes of its full dump, its CPU-tier region's shm name)."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.WorkerServiceStub(ch)
+        info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+        hashes: set[int] = set()
+        call = stub.StreamKvEvents(worker_pb2.StreamKvEventsRequest(start_sequence=0), timeout=10)
+        async for m in call:
+            for ev in m.batch.events:
+                if ev.HasField("block_stored"):
+                    hashes.update(ev.block_stored.block_hashes)
+            if m.kind == common_pb2.KV_STREAM_KIND_DUMP_END:
+                call.cancel()
+                break
+        return info.worker_id, hashes, info.tier_shm_name
+
+
+async def index_blocks(address: str) -> tuple[dict[str, set[int]], cache_manager_pb2.GetStatsResponse]:
+    """The cache-manager's index snapshot (worker -> distinct index hashes) and its stats."""
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
+        per: dict[str, set[int]] = {}
+        call = stub.WatchIndex(cache_manager_pb2.WatchIndexRequest(), timeout=10)
+        async for m in call:
+            for d in m.deltas:
+                held = per.setdefault(d.worker_id, set())
+                if d.cleared:
+                    held.clear()
+                held.update(d.stored)
+                held.difference_update(d.removed)
+            if m.snapshot_done or not m.snapshot:
+                call.cancel()
+                break
+        stats = await stub.GetStats(cache_manager_pb2.GetStatsRequest(), timeout=5)
+        return per, stats
+
+
+async def index_differences(suite: Suite) -> list[str]:
+    """What differs between each cache-manager's index and its workers, and between the zones' copies."""
+    diffs: list[str] = []
+    own_blocks: dict[str, int] = {}
+    followed: dict[str, dict[str, int]] = {}
+    for z in suite.zones:
+        per, stats = await index_blocks(suite.address(f"{z.name}/cache-manager"))
+        own_blocks[z.name] = stats.blocks
+        followed[z.name] = {fz.zone: fz.blocks for fz in stats.followed_zones}
+        for target in suite.workers(z.name):
+            wid, hashes, _shm = await worker_blocks(suite.address(target))
+            held = len(per.get(wid, set()))
+            if held != len(hashes):
+                diffs.append(f"{z.name}: index holds {held} blocks of {wid}, the worker {len(hashes)}")
+    for follower, others in followed.items():
+        for other, blocks in others.items():
+            if blocks != own_blocks.get(other):
+                diffs.append(f"{follower} follows {other} with {blocks} blocks, {other} holds {own_blocks.get(other)}")
+    return diffs
+
+
+async def held_slots(suite: Suite) -> tuple[int, int]:
+    """(leases held past now, slots left mid-write) over every worker's CPU-tier region."""
+    leases = slots = 0
+    for z in suite.zones:
+        for target in suite.workers(z.name):
+            _wid, _hashes, shm = await worker_blocks(suite.address(target))
+            if not shm:
+                continue
+            reader = RegionReader.attach(shm)
+            try:
+                now = time.monotonic_ns()  # the lessor's clock: CLOCK_MONOTONIC is the host's
+                leases += sum(1 for s in range(reader.num_slots) if reader.lease_until(s) > now)
+                slots += int((reader._gen % 2 == 1).sum())  # an odd generation: a write begun, never published
+            finally:
+                reader.close()
+    return leases, slots
+
+
+async def converge(
+    check: Callable[[], Awaitable[Any]], done: Callable[[Any], bool], timeout_s: float
+) -> tuple[float | None, Any]:
+    """Polls `check` every 0.5 s until `done(result)`: (seconds it took or None, the last result)."""
+    t0 = time.monotonic()
+    last: Any = None
+    while True:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            last = await check()
+            if done(last):
+                return round(time.monotonic() - t0, 2), last
+        if time.monotonic() - t0 > timeout_s:
+            return None, last
+        await asyncio.sleep(0.5)  # the poll's interval
+
+
+def shm_of(pids: set[int]) -> list[str]:
+    """kvmesh-<pid>-* segments in /dev/shm owned by one of `pids` that has exited."""
+    out = []
+    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
+        m = _OWNED.fullmatch(name)
+        if m and int(m.group(1)) in pids and not os.path.exists(f"/proc/{m.group(1)}"):
+            out.append(name)
+    return sorted(out)
+
+
+def remove_shm(names: list[str]) -> None:
+    """Unlinks the leftovers once counted, so that the campaign leaves the host as it found it."""
+    unlink_unmapped([os.path.join(SHM_DIR, n) for n in names])
+
+
+async def final_pass(suite: Suite) -> dict[str, Any]:
+    health = await all_serving(suite, FINAL_SERVING_S)
+    converged_s, diffs = await converge(lambda: index_differences(suite), lambda d: not d, CONVERGE_S)
+    _t, held = await converge(lambda: held_slots(suite), lambda h: h == (0, 0), CONVERGE_S)
+    leases, slots = held if held is not None else (-1, -1)
+    return {
+        "not_serving": {t: why for t, why in health.items() if why},
+        "index_converged_s": converged_s,
+        "index_differences": diffs or [],
+        "leases": leases,
+        "slots": slots,
+        "shm_before_teardown": shm_of(suite.pids),
+    }

@@ -1,0 +1,170 @@
+"""The chaos campaign's fault schedule: pure, and the same for the same seed (`random.Random(seed)`).
+
+A schedule is a list of `Fault` (start time, kind, target, how long, parameters), sorted by start. The first
+faults cover every kind of `KINDS` once (in a seeded order), so even a short run injects each kind; the rest
+are drawn at random until the fault window ends.
+
+Kinds and what they do (the runner's `kvmesh.bench.chaos_runner` carries them out):
+
+* ``kill``: SIGKILL of one process, restarted on the same address after `duration_s`.
+* ``stop``: SIGSTOP of one process, SIGCONT after `duration_s` (a process hung, then back).
+* ``term``: SIGTERM of one process (a graceful stop), restarted once it has exited.
+* ``link_cut``: the inter-zone link down for `duration_s`.
+* ``link_delay``: the link restarted with `params["delay_ms"]` each way for `duration_s`, then as before.
+* ``link_flap``: the link cut and healed every `params["period_s"]` for `duration_s`.
+* ``rogue_drain``: DrainWorker of every worker of a zone's router with the planner's identity (the router
+  must refuse past its drain floor with PERMISSION_DENIED naming drain_floor); what was drained is undrained
+  after `duration_s`.
+* ``pool_full``: long sessions sent straight to one worker until its KV pool is full, for `duration_s`.
+* ``burst``: the campaign's arrival rate x `params["factor"]` for `duration_s`.
+
+Process targets are ``<zone>/<service>``: ``a/router``, ``a/cache-manager``, ``a/failover``, ``a/worker-0``...
+
+The overlap rule (why every request always has somewhere to go): at most `MAX_ACTIVE` faults at once; of
+those at most one is a process fault (kill, stop, term) and at most one touches the link (cut, delay, flap).
+So at every instant at least one zone has every process up, and a client that follows both zones' failover
+services always has a whole zone to be served by. A fault that would break the rule starts when the fault in
+its way has ended; at run time a process fault also waits for the previous one's restart, however long.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PROCESS_KINDS = ("kill", "stop", "term")
+LINK_KINDS = ("link_cut", "link_delay", "link_flap")
+OTHER_KINDS = ("rogue_drain", "pool_full", "burst")
+KINDS = PROCESS_KINDS + LINK_KINDS + OTHER_KINDS
+MAX_ACTIVE = 2
+SERVICES = ("router", "cache-manager", "failover")
+# (low, high) seconds a fault of each kind lasts; a term's restart follows the graceful exit at once
+DURATION_S = {
+    "kill": (1.0, 4.0),
+    "stop": (1.0, 5.0),
+    "term": (0.0, 0.0),
+    "link_cut": (2.0, 6.0),
+    "link_delay": (3.0, 8.0),
+    "link_flap": (3.0, 6.0),
+    "rogue_drain": (2.0, 5.0),
+    "pool_full": (3.0, 8.0),
+    "burst": (3.0, 6.0),
+}
+# how long a term may take to exit (a service drains for up to its 10 s grace) and come back: the rule holds
+# its process fault that long (the runner also waits for a restart that outlasts its schedule)
+TERM_HOLD_S = 15.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    t: float  # seconds after the campaign's start
+    kind: str
+    target: (
+        str  # "<zone>/<service>" (process), "<zone>/worker-<i>" (pool_full), "<zone>" (rogue_drain), "link", "traffic"
+    )
+    duration_s: float
+    params: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def end(self) -> float:
+        """When the rule stops counting it as active."""
+        return self.t + (TERM_HOLD_S if self.kind == "term" else self.duration_s)
+
+    def line(self) -> str:
+        """One line for the report: time, kind, target, how long, parameters (enough to read a replay)."""
+        extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"t={self.t:7.2f}s {self.kind:<11} {self.target:<18} for {self.duration_s:5.2f}s {extra}".rstrip()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "kind": self.kind, "target": self.target, "duration_s": self.duration_s, **self.params}
+
+
+def process_targets(zones: Sequence[str], workers_per_zone: int) -> list[str]:
+    return [f"{z}/{s}" for z in zones for s in (*SERVICES, *(f"worker-{i}" for i in range(workers_per_zone)))]
+
+
+def _group(kind: str) -> str:
+    return "process" if kind in PROCESS_KINDS else "link" if kind in LINK_KINDS else kind
+
+
+def allowed(active: Sequence[Fault], kind: str) -> bool:
+    """Whether a fault of `kind` may start while `active` run (the module's overlap rule)."""
+    if len(active) >= MAX_ACTIVE:
+        return False
+    group = _group(kind)
+    return group not in ("process", "link") or all(_group(f.kind) != group for f in active)
+
+
+def _draw(rng: random.Random, kind: str, t: float, zones: Sequence[str], workers: int) -> Fault:
+    low, high = DURATION_S[kind]
+    duration = round(rng.uniform(low, high), 2)
+    params: dict[str, Any] = {}
+    zone = rng.choice(list(zones))
+    if kind in PROCESS_KINDS:
+        target = rng.choice(process_targets(zones, workers))
+    elif kind == "pool_full":
+        target = f"{zone}/worker-{rng.randrange(workers)}"
+    elif kind == "rogue_drain":
+        target = zone
+    elif kind == "burst":
+        target = "traffic"
+    else:
+        target = "link"
+    if kind == "link_delay":
+        params["delay_ms"] = round(rng.uniform(20.0, 200.0), 1)
+    elif kind == "link_flap":
+        params["period_s"] = round(rng.uniform(0.4, 1.2), 2)
+    elif kind == "burst":
+        params["factor"] = 10
+    return Fault(round(t, 2), kind, target, duration, params)
+
+
+def make_schedule(
+    seed: int,
+    duration_s: float,
+    zones: Sequence[str] = ("a", "b"),
+    workers_per_zone: int = 2,
+    warmup_s: float = 5.0,
+    settle_s: float = 20.0,
+    mean_gap_s: float = 6.0,
+) -> list[Fault]:
+    """Faults starting in [warmup_s, duration_s - settle_s), each ending by duration_s - settle_s; one of each
+    kind first (gaps of at most the window's share per kind), then a new one every `mean_gap_s` on average
+    (exponential gaps), the overlap rule kept. ValueError when the window cannot
+    hold one fault of every kind."""
+    rng = random.Random(seed)
+    window_end = duration_s - settle_s
+    first = list(KINDS)
+    rng.shuffle(first)
+    first_gap = (window_end - warmup_s) / len(KINDS)
+    faults: list[Fault] = []
+    t = warmup_s
+    while True:
+        kind = first.pop(0) if first else rng.choice(KINDS)
+        fault = _draw(rng, kind, t, zones, workers_per_zone)
+        start = t
+        while not allowed([f for f in faults if f.t <= start < f.end], kind):
+            start = round(min(f.end for f in faults if f.t <= start < f.end) + 0.01, 2)  # past it, rounded
+        fault = Fault(round(start, 2), fault.kind, fault.target, fault.duration_s, fault.params)
+        if fault.end > window_end:
+            missing = set(KINDS) - {f.kind for f in faults}
+            if missing:
+                raise ValueError(
+                    f"duration_s {duration_s} leaves {window_end - warmup_s:.0f}s of fault window: too short for "
+                    f"one fault of each kind ({', '.join(sorted(missing))} left out); run longer"
+                )
+            break
+        faults.append(fault)
+        # while a kind has not had its fault, gaps are short enough for all of them to fit a short window
+        t = start + (rng.uniform(0.5, 1.0) * min(mean_gap_s, first_gap) if first else rng.expovariate(1 / mean_gap_s))
+    return faults
+
+
+def counts(faults: Sequence[Fault]) -> dict[str, int]:
+    """Faults per kind, every kind named (0 when absent)."""
+    out = dict.fromkeys(KINDS, 0)
+    for f in faults:
+        out[f.kind] += 1
+    return out

@@ -1,0 +1,227 @@
+"""The chaos campaign's suite: two zones of real processes (`kvmesh.bench.netns` namespaces, the emulated
+inter-zone link of `kvmesh.bench.zone_link`, the Consul STAND-IN in the root namespace), each process on a
+fixed address inside its zone so that a killed or stopped one comes back where its peers, its registration
+and the clients look for it.
+
+Per zone: a cache-manager (following the other zone over the link and replicating hot prefixes into its
+workers' CPU tiers, as `kvmesh.bench.failover.start_zone` sets it up), `workers_per_zone` simulated workers
+(real-time simulated compute, `--sim-speed`, and a small KV pool that long sessions can fill), a router and a
+failover service. The routers enforce the authorisation table with bearer tokens provisioned here: the
+campaign's clients call as a client, its rogue planner as the planner (`identities`). No planner service and no
+redis-server: this suite has neither (the cache-managers keep no checkpoint), so the schedule has no fault for
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc.aio
+
+from kvmesh.bench import netns
+from kvmesh.bench.failover import BS, REPO, read_port, register
+from kvmesh.bench.zone_link import CM_PORT, InterZoneLinks
+from kvmesh.security.identity import CallerRole, Identity
+from kvmesh.security.tokens import accepted_file, provision
+from kvmesh.suite.launcher import ServiceProcess, wait_serving
+
+WORKER_PORT = 47200  # worker i: gRPC WORKER_PORT + i, HTTP WORKER_PORT + 50 + i
+ROUTER_PORT = 47300  # HTTP ROUTER_PORT + 1
+FAILOVER_PORT = 47400
+CLIENT = Identity(CallerRole.CLIENT, "chaos-client")
+PLANNER = Identity(CallerRole.PLANNER, "chaos-rogue-planner")
+
+
+@dataclass
+class SuiteConfig:
+    workers_per_zone: int = 2
+    sim_speed: float = 1.0
+    kv_blocks: int = 1024  # 32-token blocks: a handful of 4k-token sessions fill it
+    max_model_len: int = 4096
+    link_delay_ms: float = 0.5
+    link_rate: float = 1.25e9
+    replication_bytes_per_s: float = 50e6
+
+
+@dataclass
+class Suite:
+    """Started by `start_suite`; `procs` maps a target (``a/router``, ``b/worker-1``...) to its process."""
+
+    tmp: Path
+    config: SuiteConfig
+    zones: list[netns.Zone] = field(default_factory=list)
+    links: InterZoneLinks | None = None
+    consul: subprocess.Popen[str] | None = None
+    consul_port: int = 0
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    args: dict[str, tuple[netns.Zone, str, list[str]]] = field(default_factory=dict)
+    pids: set[int] = field(default_factory=set)  # every process the suite ever started (shm ownership)
+    tokens: dict[str, str] = field(default_factory=dict)  # identity id -> its bearer token
+
+    def zone(self, name: str) -> netns.Zone:
+        return next(z for z in self.zones if z.name == name)
+
+    def address(self, target: str) -> str:
+        return self.procs[target].address
+
+    def router_http(self, zone: str) -> str:
+        return f"http://{self.zone(zone).ns_ip}:{ROUTER_PORT + 1}"
+
+    def failover_addresses(self) -> list[str]:
+        return [f"{z.ns_ip}:{FAILOVER_PORT}" for z in self.zones]
+
+    def workers(self, zone: str) -> list[str]:
+        return [t for t in self.procs if t.startswith(f"{zone}/worker-")]
+
+    def start(self, target: str) -> ServiceProcess:
+        """(Re)starts `target` on its fixed address and waits until it serves."""
+        zone, name, args = self.args[target]
+        sp = netns.start_in_zone(zone, name, self.tmp / zone.name, *args, timeout=90)
+        self.procs[target] = sp
+        self.pids.add(sp.proc.pid)
+        return sp
+
+
+def _plan(suite: Suite, z: netns.Zone) -> None:
+    """Every process of zone `z`: its service and its flags (fixed ports: the later ``--port`` wins)."""
+    c, links = suite.config, suite.links
+    assert links is not None
+    cm_addr = f"{z.ns_ip}:{CM_PORT}"
+    names = [x.name for x in suite.zones]
+    cm_flags = links.cache_manager_flags(z, c.replication_bytes_per_s)
+    suite.args[f"{z.name}/cache-manager"] = (
+        z,
+        "cache-manager",
+        ["--block-size", BS, "--http-port", "47101", *cm_flags],
+    )
+    workers = []
+    for i in range(c.workers_per_zone):
+        port = WORKER_PORT + i
+        workers.append(f"{z.ns_ip}:{port}")
+        flags = ["--port", str(port), "--http-port", str(port + 50), "--engine", "sim", "--block-size", BS]
+        flags += ["--kv-blocks", str(c.kv_blocks), "--max-model-len", str(c.max_model_len)]
+        flags += ["--sim-speed", str(c.sim_speed), "--cache-manager", cm_addr, *links.worker_flags(i)]
+        suite.args[f"{z.name}/worker-{i}"] = (z, "worker", flags)
+    auth = ["--auth-mode", "enforce", "--auth-tokens-file", str(accepted_file(suite.tmp / "auth"))]
+    suite.args[f"{z.name}/router"] = (
+        z,
+        "router",
+        [
+            *("--port", str(ROUTER_PORT), "--http-port", str(ROUTER_PORT + 1)),
+            *("--workers", ",".join(workers), "--cache-manager", cm_addr, "--block-size", BS, *auth),
+        ],
+    )
+    consul = f"http://{z.host_ip}:{suite.consul_port}"
+    suite.args[f"{z.name}/failover"] = (
+        z,
+        "failover",
+        [
+            *("--port", str(FAILOVER_PORT), "--http-port", str(FAILOVER_PORT + 1)),
+            *("--consul-url", consul, "--advertise-host", z.ns_ip, "--zones", ",".join(names)),
+            *("--health-interval-s", "0.2", "--watch-wait-s", "5", "--registry-timeout-s", "1"),
+            *("--up-observations", "2", "--up-hold-s", "1", "--min-dwell-s", "3", "--ramp-s", "3"),
+            *("--lkg-file", str(suite.tmp / f"lkg-{z.name}.json")),
+        ],
+    )
+
+
+async def start_suite(tmp: Path, config: SuiteConfig) -> Suite:
+    """Namespaces, link, Consul stand-in and every process of both zones, registered through their zone's
+    failover service. A start that fails tears down what it had started before raising."""
+    reason = netns.available()
+    if reason:
+        raise SystemExit(f"chaos bench: {reason}")
+    suite = Suite(tmp, config)
+    try:
+        await _start(suite)
+    except BaseException:
+        await asyncio.to_thread(stop_suite, suite)
+        raise
+    return suite
+
+
+async def _start(suite: Suite) -> None:
+    config = suite.config
+    own = provision(suite.tmp / "auth", [CLIENT, PLANNER])
+    suite.tokens = {ident.id: path.read_text().strip() for ident, path in own.items()}
+    for k, name in enumerate(("a", "b")):
+        suite.zones.append(netns.create_zone(name, k))  # one at a time: a failed second leaves the first to stop
+    suite.links = InterZoneLinks(suite.zones, config.workers_per_zone, config.link_delay_ms, config.link_rate)
+    hosts = ["--host", "127.0.0.1"] + [x for z in suite.zones for x in ("--host", z.host_ip)]
+    suite.consul = subprocess.Popen(
+        [sys.executable, "-m", "tests.consul_standin", "--port", "0", *hosts],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    suite.consul_port = read_port(suite.consul)
+    for z in suite.zones:
+        _plan(suite, z)
+    first = [t for t in suite.args if t.endswith(("/cache-manager", "/failover"))]
+    await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in first))
+    rest = [t for t in suite.args if t not in first]
+    await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in rest))
+    for z in suite.zones:
+        members = [sp for t, sp in suite.procs.items() if t.startswith(f"{z.name}/") and not t.endswith("/failover")]
+        await register(suite.procs[f"{z.name}/failover"], members)
+
+
+def signal_process(suite: Suite, target: str, sig: signal.Signals) -> None:
+    """`sig` to the target's process alone (not through `ServiceProcess.kill`, which also removes the shared
+    memory a killed process leaves: finding that left behind is the campaign's job)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(suite.procs[target].proc.pid, sig)
+
+
+def wait_exit(suite: Suite, target: str, timeout_s: float) -> int | None:
+    """The target's exit code once it has exited (None if still running after `timeout_s`)."""
+    try:
+        return suite.procs[target].proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+async def all_serving(suite: Suite, timeout_s: float) -> dict[str, str]:
+    """Health of every process (grpc.health.v1), each waited for at most `timeout_s`: target -> "" when
+    SERVING, else what went wrong."""
+
+    async def one(target: str) -> tuple[str, str]:
+        try:
+            await asyncio.to_thread(wait_serving, suite.address(target), timeout_s)
+            return target, ""
+        except (grpc.RpcError, RuntimeError) as e:
+            return target, str(e)[:200]
+
+    return dict(await asyncio.gather(*(one(t) for t in suite.procs)))
+
+
+def stop_suite(suite: Suite, timeout_s: float = 20.0) -> None:
+    """SIGTERM (SIGCONT first: a stopped one cannot exit) every process, SIGKILL the late ones, then the
+    link, the stand-in and the namespaces."""
+    for sp in suite.procs.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sp.proc.pid, signal.SIGCONT)
+            os.kill(sp.proc.pid, signal.SIGTERM)
+    for sp in suite.procs.values():
+        try:
+            sp.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sp.proc.pid, signal.SIGKILL)
+            sp.proc.wait(timeout=10)
+    if suite.links is not None:
+        suite.links.close()
+    if suite.consul is not None and suite.consul.poll() is None:
+        suite.consul.kill()
+        suite.consul.wait(5)
+    for z in suite.zones:
+        z.destroy()

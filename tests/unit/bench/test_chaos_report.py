@@ -1,0 +1,28 @@
+"""The chaos campaign's soak figures and its command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.bench.chaos import main
+from kvmesh.bench.chaos_report import growth_per_hour
+from kvmesh.bench.chaos_runner import Sample
+
+
+def test_growth_per_hour_is_the_slope_over_the_last_instance_after_warm_up() -> None:
+    samples = [Sample(t, "a/router", 100, 50.0 + t, 10, 4) for t in range(0, 40, 5)]  # an instance, then killed
+    samples += [Sample(t, "a/router", 200, 80.0 + t / 60, 20 + (t >= 100), 4) for t in range(40, 300, 5)]
+    samples += [Sample(t, "a/worker-0", 300, 1.0, 7, 9) for t in range(200, 240, 5)]  # sampled for 35 s only
+    g = growth_per_hour(samples, warmup_s=40)
+    assert g["a/router"]["rss_mb"] == pytest.approx(60.0, rel=1e-3)  # 1 MiB a minute, the first instance ignored
+    assert g["a/router"]["threads"] == 0.0
+    assert g["a/router"]["fds"] is not None and g["a/router"]["fds"] > 0
+    assert g["a/router"]["tasks"] is None
+    assert g["a/worker-0"] == {"rss_mb": None, "fds": None, "threads": None, "tasks": None}
+
+
+def test_a_duration_too_short_for_every_kind_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--duration-s", "30"])
+    assert e.value.code == 2
+    assert "--duration-s" in capsys.readouterr().err

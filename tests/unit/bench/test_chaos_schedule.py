@@ -1,0 +1,70 @@
+"""The chaos campaign's schedule: replayable from its seed, every kind in a short run, the overlap rule kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmesh.bench.chaos_schedule import (
+    KINDS,
+    LINK_KINDS,
+    MAX_ACTIVE,
+    PROCESS_KINDS,
+    Fault,
+    allowed,
+    counts,
+    make_schedule,
+    process_targets,
+)
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    assert make_schedule(1, 300) == make_schedule(1, 300)
+    assert [f.line() for f in make_schedule(1, 300)] == [f.line() for f in make_schedule(1, 300)]
+    assert make_schedule(1, 300) != make_schedule(2, 300)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_short_run_has_every_kind_inside_its_window(seed: int) -> None:
+    faults = make_schedule(seed, 75, warmup_s=5, settle_s=15, mean_gap_s=3)
+    assert all(n >= 1 for n in counts(faults).values()), counts(faults)
+    assert all(f.t >= 5 and f.end <= 60 for f in faults)
+    assert [f.t for f in faults] == sorted(f.t for f in faults)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_overlap_rule_holds_at_every_instant(seed: int) -> None:
+    faults = make_schedule(seed, 600, mean_gap_s=2)  # dense: the rule has to push faults back
+    for f in faults:
+        active = [g for g in faults if g.t <= f.t < g.end]
+        assert len(active) <= MAX_ACTIVE, [g.line() for g in active]
+        assert sum(g.kind in PROCESS_KINDS for g in active) <= 1, [g.line() for g in active]
+        assert sum(g.kind in LINK_KINDS for g in active) <= 1, [g.line() for g in active]
+
+
+def test_targets_name_the_suites_processes_zones_and_workers() -> None:
+    procs = set(process_targets(("a", "b"), 2))
+    assert procs == {f"{z}/{s}" for z in "ab" for s in ("router", "cache-manager", "failover", "worker-0", "worker-1")}
+    for f in make_schedule(3, 600):
+        if f.kind in PROCESS_KINDS:
+            assert f.target in procs
+        elif f.kind == "pool_full":
+            assert f.target in {"a/worker-0", "a/worker-1", "b/worker-0", "b/worker-1"}
+        elif f.kind == "rogue_drain":
+            assert f.target in ("a", "b")
+    delays = [f.params["delay_ms"] for f in make_schedule(3, 600) if f.kind == "link_delay"]
+    assert delays and all(20 <= d <= 200 for d in delays)
+
+
+def test_allowed_refuses_a_second_process_or_link_fault_and_a_third_fault() -> None:
+    kill = Fault(0, "kill", "a/router", 3)
+    cut = Fault(0, "link_cut", "link", 3)
+    assert not allowed([kill], "stop")
+    assert not allowed([cut], "link_flap")
+    assert allowed([kill], "link_cut") and allowed([cut], "burst")
+    assert not allowed([kill, cut], "burst")
+
+
+def test_a_window_too_short_for_every_kind_is_refused_naming_what_is_left_out() -> None:
+    with pytest.raises(ValueError, match="too short for one fault of each kind") as e:
+        make_schedule(1, 40, warmup_s=5, settle_s=20, mean_gap_s=6)
+    assert any(k in str(e.value) for k in KINDS)
