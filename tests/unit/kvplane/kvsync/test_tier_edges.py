@@ -413,3 +413,94 @@ def test_orphans_in_a_missing_folder_are_none(tmp_path: Path) -> None:
 
 def test_a_live_process_owned_by_anyone_is_alive() -> None:
     assert tier._alive(os.getpid()) and tier._alive(1)
+
+
+# --- what a second pass over the survivors pinned: the lease array's layout, epochs never going back, unmapping
+
+
+def test_the_lease_array_follows_the_slot_headers_as_little_endian_u64(region: TierRegion) -> None:
+    refs = _fill_and_lease(region, until_ns=0x0102030405060708)
+    base = HEADER_BYTES + 4 * SLOT_HEADER_BYTES
+    for ref in refs:
+        assert struct.unpack_from("<Q", region.segment, base + 8 * ref.slot)[0] == 0x0102030405060708
+
+
+def test_putting_a_held_block_again_only_touches_it(region: TierRegion) -> None:
+    assert region.put(_digest(0), _data(0), now_ns=1)
+    assert region.put(_digest(0), _data(1), now_ns=2)  # held already: True, the stored bytes unchanged
+    assert len(region) == 1 and bytes(region.get(_digest(0), now_ns=3) or b"") == _data(0)
+
+
+def test_a_readers_cache_drops_a_victim_a_reservation_evicted_even_when_it_is_aborted(
+    region: TierRegion, reader: RegionReader
+) -> None:
+    for i in range(4):
+        assert region.put(_digest(i), _data(i), now_ns=1 + i)
+    assert reader.locate([_digest(0)])[0] is not None  # cached at this epoch
+    epoch = region.epoch
+    res = region.reserve(_digest(9), now_ns=10)  # evicts block 0
+    assert res is not None
+    region.abort(res)
+    assert region.epoch > epoch  # never back to a value a reader cached
+    assert reader.locate([_digest(0)]) == [None]
+
+
+def test_a_block_moved_to_another_slot_is_located_there() -> None:
+    r = TierRegion.create(_name("move"), BLOCK, 2, LAYOUT)
+    rd = RegionReader.attach(r.shm_name)
+    try:
+        assert r.put(_digest(0), _data(0), now_ns=1) and r.put(_digest(1), _data(1), now_ns=2)
+        (old,) = rd.locate([_digest(1)])
+        assert old is not None
+        assert r.evict(_digest(0)) and r.evict(_digest(1))
+        assert r.put(_digest(2), _data(2), now_ns=3) and r.put(_digest(1), _data(1), now_ns=4)
+        (moved,) = r.locate([_digest(1)])
+        assert moved is not None and moved.slot != old.slot
+        assert rd.locate([_digest(1), _digest(0)]) == [moved, None]
+    finally:
+        rd.close()
+        r.close()
+
+
+def test_a_lease_on_a_reused_slot_names_the_slot() -> None:
+    r = TierRegion.create(_name("stale"), BLOCK, 1, LAYOUT)
+    try:
+        assert r.put(_digest(0), _data(0), now_ns=1)
+        (ref,) = r.locate([_digest(0)])
+        assert ref is not None and r.put(_digest(1), _data(1), now_ns=2)
+        with pytest.raises(StaleBlock) as e:
+            r.lease([ref], until_ns=10)
+        assert e.value.message == f"slot {ref.slot} was reused before its lease took hold"
+    finally:
+        r.close()
+
+
+def _mapped(name: str) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps)
+
+
+def test_closing_unmaps_the_segment_on_both_sides() -> None:
+    r = TierRegion.create(_name("unmap"), BLOCK, 2, LAYOUT)
+    rd = RegionReader.attach(r.shm_name)
+    assert r.put(_digest(0), _data(0), now_ns=1) and rd.locate([_digest(0)])[0] is not None
+    assert _mapped(r.shm_name)
+    rd.close()
+    r.close()
+    assert not _mapped(r.shm_name)
+    with pytest.raises(AttributeError):
+        r.segment  # noqa: B018 - the owner's views are gone with the mapping
+
+
+def test_a_pid_no_process_can_have_is_dead() -> None:
+    assert not tier._alive(2**30)  # above Linux's PID_MAX_LIMIT (2^22)
+
+
+def test_an_orphan_removed_by_someone_else_first_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / tier.region_name("gone", pid=2**30)).write_bytes(b"x")
+
+    def raced(path: str) -> None:
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(tier.os, "unlink", raced)
+    assert tier.remove_orphans(str(tmp_path)) == []
