@@ -58,7 +58,7 @@ SHARED_MAX_MODEL_LEN = 4096  # the pull module's ~4K-token prompts (the tool-cal
 SHARED_PULL_TIMEOUT_MS = 20_000  # the workers' cap on a pull's deadline (the pull module's hints ask for less)
 
 
-def start_shared_config_worker(directory: Path) -> ServiceProcess:
+def start_shared_config_worker(directory: Path, *extra: str) -> ServiceProcess:
     """A vLLM worker with the shared one's settings (`SharedVllmWorker`): block size `SHARED_BLOCK_SIZE`,
     `SHARED_MAX_MODEL_LEN`, a 64 MiB CPU tier, pulls capped at `SHARED_PULL_TIMEOUT_MS`. Its engine is
     unpinned with half the cores as its thread count: a second engine may run beside it (a module's second
@@ -66,6 +66,7 @@ def start_shared_config_worker(directory: Path) -> ServiceProcess:
     return start_vllm_worker(
         directory,
         *("--cpu-tier-mb", "64", "--pull-timeout-ms", str(SHARED_PULL_TIMEOUT_MS)),
+        *extra,
         block_size=SHARED_BLOCK_SIZE,
         max_model_len=SHARED_MAX_MODEL_LEN,
         env=vllm_core_env(2, pinned=False)[0],

@@ -24,6 +24,7 @@ BENCHES = (
     "balance",
     "pd",
     "kvsync",
+    "connector",
     "fuzz",
     "vllm-serve",
     "zone-follow",
@@ -31,6 +32,7 @@ BENCHES = (
     "shared-index",
     "recovery",
     "mutation",
+    "chaos",
 )
 
 

@@ -68,7 +68,9 @@ def workers(
     the same settings; it checks its own exit and staging region when it stops), both loading at once when B
     does not run yet."""
     with ThreadPoolExecutor(2) as pool:
-        a_start = pool.submit(start_shared_config_worker, tmp_path_factory.mktemp("vpa"))
+        # A serves its tier over gRPC only: B pulls from A "on another host" through a proxy standing for the
+        # link, which Mooncake's Transfer Engine would bypass (that transport: tests/integration/kvplane)
+        a_start = pool.submit(start_shared_config_worker, tmp_path_factory.mktemp("vpa"), "--kvsync-transport", "grpc")
         b_start = pool.submit(shared_vllm_worker.get)
         with contextlib.suppress(Exception):
             b_start.result()

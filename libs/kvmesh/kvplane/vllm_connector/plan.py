@@ -4,8 +4,11 @@
   `kv_transfer_params["kvmesh_pull"]`, from the worker's event loop to the connector's scheduler side.
 - `plan_loads`: which leading blocks beyond vLLM's own prefix hit can be loaded now, and from where
   (the worker's own tier first, else the hinted peer's region), from slot lookups already made.
-- `RequestTracker`: per request, the block identities, vLLM block ids and how far its newly computed blocks
-  were saved; `ConnectorMetadata` carries `LoadOp`s and `SaveOp`s for one engine step.
+- `RequestTracker`: per request, the block identities, vLLM block ids, how far its newly computed blocks
+  were saved, and the state of an asynchronous load (in flight, failed); `ConnectorMetadata` carries one
+  engine step's `LoadOp`s (synchronous: before the forward; asynchronous: in the background, the request
+  waiting in vLLM's WAITING_FOR_REMOTE_KVS) and `SaveOp`s (published in the background).
+- `lease_covers`: whether a peer block's copy may still start (a lease that ended fails the load closed).
 - `BlockKey`: how vLLM's own KV events name a block (its hash, parent, tokens, extra keys, LoRA); it rides
   in the ops that put a block in the own tier, so the tier's events use vLLM's names (`events.py`).
 Time enters as `now_ns`; nothing here touches shared memory, vLLM or torch.
@@ -80,12 +83,14 @@ def offered(pull: KvPull, want: Sequence[bytes], refs: Sequence[SlotLike | None]
 
 @dataclass(frozen=True)
 class BlockSource:
-    """Where block `index` of a request's prompt is loaded from."""
+    """Where block `index` of a request's prompt is loaded from; a peer's block only while its lease lasts
+    (`lease_until_ns`, CLOCK_MONOTONIC; 0 for the own tier, which no one else evicts from)."""
 
     index: int
     source: str  # OWN or a peer's shm name
     slot: int
     generation: int
+    lease_until_ns: int = 0
 
 
 def loadable_blocks(num_tokens: int, block_size: int) -> int:
@@ -98,22 +103,34 @@ def plan_loads(
     own: Sequence[SlotLike | None],
     peer: Sequence[SlotLike | None],
     peer_name: str,
+    peer_lease_until_ns: int = 0,
 ) -> list[BlockSource]:
     """The leading run of blocks `start, start+1, ...` held by the own tier (preferred) or the peer.
 
     `own[i]` / `peer[i]` are the slot lookups of block `start + i` (a shorter `peer` means the peer offers
-    nothing further); the run stops at the first block neither holds.
+    nothing further); the run stops at the first block neither holds. A peer's block carries the pull's
+    lease, which the copy must not outlast.
     """
     out: list[BlockSource] = []
     for i, ref in enumerate(own):
-        src = OWN
+        src, until = OWN, 0
         if ref is None:
             ref = peer[i] if i < len(peer) else None
-            src = peer_name
+            src, until = peer_name, peer_lease_until_ns
         if ref is None:
             break
-        out.append(BlockSource(start + i, src, ref.slot, ref.generation))
+        out.append(BlockSource(start + i, src, ref.slot, ref.generation, until))
     return out
+
+
+def lease_covers(lease_until_ns: int, now_ns: int) -> bool:
+    """Whether a block copy starting at `now_ns` is still covered by its lease (0: the own tier, no lease).
+
+    Past the lease the owner may reuse the slot: the copy is not started, and that block and all after it
+    are reported failed (vLLM recomputes them). A copy that started in time and finds the slot unchanged
+    after it (the tier's seqlock check) and its CRC32C right is a verified block, whenever the lease ends.
+    """
+    return lease_until_ns == 0 or now_ns < lease_until_ns
 
 
 @dataclass(frozen=True)
@@ -133,7 +150,8 @@ class BlockKey:
 @dataclass(frozen=True)
 class LoadOp:
     """Copy the block `digest` (block `index` of the request) from `source` slot (`slot`, `generation`)
-    into vLLM block `block_id`; `key` names it in the tier's events when it is kept in the own tier."""
+    into vLLM block `block_id`, started before `lease_until_ns` when from a peer (0: the own tier, no
+    lease); `key` names it in the tier's events when it is kept in the own tier."""
 
     req_id: str
     block_id: int
@@ -143,32 +161,42 @@ class LoadOp:
     generation: int
     index: int = -1
     key: BlockKey | None = None
+    lease_until_ns: int = 0
 
 
 @dataclass(frozen=True)
 class SaveOp:
-    """Store vLLM block `block_id` (just computed; block `index` of its request) in the own tier under
+    """Store vLLM block `block_id` (just computed; block `index` of request `req_id`) in the own tier under
     `digest`; `key` names it in the tier's events (None: no events)."""
 
     block_id: int
     digest: bytes
     index: int = -1
     key: BlockKey | None = None
+    req_id: str = ""
 
 
 @dataclass
 class ConnectorMetadata:
-    """One step's work for the worker side (picklable: it may cross to a worker process)."""
+    """One step's work for the worker side (picklable: it may cross to a worker process): `loads` copied
+    before the step's forward, `async_loads` in the background (their requests wait, unscheduled, until
+    `get_finished` reports them), `saves` of the blocks the step computes, and `preempted`: requests vLLM
+    took blocks from this step (a save of theirs still pending must finish before the blocks are reused)."""
 
     loads: list[LoadOp] = field(default_factory=list)
+    async_loads: list[LoadOp] = field(default_factory=list)
     saves: list[SaveOp] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
 
 
 @dataclass
 class RequestTracker:
     """What the scheduler side knows of one request: its tokens (a live view: it grows as the request
     decodes) and identity salt, the identities of its full blocks so far, the vLLM block ids allocated to it,
-    the loads planned for it and the first block not yet saved."""
+    the loads planned for it, the first block not yet saved and whether any save was issued (its blocks
+    then stay allocated until the worker side reports the saves done), and its asynchronous load: the vLLM
+    blocks being loaded, and whether a load of it failed (it is never claimed again: vLLM looks a request
+    whose load failed up again, and a block that failed once would fail again)."""
 
     tokens: Sequence[int]
     salt: bytes
@@ -177,6 +205,10 @@ class RequestTracker:
     block_ids: list[int] = field(default_factory=list)
     planned: list[BlockSource] = field(default_factory=list)
     saved_upto: int = -1  # -1: not scheduled yet
+    req_id: str = ""
+    saves_issued: bool = False
+    loading: set[int] = field(default_factory=set)
+    load_failed: bool = False
 
     def digests_upto(self, n: int) -> list[bytes]:
         """The identities of the first `n` blocks, or of as many as are full of known tokens."""
@@ -189,12 +221,27 @@ class RequestTracker:
     def loads(self, req_id: str) -> list[LoadOp]:
         """The planned loads as ops on the allocated vLLM blocks (consumed: a plan is executed once)."""
         ops = [
-            LoadOp(req_id, self.block_ids[s.index], self.digests[s.index], s.source, s.slot, s.generation, s.index)
+            LoadOp(
+                req_id,
+                self.block_ids[s.index],
+                self.digests[s.index],
+                s.source,
+                s.slot,
+                s.generation,
+                s.index,
+                lease_until_ns=s.lease_until_ns,
+            )
             for s in self.planned
             if s.index < len(self.block_ids)
         ]
         self.planned = []
         return ops
+
+    def load_done(self, failed_block_ids: set[int]) -> None:
+        """The asynchronous load ended; it failed if any of its blocks is in `failed_block_ids`."""
+        if self.loading & failed_block_ids:
+            self.load_failed = True
+        self.loading = set()
 
     def step(self, num_computed: int, num_scheduled: int) -> list[SaveOp]:
         """Saves for the full blocks (prompt or generated) whose KV this step completes.
@@ -209,6 +256,7 @@ class RequestTracker:
             self.saved_upto = first
         want = min((num_computed + num_scheduled) // self.block_size, len(self.block_ids))
         done = len(self.digests_upto(want))
-        ops = [SaveOp(self.block_ids[i], self.digests[i], i) for i in range(self.saved_upto, done)]
+        ops = [SaveOp(self.block_ids[i], self.digests[i], i, req_id=self.req_id) for i in range(self.saved_upto, done)]
         self.saved_upto = max(self.saved_upto, done)
+        self.saves_issued |= bool(ops)
         return ops

@@ -1,12 +1,16 @@
 """`KvmeshConnector` with vLLM's config and connector base but fake requests / scheduler outputs, real
 shared-memory tier regions and real torch KV tensors: saves, peer pulls, own-tier loads, and every load
 failure (corrupt byte, reused slot, region gone) reported as failed blocks; no claim on an expired lease,
-a foreign layout or digests the hint does not offer. Tier events: real vLLM `Request`s (vLLM's block hasher)
-and vLLM's own `BlockPool` for the GPU events they are compared with and ingested beside."""
+a foreign layout or digests the hint does not offer. Asynchronous loads (the request waits, the copies run
+on the tier I/O thread, `get_finished` reports it with its failures), a lease that ends before the copy,
+saves published in the background with the request's blocks held until they are done. Tier events: real
+vLLM `Request`s (vLLM's block hasher) and vLLM's own `BlockPool` for the GPU events they are compared with
+and ingested beside."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +26,13 @@ from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 from kvmesh.kvplane.kvsync.tier import SHM_DIR, RegionReader, data_offset  # noqa: E402
-from kvmesh.kvplane.vllm_connector.connector import KvmeshConnector, KvmeshMetadata  # noqa: E402
+from kvmesh.kvplane.vllm_connector.connector import (  # noqa: E402
+    DEFAULT_IO_NICE,
+    ConnectorSettings,
+    KvmeshConnector,
+    KvmeshMetadata,
+    _Job,
+)
 from kvmesh.kvplane.vllm_connector.layout import block_digests  # noqa: E402
 from kvmesh.kvplane.vllm_connector.plan import PULL_KEY  # noqa: E402
 
@@ -46,7 +56,7 @@ class FakeModelConfig:
         return HEAD
 
 
-def vllm_config(shm_name: str, model: str = "tiny") -> Any:
+def vllm_config(shm_name: str, model: str = "tiny", **extra: Any) -> Any:
     mc = FakeModelConfig()
     mc.model = model
     ktc = KVTransferConfig(
@@ -54,7 +64,7 @@ def vllm_config(shm_name: str, model: str = "tiny") -> Any:
         kv_connector_module_path="kvmesh.kvplane.vllm_connector.connector",
         kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"shm_name": shm_name, "tier_bytes": 64 * 2048},
+        kv_connector_extra_config={"shm_name": shm_name, "tier_bytes": 64 * 2048, **extra},
     )
     return SimpleNamespace(
         model_config=mc,
@@ -66,17 +76,19 @@ def vllm_config(shm_name: str, model: str = "tiny") -> Any:
 
 
 class Engine:
-    """One engine's two connector halves and its paged KV tensors."""
+    """One engine's two connector halves and its paged KV tensors (synchronous loads unless `load_async`)."""
 
-    def __init__(self, model: str = "tiny") -> None:
+    def __init__(self, model: str = "tiny", load_async: bool = False, save_async: bool = True, **extra: Any) -> None:
         self.shm_name = f"kvmesh-ut-{uuid.uuid4().hex[:12]}"
-        cfg = vllm_config(self.shm_name, model)
+        self.load_async = load_async
+        cfg = vllm_config(self.shm_name, model, load_async=load_async, save_async=save_async, **extra)
         self.sched = KvmeshConnector(cfg, KVConnectorRole.SCHEDULER, None)
         self.worker = KvmeshConnector(cfg, KVConnectorRole.WORKER, None)
         self.kv = {
             f"layer.{i}": torch.zeros(NUM_BLOCKS, HEADS, BS, 2 * HEAD, dtype=torch.bfloat16) for i in range(LAYERS)
         }
         self.worker.register_kv_caches(self.kv)
+        self.failed: set[int] = set()
 
     def block(self, block_id: int) -> list[Any]:
         return [self.kv[f"layer.{i}"][block_id].clone() for i in range(LAYERS)]
@@ -97,14 +109,23 @@ class Engine:
         return meta
 
     def finish_step(self) -> None:
+        """The step's end: saves handed to the tier I/O thread, then (for the test) waited for."""
         self.worker.wait_for_save()
         self.worker.clear_connector_metadata()
+        self.drain()
 
-    def schedule(self, req: Any) -> int:
-        """The scheduler's calls for a new request with no vLLM prefix hit: tokens claimed."""
+    def drain(self) -> None:
+        """Waits until the tier I/O thread has run everything queued so far."""
+        assert self.worker._io is not None
+        self.worker._io.run(_Job())
+
+    def schedule(self, req: Any, block_ids: list[int] | None = None) -> int:
+        """The scheduler's calls for a new request with no vLLM prefix hit: tokens claimed (an asynchronous
+        claim gets `block_ids` allocated at once, as vLLM allocates before it parks the request)."""
         n, is_async = self.sched.get_num_new_matched_tokens(req, 0)
-        assert not is_async and n is not None
-        self.sched.update_state_after_alloc(req, None, n)  # type: ignore[arg-type]
+        assert n is not None and is_async == (self.load_async and n > 0)
+        blocks = SimpleNamespace(get_block_ids=lambda: (list(block_ids or []),))
+        self.sched.update_state_after_alloc(req, blocks, n)  # type: ignore[arg-type]
         return n
 
     def close(self) -> None:
@@ -187,7 +208,7 @@ def test_peer_pull_copies_verified_blocks_and_keeps_them(engines: tuple[Engine, 
         for x, y in zip(a.block(src), b.block(dst), strict=True):
             assert torch.equal(x, y)
     b.finish_step()
-    assert b.worker.counts["loaded_peer"] == 5
+    assert b.worker.counts["loaded_peer"] == 5 and b.worker.counts.get("loaded_async") is None  # in the step
     # the pulled blocks are in B's own tier now: with no hint, B loads them from there
     assert b.schedule(request("b3")) == 5 * BS
     meta = b.step("b3", [10, 11, 12, 13, 14, 15], 5 * BS, 1)
@@ -310,6 +331,256 @@ def test_stats_report_block_counts_once(engines: tuple[Engine, Engine]) -> None:
     assert total is not None and total.aggregate(got).reduce() == {"loaded_peer": 6, "saved": 2}
 
 
+# -- asynchronous loads, background saves -------------------------------------------------------------
+def finished(
+    eng: Engine, finished_req_ids: set[str] | None = None, timeout_s: float = 10.0
+) -> tuple[set[str], set[str]]:
+    """The worker side's step end as vLLM's model runner calls it (`get_finished`, then the load errors), until
+    it reports something or `timeout_s` passes: (finished_sending, finished_recving); the failed block ids of
+    that step land in `eng.failed`, and the scheduler side is given the step's output."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    deadline = time.monotonic() + timeout_s
+    ids = set(finished_req_ids or ())
+    while True:
+        sending, recving = eng.worker.get_finished(ids)
+        failed = eng.worker.get_block_ids_with_load_errors()
+        eng.failed |= failed
+        eng.sched.update_connector_output(
+            KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=failed)
+        )
+        if sending or recving or time.monotonic() > deadline:
+            return set(sending or ()), set(recving or ())
+        ids = set()  # vLLM passes a finished request once
+        eng.worker._io.run(_Job())  # type: ignore[union-attr]  # the next step: after the thread's queued work
+
+
+@pytest.fixture
+def async_engines() -> Iterator[tuple[Engine, Engine]]:
+    a, b = Engine(), Engine(load_async=True)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def load_async(b: Engine, rid: str, block_ids: list[int]) -> KvmeshMetadata:
+    """B's step after vLLM parked `rid`: the metadata carries its loads, the worker starts them (after the
+    forward, as vLLM calls it for a step without synchronous loads) and the step does not wait for them."""
+    meta = b.step("other", [], 0, 0)  # another request's step: `rid` is not scheduled while it loads
+    assert meta.loads == [] and {op.req_id for op in meta.async_loads} == {rid}
+    assert [op.block_id for op in meta.async_loads] == block_ids[: len(meta.async_loads)]
+    b.finish_step()
+    return meta
+
+
+def test_async_load_runs_off_the_step_and_is_reported_finished(async_engines: tuple[Engine, Engine]) -> None:
+    a, b = async_engines
+    compute_on(a)
+    req = request("b1", hint(a))
+    assert b.schedule(req, [9, 3, 4, 5, 6, 7]) == 5 * BS  # (n, True): vLLM parks it in WAITING_FOR_REMOTE_KVS
+    assert b.sched.get_num_new_matched_tokens(req, 0) == (0, False)  # no second claim while it loads
+    load_async(b, "b1", [9, 3, 4, 5, 6, 7])
+    assert finished(b) == (set(), {"b1"})
+    assert b.failed == set()
+    for src, dst in zip(range(5), [9, 3, 4, 5, 6], strict=True):
+        for x, y in zip(a.block(src), b.block(dst), strict=True):
+            assert torch.equal(x, y)
+    assert b.worker.counts["loaded_peer"] == b.worker.counts["loaded_async"] == 5
+    # vLLM schedules it now, with the loaded tokens computed: nothing loaded again, nothing saved again
+    b.sched.update_state_after_alloc(req, SimpleNamespace(get_block_ids=lambda: ([],)), 0)  # type: ignore[arg-type]
+    meta = b.step("b1", [9, 3, 4, 5, 6, 7], 5 * BS, 1)
+    assert meta.loads == meta.async_loads == meta.saves == []
+
+
+def test_async_load_failure_is_reported_with_the_request_and_never_claimed_again(
+    async_engines: tuple[Engine, Engine],
+) -> None:
+    a, b = async_engines
+    compute_on(a)
+    flip_byte(a, digests_of(a)[2])
+    req = request("b1", hint(a))
+    assert b.schedule(req, [1, 2, 3, 4, 5, 6]) == 5 * BS
+    load_async(b, "b1", [1, 2, 3, 4, 5, 6])
+    assert finished(b) == (set(), {"b1"})
+    assert b.failed == {3, 4, 5}  # the corrupt block and all after it, by the step that reports the request
+    assert torch.equal(a.block(1)[0], b.block(2)[0])  # the blocks before it did load
+    # vLLM looks the request up again (its computed tokens were cut back): it is computed, not claimed
+    assert b.sched.get_num_new_matched_tokens(req, 2 * BS) == (0, False)
+
+
+def test_a_lease_that_ends_before_the_copy_fails_the_load_closed(async_engines: tuple[Engine, Engine]) -> None:
+    a, b = async_engines
+    compute_on(a)
+    req = request("b1", hint(a, lease_s=0.3))
+    assert b.schedule(req, [1, 2, 3, 4, 5, 6]) == 5 * BS
+    deadline = time.monotonic() + 10
+    while time.monotonic_ns() < req.kv_transfer_params[PULL_KEY]["lease_until_ns"]:  # the lease runs out
+        assert time.monotonic() < deadline
+        a.drain()  # (the thread's queue: a bounded, condition-based wait)
+    load_async(b, "b1", [1, 2, 3, 4, 5, 6])
+    assert finished(b) == (set(), {"b1"})
+    assert b.failed == {1, 2, 3, 4, 5}
+
+
+def test_a_request_aborted_while_it_loads_is_still_reported(async_engines: tuple[Engine, Engine]) -> None:
+    """vLLM holds an aborted waiting request's blocks until the load is reported: it must be, loaded or not."""
+    a, b = async_engines
+    compute_on(a)
+    req = request("b1", hint(a))
+    assert b.schedule(req, [1, 2, 3, 4, 5, 6]) == 5 * BS
+    assert b.sched.request_finished(req, []) == (False, None)  # vLLM itself delays the frees of a waiting load
+    load_async(b, "b1", [1, 2, 3, 4, 5, 6])
+    sending, recving = finished(b, {"b1"})
+    assert sending == set() and recving == {"b1"}
+
+
+def test_sync_and_async_loads_copy_the_same_bytes() -> None:
+    a, s, n = Engine(), Engine(), Engine(load_async=True)
+    try:
+        compute_on(a)
+        assert s.schedule(request("s", hint(a))) == 5 * BS
+        s.step("s", [1, 2, 3, 4, 5, 6], 5 * BS, 1)
+        assert n.schedule(request("n", hint(a)), [1, 2, 3, 4, 5, 6]) == 5 * BS
+        load_async(n, "n", [1, 2, 3, 4, 5, 6])
+        assert finished(n) == (set(), {"n"})
+        for i in range(1, 6):
+            for x, y in zip(s.block(i), n.block(i), strict=True):
+                assert torch.equal(x, y)
+    finally:
+        for e in (a, s, n):
+            e.close()
+
+
+def hold_io(eng: Engine) -> threading.Event:
+    """Holds eng's tier I/O thread (on a job that waits for the returned gate, at most 10 s), so the work
+    queued after it stays queued until the test sets the gate."""
+    io = eng.worker._io
+    assert io is not None
+    gate, run = threading.Event(), io._run_job
+    io._run_job = lambda job: gate.wait(10) if job is held else run(job)  # type: ignore[method-assign,assignment]
+    held = io.submit(_Job())
+    return gate
+
+
+def test_saves_hold_the_requests_blocks_until_published() -> None:
+    """A finished request whose blocks are still being saved keeps them (request_finished -> True) until
+    get_finished reports it sent, only after its blocks are in the tier; a request that saved nothing is
+    freed at once."""
+    a = Engine()
+    try:
+        req = request("a1")
+        assert a.schedule(req) == 0
+        a.step("a1", list(range(6)), 0, len(PROMPT))
+        gate = hold_io(a)
+        a.worker.wait_for_save()  # returns with the saves queued: the step is not held
+        a.worker.clear_connector_metadata()
+        assert a.sched.request_finished(req, []) == (True, None)
+        assert a.worker.get_finished({"a1"}) == (None, None)  # not yet: its blocks are still to be read
+        assert a.worker.counts["saved"] == 0
+        reader = RegionReader.attach(a.shm_name)
+        assert reader.locate(digests_of(a)) == [None] * 5  # not offered before it is published
+        gate.set()
+        assert finished(a) == ({"a1"}, set())
+        assert a.worker.counts["saved"] == 5
+        assert all(r is not None for r in reader.locate(digests_of(a)))
+        reader.close()
+        other = request("a2", tokens=PROMPT[:3])  # no full block: nothing to save, freed at once
+        a.schedule(other)
+        a.step("a2", [7], 0, 3)
+        a.finish_step()
+        assert a.sched.request_finished(other, []) == (False, None)
+    finally:
+        a.close()
+
+
+def test_a_preempted_requests_pending_saves_finish_before_the_step() -> None:
+    a = Engine()
+    try:
+        assert a.schedule(request("a1")) == 0
+        a.step("a1", list(range(6)), 0, len(PROMPT))
+        gate = hold_io(a)
+        a.worker.wait_for_save()
+        a.worker.clear_connector_metadata()
+        waiter = threading.Thread(target=a.worker.handle_preemptions, args=(KvmeshMetadata(preempted=["a1"]),))
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()  # held: a1's blocks are about to be reused, its saves have not read them
+        a.worker.handle_preemptions(KvmeshMetadata(preempted=["other"]))  # nothing pending: no wait
+        gate.set()
+        waiter.join(10)
+        assert not waiter.is_alive() and a.worker.counts["saved"] == 5
+    finally:
+        a.close()
+
+
+def test_synchronous_saves_are_done_when_the_step_ends() -> None:
+    a = Engine(save_async=False)
+    try:
+        assert a.schedule(request("a1")) == 0
+        a.step("a1", list(range(6)), 0, len(PROMPT))
+        a.worker.wait_for_save()  # no drain: the step itself waited
+        assert a.worker.counts["saved"] == 5
+        a.worker.clear_connector_metadata()
+    finally:
+        a.close()
+
+
+def test_a_worker_whose_connector_is_off_fails_and_finishes_async_loads(async_engines: tuple[Engine, Engine]) -> None:
+    """KV tensors that do not match the layout turn the worker side off; a load the scheduler side planned
+    anyway is reported failed (all its blocks) and finished, so vLLM computes the request, never reads
+    unloaded blocks as loaded."""
+    a, b = async_engines
+    compute_on(a)
+    off = KvmeshConnector(vllm_config(f"kvmesh-ut-{uuid.uuid4().hex[:12]}", load_async=True), KVConnectorRole.WORKER)
+    off.register_kv_caches({"layer.0": torch.zeros(NUM_BLOCKS, HEADS, BS, 2 * HEAD, dtype=torch.float16)})
+    try:
+        assert off._io is None
+        assert b.schedule(request("b1", hint(a)), [1, 2, 3, 4, 5, 6]) == 5 * BS
+        out = SimpleNamespace(
+            scheduled_new_reqs=[],
+            num_scheduled_tokens={},
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=[], resumed_req_ids=set(), new_block_ids=[], num_computed_tokens=[]
+            ),
+        )
+        off.bind_connector_metadata(b.sched.build_connector_meta(out))  # type: ignore[arg-type]
+        off.start_load_kv(None)  # type: ignore[arg-type]
+        assert off.get_finished(set()) == (None, {"b1"})
+        assert off.get_block_ids_with_load_errors() == {1, 2, 3, 4, 5}
+    finally:
+        off.shutdown()
+
+
+def test_settings_refuse_bad_values_naming_the_key() -> None:
+    with pytest.raises(ValueError, match="load_async"):
+        ConnectorSettings.from_extra({"load_async": "yes"})
+    with pytest.raises(ValueError, match="io_nice"):
+        ConnectorSettings.from_extra({"io_nice": 25})
+    with pytest.raises(ValueError, match="io_nice"):
+        ConnectorSettings.from_extra({"io_nice": True})
+    settings = ConnectorSettings.from_extra({"load_async": "false", "save_async": False})
+    assert not settings.load_async and not settings.save_async and settings.io_nice == DEFAULT_IO_NICE
+    assert ConnectorSettings.from_extra({}).load_async  # asynchronous by default
+
+
+def test_io_nice_lowers_background_copies_only() -> None:
+    """`io_nice` applies to the I/O thread of asynchronous loads; a synchronous load, which the step waits
+    for, runs at the engine's priority whatever it says."""
+    process_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    sync, background = Engine(io_nice=10), Engine(load_async=True, io_nice=10)
+    try:
+        for eng, nice in ((sync, process_nice), (background, max(10, process_nice))):
+            eng.drain()  # the thread has set its priority before its first job
+            assert eng.worker._io is not None
+            tid = eng.worker._io._thread.native_id
+            assert tid is not None and os.getpriority(os.PRIO_PROCESS, tid) == nice
+    finally:
+        sync.close()
+        background.close()
+
+
 # -- tier events ---------------------------------------------------------------------------------------
 WORKER = "w0"
 
@@ -343,8 +614,10 @@ def ext(req: Any, n: int) -> list[Any]:
 
 def tier_events(eng: Engine) -> list[Any]:
     """What vLLM's scheduler does with the worker's output: hand it to the scheduler side, take its events."""
-    out = SimpleNamespace(kv_cache_events=eng.worker.get_kv_connector_kv_cache_events())
-    eng.sched.update_connector_output(out)  # type: ignore[arg-type]
+    from vllm.v1.outputs import KVConnectorOutput
+
+    out = KVConnectorOutput(kv_cache_events=eng.worker.get_kv_connector_kv_cache_events())
+    eng.sched.update_connector_output(out)
     return list(eng.sched.take_events())
 
 

@@ -15,6 +15,7 @@ from kvmesh.kvplane.vllm_connector.plan import (
     BlockSource,
     RequestTracker,
     SaveOp,
+    lease_covers,
     lease_usable,
     loadable_blocks,
     offered,
@@ -115,6 +116,22 @@ def test_plan_prefers_own_tier_then_peer_and_stops_at_a_gap() -> None:
     assert plan_loads(0, [Ref(0, 2), Ref(1, 2)], [], "") == [BlockSource(0, OWN, 0, 2), BlockSource(1, OWN, 1, 2)]
 
 
+def test_a_peer_block_carries_the_pulls_lease_and_an_own_block_none() -> None:
+    plan = plan_loads(0, [Ref(1, 2), None], [None, Ref(6, 4)], "peer", 5_000)
+    assert [(s.source, s.lease_until_ns) for s in plan] == [(OWN, 0), ("peer", 5_000)]
+    tr = tracker(list(range(3, 20)))
+    tr.digests_upto(4)
+    tr.planned, tr.block_ids = plan, [10, 11]
+    assert [op.lease_until_ns for op in tr.loads("r")] == [0, 5_000]
+
+
+def test_a_copy_starts_only_within_its_lease() -> None:
+    assert lease_covers(0, 10**18)  # the own tier: no lease
+    assert lease_covers(1_000, 999)
+    assert not lease_covers(1_000, 1_000)  # ended: the block and the rest fail closed
+    assert not lease_covers(1_000, 2_000)
+
+
 L4 = KvLayout("m", "torch.bfloat16", 4, 2, 2, 32)
 
 
@@ -162,3 +179,23 @@ def test_tracker_saves_newly_computed_blocks_prompt_and_generated() -> None:
     assert tr.step(23, 1) == [SaveOp(25, tr.digests_upto(6)[5], 5)]
     # a load failure sends vLLM back to block 1: the recomputed blocks are saved again
     assert tr.step(4, 8) == [SaveOp(21, d[1], 1), SaveOp(22, d[2], 2)]
+
+
+def test_tracker_knows_whether_its_blocks_must_outlive_the_request() -> None:
+    """A request that issued saves is finished with its blocks held (the worker may still be copying them);
+    the saves name it, so the worker side can report it when they are done."""
+    tr = RequestTracker(list(range(3, 12)), block_salt(L4, None, None), 4, req_id="r")
+    tr.block_ids = [5, 6, 7]
+    assert tr.step(0, 3) == [] and not tr.saves_issued  # no full block yet
+    assert tr.step(3, 6) == [SaveOp(5, tr.digests[0], 0, req_id="r"), SaveOp(6, tr.digests[1], 1, req_id="r")]
+    assert tr.saves_issued
+
+
+def test_tracker_records_a_failed_asynchronous_load() -> None:
+    tr = tracker(list(range(3, 20)))
+    tr.loading = {4, 5}
+    tr.load_done({9})  # another request's block failed
+    assert not tr.load_failed and tr.loading == set()
+    tr.loading = {4, 5}
+    tr.load_done({5})
+    assert tr.load_failed and tr.loading == set()
