@@ -16,7 +16,7 @@ from kvmesh.cachemgr.ingest import Phase
 from kvmesh.cachemgr.journal import Entry
 from kvmesh.cachemgr.publisher import PublisherGuard, PublishLimits
 from kvmesh.cachemgr.routed import validate_report
-from kvmesh.core.errors import FailedPrecondition, InvalidArgument
+from kvmesh.core.errors import FailedPrecondition, InvalidArgument, Unavailable
 from kvmesh.index.types import IngestResult, Media, Stored
 from kvmesh.rpc.audit import audited
 from kvmesh.rpc.validate import require
@@ -125,7 +125,7 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
         touches the index; the hello's address is not trusted (`Warmer.register`)."""
         guard = PublisherGuard(current_identity(), self.limits, time.monotonic())
         worker_id = instance_id = ""
-        async for req in request_iterator:
+        while (req := await self._next_or_stop(request_iterator)) is not None:
             if req.HasField("hello"):
                 worker_id, instance_id = req.hello.worker_id, req.hello.instance_id
                 require(bool(worker_id), "hello.worker_id", "required")
@@ -147,6 +147,27 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             res = self._apply(req, wid, instance_id)
             await self.core.persist()
             yield self._ack(wid, res)
+
+    async def _next_or_stop(
+        self, request_iterator: AsyncIterator[pb.PublishKvEventsRequest]
+    ) -> pb.PublishKvEventsRequest | None:
+        """The publisher's next message, None when it closed its side. A worker keeps its stream open between
+        batches, so waiting for the next one would hold the graceful drain for the whole grace period: once
+        `stopping` is set the wait ends and the stream fails UNAVAILABLE, telling the worker to reconnect (the
+        message being applied is finished first; one not yet read is resent after the worker's resync)."""
+        if self.stopping.is_set():
+            raise Unavailable("cache-manager is shutting down: reconnect")
+        nxt = asyncio.ensure_future(anext(request_iterator, None))
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (nxt, stop):
+                if not f.done():
+                    f.cancel()
+        if nxt in done:
+            return nxt.result()  # read, so applied: the next call refuses once stopping
+        raise Unavailable("cache-manager is shutting down: reconnect")
 
     def _apply(self, req: pb.PublishKvEventsRequest, wid: str, instance_id: str) -> IngestResult:
         kind = req.kind

@@ -15,9 +15,10 @@ JSON line:
      "growth_per_hour": {TARGET: {"rss_mb", "fds", "threads", "tasks"}}, ...}
 
 plus ``shed`` (arrivals not sent: the in-flight bound was reached), ``fills`` (pool-filling requests),
-``failed_non_retryable``, ``drain_violations``, ``not_serving``, ``index_differences``. The schedule, one
-line per fault, and the history of every request that broke an invariant go to stderr (the run replays from
-its seed). `--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
+``failed_non_retryable``, ``drain_violations``, ``not_serving``, ``index_differences``, ``dump_orphans``
+(workers whose full dump holds blocks without their parent, how many). The schedule, one line per fault,
+and the history of every request that broke an invariant go to stderr (the run replays from its seed).
+`--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         "drain_violations": len(campaign.drain_violations),
         "not_serving": final["not_serving"],
         "index_differences": final["index_differences"][:10],
+        "dump_orphans": final["dump_orphans"][:10],
         "shm_left": final["shm_before_teardown"] + leftover,
     }
     result = report.result_line(a.seed, a.duration_s, counts(schedule), t, final, leftover, growth, extra)

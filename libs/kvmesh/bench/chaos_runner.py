@@ -3,11 +3,13 @@ schedule (`chaos_schedule`) carried out at their times, a soak sampler, and the 
 has ended and the traffic has stopped:
 
 * every process SERVING (grpc.health.v1), each waited for at most `FINAL_SERVING_S`;
-* each cache-manager's index equals what its workers hold: per worker, the distinct blocks of the worker's
-  own full dump (WorkerService.StreamKvEvents from sequence 0) and of the cache-manager's index snapshot
-  (CacheManagerService.WatchIndex) are as many; and each zone's copy of the other's index (GetStats'
-  followed_zones) holds as many blocks as that zone's own. Polled until true: `index_converged_s` is how long
-  after the traffic stopped (None: not within `CONVERGE_S`);
+* each cache-manager's index equals what its workers hold: per worker, the cache-manager's index snapshot
+  (CacheManagerService.WatchIndex) holds exactly the index hashes that the cache-manager's own ingest
+  (`CacheCore`, with GetStats' block size and model) derives from the worker's full dump
+  (WorkerService.StreamKvEvents from sequence 0): what a fresh resync would give; of the blocks whose parent
+  the dump lacks (`dump_orphans`) the index may hold at most as many; and each zone's copy of the
+  other's index (GetStats' followed_zones) holds as many blocks as that zone's own. Polled until true:
+  `index_converged_s` is how long after the traffic stopped (None: not within `CONVERGE_S`);
 * no kv-sync lease held and no tier slot left mid-write in any worker's CPU-tier region (attached read-only
   from here, polled until none or `CONVERGE_S`);
 * no shared-memory segment (/dev/shm/kvmesh-<pid>-*) of a process of this suite that has exited: counted
@@ -22,7 +24,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,9 @@ import grpc.aio
 from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
 from kvmesh.bench.chaos_suite import PLANNER, Suite, all_serving, signal_process, wait_exit
 from kvmesh.bench.chaos_traffic import Traffic
+from kvmesh.cachemgr.core import CacheCore
+from kvmesh.cachemgr.ingest import MASK64
+from kvmesh.core.kvevents import BlockStored, KvEvent
 from kvmesh.kvplane.kvsync.tier import RegionReader
 from kvmesh.suite.shm_leftovers import unlink_unmapped
 from kvmesh.v1 import (
@@ -42,12 +47,18 @@ from kvmesh.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from kvmesh.wire.proto import events_from_proto
 
 FINAL_SERVING_S = 30.0
 CONVERGE_S = 60.0
 TERM_EXIT_S = 30.0
 SHM_DIR = "/dev/shm"
 _OWNED = re.compile(r"kvmesh-(\d+)-.+")
+_DUMP_KINDS = (
+    common_pb2.KV_STREAM_KIND_DUMP_BEGIN,
+    common_pb2.KV_STREAM_KIND_DUMP_CHUNK,
+    common_pb2.KV_STREAM_KIND_DUMP_END,
+)
 
 
 @dataclass
@@ -277,21 +288,50 @@ def proc_sample(pid: int) -> tuple[float, int, int] | None:
 
 
 # ---- the final pass --------------------------------------------------------------------------------------------
-async def worker_blocks(address: str) -> tuple[str, set[int], str]:
-    """(worker id, the distinct engine hashes of its full dump, its CPU-tier region's shm name)."""
+async def worker_dump(address: str) -> tuple[str, list[KvEvent], str]:
+    """(worker id, the events of its full dump, its CPU-tier region's shm name)."""
     async with grpc.aio.insecure_channel(address) as ch:
         stub = worker_pb2_grpc.WorkerServiceStub(ch)
         info = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
-        hashes: set[int] = set()
+        events: list[KvEvent] = []
         call = stub.StreamKvEvents(worker_pb2.StreamKvEventsRequest(start_sequence=0), timeout=10)
         async for m in call:
-            for ev in m.batch.events:
-                if ev.HasField("block_stored"):
-                    hashes.update(ev.block_stored.block_hashes)
+            if m.kind in _DUMP_KINDS:
+                events.extend(events_from_proto(m.batch))
             if m.kind == common_pb2.KV_STREAM_KIND_DUMP_END:
                 call.cancel()
                 break
-        return info.worker_id, hashes, info.tier_shm_name
+        return info.worker_id, events, info.tier_shm_name
+
+
+@dataclass
+class DumpIndex:
+    """What a cache-manager's own ingest (`CacheCore`) derives from one worker's full dump."""
+
+    indexed: set[int]  # index hashes of the dump's blocks whose chain the dump holds
+    orphans: set[int]  # engine hashes of blocks whose parent the dump lacks (nor any ancestor's chain)
+
+
+def indexed_from_dump(worker_id: str, events: Sequence[KvEvent], block_size: int, model: str) -> DumpIndex:
+    """The dump's blocks as the cache-manager indexes them. An engine may keep a child whose parent it
+    evicted: live ingestion chains it through the parent's tombstone, but a dump has no parent to chain it to
+    (`orphans`: a cache-manager that refuses the whole dump for them never resyncs that worker); the rest is
+    ingested as a resync would."""
+    known: set[int] = set()
+    orphans: set[int] = set()
+    chained: list[KvEvent] = []
+    for ev in events:  # parents first, as the worker sends them
+        if isinstance(ev, BlockStored):
+            if ev.parent_block_hash is not None and ev.parent_block_hash & MASK64 not in known:
+                orphans.update(h & MASK64 for h in ev.block_hashes)
+                continue
+            known.update(h & MASK64 for h in ev.block_hashes)
+        chained.append(ev)
+    core = CacheCore(block_size, model)
+    core.begin_dump(worker_id, "")
+    core.apply_dump(worker_id, chained)
+    core.end_dump(worker_id, 1)
+    return DumpIndex({int(h) for h in core.index.blocks_of(worker_id)}, orphans - known)
 
 
 async def index_blocks(address: str) -> tuple[dict[str, set[int]], cache_manager_pb2.GetStatsResponse]:
@@ -314,9 +354,11 @@ async def index_blocks(address: str) -> tuple[dict[str, set[int]], cache_manager
         return per, stats
 
 
-async def index_differences(suite: Suite) -> list[str]:
-    """What differs between each cache-manager's index and its workers, and between the zones' copies."""
+async def index_differences(suite: Suite) -> tuple[list[str], list[str]]:
+    """(what differs between each cache-manager's index and its workers, and between the zones' copies; per
+    worker whose full dump holds blocks without their parent, how many)."""
     diffs: list[str] = []
+    orphaned: list[str] = []
     own_blocks: dict[str, int] = {}
     followed: dict[str, dict[str, int]] = {}
     for z in suite.zones:
@@ -324,15 +366,23 @@ async def index_differences(suite: Suite) -> list[str]:
         own_blocks[z.name] = stats.blocks
         followed[z.name] = {fz.zone: fz.blocks for fz in stats.followed_zones}
         for target in suite.workers(z.name):
-            wid, hashes, _shm = await worker_blocks(suite.address(target))
-            held = len(per.get(wid, set()))
-            if held != len(hashes):
-                diffs.append(f"{z.name}: index holds {held} blocks of {wid}, the worker {len(hashes)}")
+            wid, events, _shm = await worker_dump(suite.address(target))
+            held = per.get(wid, set())
+            dump = indexed_from_dump(wid, events, stats.block_size, stats.model)
+            if dump.orphans:
+                orphaned.append(f"{z.name}: {wid}'s dump holds {len(dump.orphans)} blocks whose parent it lacks")
+            # exact on the chained blocks; orphans the index holds (chained live, through tombstones) by count
+            missing, extra = dump.indexed - held, held - dump.indexed
+            if missing or len(extra) > len(dump.orphans):
+                diffs.append(
+                    f"{z.name}: index of {wid} holds {len(held)} blocks, its dump {len(dump.indexed)} chained + "
+                    f"{len(dump.orphans)} orphaned: {len(missing)} missing, {len(extra)} not in the chained dump"
+                )
     for follower, others in followed.items():
         for other, blocks in others.items():
             if blocks != own_blocks.get(other):
                 diffs.append(f"{follower} follows {other} with {blocks} blocks, {other} holds {own_blocks.get(other)}")
-    return diffs
+    return diffs, orphaned
 
 
 async def held_slots(suite: Suite) -> tuple[int, int]:
@@ -340,7 +390,7 @@ async def held_slots(suite: Suite) -> tuple[int, int]:
     leases = slots = 0
     for z in suite.zones:
         for target in suite.workers(z.name):
-            _wid, _hashes, shm = await worker_blocks(suite.address(target))
+            _wid, _events, shm = await worker_dump(suite.address(target))
             if not shm:
                 continue
             reader = RegionReader.attach(shm)
@@ -386,13 +436,15 @@ def remove_shm(names: list[str]) -> None:
 
 async def final_pass(suite: Suite) -> dict[str, Any]:
     health = await all_serving(suite, FINAL_SERVING_S)
-    converged_s, diffs = await converge(lambda: index_differences(suite), lambda d: not d, CONVERGE_S)
+    converged_s, found = await converge(lambda: index_differences(suite), lambda d: not d[0], CONVERGE_S)
+    diffs, orphaned = found if found is not None else ([], [])
     _t, held = await converge(lambda: held_slots(suite), lambda h: h == (0, 0), CONVERGE_S)
     leases, slots = held if held is not None else (-1, -1)
     return {
         "not_serving": {t: why for t, why in health.items() if why},
         "index_converged_s": converged_s,
-        "index_differences": diffs or [],
+        "index_differences": diffs,
+        "dump_orphans": orphaned,
         "leases": leases,
         "slots": slots,
         "shm_before_teardown": shm_of(suite.pids),

@@ -24,7 +24,9 @@ Per worker the state is (instance_id, next expected sequence, phase, engine→in
   buffered and drained after `end_dump`. Dump events have set semantics (no copy counting): a held block
   whose ancestors are not held is dumped as a `BlockStored` of the whole chain from the root followed by a
   `BlockRemoved` of the ancestors that are not held (a block held on the GPU and in a host tier is dumped
-  once per medium: two copies). While a dump is needed, a batch that contains
+  once per medium: two copies); a dumped block whose parent is neither held nor dumped (a worker's mirror
+  keeps a block whose parent it evicted) is skipped, as are its descendants: no prefix reaches them. While a
+  dump is needed, a batch that contains
   `AllBlocksCleared` (an engine cache reset, e.g. requested by the transport of an engine that cannot
   dump) is a resync point too: the worker's state after it is fully known, so ingestion resumes there.
   Live, `AllBlocksCleared` clears the engine's pool only: blocks the worker also holds in a host tier stay
@@ -355,6 +357,9 @@ class Ingestor:
         if ev.parent_block_hash is not None:
             parent = st.hashes.parent(ev.parent_block_hash & MASK64)
             if parent is None:
+                if dump:  # kept after its parent's eviction (a worker's mirror): no chain to put it on, and no
+                    st.skipped_events += 1  # prefix reaches it; refusing it would refuse every later dump too
+                    return
                 raise InconsistentEvent(f"unknown parent block {ev.parent_block_hash:#x}")
         ihs = self.hasher.chain(parent, ev.token_ids, ev.block_size, ev.lora_name, ev.tenant)
         new_run: list[int] = []

@@ -355,3 +355,19 @@ def test_cache_reset_is_a_resync_point_for_engines_without_dumps(setup: tuple) -
     assert r.applied and ing.workers["w1"].phase is Phase.SYNCED
     ing.apply(eng.prompt(list(range(8))))
     assert held(idx) == eng.truth() and len(held(idx)) == 2
+
+
+@pytest.mark.unit
+def test_a_dumped_block_whose_parent_was_evicted_is_skipped_not_a_dump_refused(setup: tuple) -> None:
+    # a worker's mirror dumps the blocks it holds; one whose parent it evicted has no chain from the root. A
+    # dump refused for it would be asked for again and refused again: the worker would vanish from the index
+    idx, ing, eng = setup
+    eng.prompt(list(range(20)))
+    orphan = BlockStored((99,), 12345, tuple(range(500, 504)), BS)
+    child = BlockStored((100,), 99, tuple(range(504, 508)), BS)
+    ing.begin_dump("w1", "i0")
+    r = ing.apply_dump("w1", [*eng.dump(), orphan, child])
+    assert not r.resync
+    r = ing.end_dump("w1", eng.seq)
+    assert not r.resync and ing.workers["w1"].phase is Phase.SYNCED
+    assert held(idx) == eng.truth() and len(held(idx)) == 20 // BS
