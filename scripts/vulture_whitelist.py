@@ -135,3 +135,8 @@ _.pause_writing
 _.resume_writing
 _.connection_lost
 _.candidate  # kvmesh.fleet.pd_eval.Searched: the split or step budget an outcome belongs to (read in reports and tests)
+_.get_finished  # vLLM's KV connector API (KVConnectorBase_V1), called by vLLM's scheduler and worker
+_.handle_preemptions
+_.rss_mb  # kvmesh.bench.chaos_runner.Sample: read by name in chaos_report's growth figures
+_.kernel_block_ids  # kvmesh.kvplane.vllm_connector: the block <-> kernel block and TP rank maps (tests; the docs)
+with_rank

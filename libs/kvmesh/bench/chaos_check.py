@@ -34,7 +34,6 @@ HANG_SLACK_S = 5.0
 RETRYABLE_CODES = frozenset(
     {"UNAVAILABLE", "ABORTED", "CANCELLED", "RESOURCE_EXHAUSTED", "INTERNAL", "UNKNOWN", "DEADLINE_EXCEEDED"}
 )
-VIOLATIONS = ("wrong_tokens", "duplicates", "lost", "hung")
 
 
 @dataclass

@@ -49,13 +49,6 @@ class LayerView:
     def cell_shape(self) -> tuple[int, ...]:
         return tuple(self.view.shape[1:])
 
-    @property
-    def cell_bytes(self) -> int:
-        n = 1
-        for d in self.cell_shape:
-            n *= d
-        return n * self.view.element_size()
-
 
 def _order(t: torch.Tensor, names: str) -> str:
     """The axes of `t` from the outermost in memory to the innermost (by stride), e.g. "BNHC"."""

@@ -354,7 +354,6 @@ class KvmeshConnector(KVConnectorBase_V1):
         self._async_loads: list[LoadOp] = []  # issued by update_state_after_alloc, sent by build_connector_meta
         # worker side: the tier I/O thread's state, shared with the engine's thread under `_lock`
         self._region: TierRegion | None = None
-        self._kv: PagedKv | None = None
         self._copier: KvCopier | None = None
         self._io: _TierIo | None = None
         self._lock = threading.Lock()
@@ -510,7 +509,6 @@ class KvmeshConnector(KVConnectorBase_V1):
             return
         slots = max(1, self.settings.tier_bytes // kv.block_bytes)
         self._region = self._create_region(slots, kv.block_bytes)
-        self._kv = kv
         self._copier = KvCopier(kv, LOAD_CHUNK_BYTES)
         # lowered only for background loads: a synchronous load is the step's critical path, at its priority
         self._io = _TierIo(self._run_job, self.settings.io_nice if self.settings.load_async else 0)
