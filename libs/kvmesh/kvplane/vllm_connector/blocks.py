@@ -45,10 +45,6 @@ class LayerView:
     arrangement: str  # what was found, for logs: e.g. "BHNC strides BNHC", "2BNHD ...", "kernel blocks ..."
     kernel_blocks: int = 1  # the attention kernel's blocks per logical block
 
-    @property
-    def cell_shape(self) -> tuple[int, ...]:
-        return tuple(self.view.shape[1:])
-
 
 def _order(t: torch.Tensor, names: str) -> str:
     """The axes of `t` from the outermost in memory to the innermost (by stride), e.g. "BNHC"."""
