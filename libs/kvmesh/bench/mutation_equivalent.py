@@ -27,6 +27,8 @@ _PINNED = (
 )
 _U64_INFERRED = "numpy infers uint64 here anyway (a Python int >= 2^63, or a cumprod of uint64): same array"
 
+_NO_HIT = "with no GPU hit (m = 0) prompt − m · b is the prompt, what the other branch gives"
+
 EQUIVALENT: dict[str, str] = {
     # kvmesh.routing.circuit
     _CB + "__init____mutmut_11": "`_opened_at = None`: read only in OPEN, and `_open` sets it first",
@@ -50,6 +52,20 @@ EQUIVALENT: dict[str, str] = {
     _CB + "record__mutmut_47": "`backoff=None` for `backoff=False`: `_open` only tests its truth",
     _CB + "record__mutmut_64": "`backoff=None` for `backoff=False`: `_open` only tests its truth",
     _CB + "record__mutmut_53": "`n_ok >= 0` for `n_ok > 0`: with no success `_slow` is 0 and the rule needs ≥ 1",
+    # kvmesh.routing (the cost terms, the profile, the in-flight tracker)
+    "kvmesh.routing.scorers.cost.xǁCostScorerǁ__init____mutmut_27": (
+        "`alpha = None` before `set_weights`, which sets it (or raises, and no scorer exists) before any read"
+    ),
+    "kvmesh.routing.scorers.cost.xǁCostScorerǁscore__mutmut_47": f"`if m or True`: {_NO_HIT}",
+    "kvmesh.routing.scorers.prefill_cost.x_prefill_tokens__mutmut_9": f"`if m or True`: {_NO_HIT}",
+    "kvmesh.routing.scorers.prefill_cost.x_prefill_tokens__mutmut_13": (
+        "`if new < 1: new = 0`: token counts are ints, so the only extra case, new == 0, is set to 0 again"
+    ),
+    "kvmesh.routing.inflight.xǁInflightTrackerǁon_report__mutmut_8": "`float('-INF')` is `float('-inf')`",
+    "kvmesh.routing.profile.xǁProfileǁdecide__mutmut_40": (
+        "one scorer of weight 1 takes the general sum instead of the fast path: 0.0 + 1.0 · v is v, the same "
+        "totals and terms"
+    ),
     # kvmesh.index.hashing
     _HT + "__init____mutmut_13": (
         "`pinv` starts 2 long instead of 1: growth tests `ppow`'s length and rebuilds both, and before it only "
