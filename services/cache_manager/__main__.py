@@ -151,10 +151,18 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         while True:
             await wake.wait()
             wake.clear()
-            await core.persist()
+            try:
+                await core.persist()
+            except Exception as e:
+                m.store_failure(e)
+                raise
 
     async def checkpoint() -> None:
-        await core.checkpoint()
+        try:
+            await core.checkpoint()
+        except Exception as e:
+            m.store_failure(e)
+            raise
         m.CHECKPOINTS.inc()
 
     async def gauges() -> None:
@@ -198,8 +206,11 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
         if zones is not None:
             await zones.stop()  # before the last checkpoint: it holds the copies as they stop
         if store is not None:
-            await core.persist()
-            await checkpoint()
+            try:
+                await core.persist()
+                await checkpoint()
+            except Exception as e:  # a full or lost store must not hold the stop: the last checkpoint stands
+                log.warning("the final checkpoint into %s failed: %s", location, e)
             await store.close()
         if replicator is not None:
             await replicator.close()

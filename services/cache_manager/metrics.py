@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from kvmesh.core.errors import ResourceExhausted
 from kvmesh.telemetry.metrics import LATENCY_BUCKETS
 
 INDEX_BLOCKS = Gauge("kvmesh_cache_index_blocks", "Distinct blocks in the prefix index")
@@ -37,6 +38,11 @@ HIT_BLOCKS = Counter(
 WARMING = Counter("kvmesh_cache_warming_actions_total", "Prefill-only warming requests issued", ["reason"])
 WARMING_COOLED = Counter("kvmesh_cache_warming_cooled_total", "Prefixes the LFU+LRU policy stopped keeping warm")
 CHECKPOINTS = Counter("kvmesh_cache_checkpoints_total", "Checkpoints written")
+CHECKPOINT_FAILURES = Counter(
+    "kvmesh_cache_checkpoint_failures_total",
+    "Checkpoint-store writes that failed (snapshots and log appends), by reason: full or unavailable",
+    ["reason"],
+)
 CHECKPOINT_SECONDS = Histogram("kvmesh_cache_checkpoint_seconds", "Checkpoint duration", buckets=LATENCY_BUCKETS)
 WATCHERS = Gauge("kvmesh_cache_watchers", "Index watch streams open")
 WATCH_STREAMS = Counter(
@@ -85,3 +91,8 @@ REPLICAS_RECEIVED = Counter(
     "Prefixes another zone replicated into this one, by outcome",
     ["source_zone", "outcome"],
 )
+
+
+def store_failure(e: BaseException) -> None:
+    """Counts a failed checkpoint-store write (`kvmesh.store.base`: a full store is ResourceExhausted)."""
+    CHECKPOINT_FAILURES.labels("full" if isinstance(e, ResourceExhausted) else "unavailable").inc()

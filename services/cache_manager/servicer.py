@@ -338,7 +338,11 @@ class CacheManagerServicer(cache_manager_pb2_grpc.CacheManagerServiceServicer):
             if self.core.store is None:
                 raise FailedPrecondition("no checkpoint store configured (--redis-url or --checkpoint-dir)")
             t0 = time.perf_counter()
-            pairs, size = await self.core.checkpoint()
+            try:
+                pairs, size = await self.core.checkpoint()
+            except Exception as e:
+                m.store_failure(e)
+                raise
             m.CHECKPOINTS.inc()
             m.CHECKPOINT_SECONDS.observe(time.perf_counter() - t0)
             a.update(pairs=pairs, bytes=size)

@@ -15,7 +15,9 @@ JSON line:
      "growth_per_hour": {TARGET: {"rss_mb", "fds", "threads", "tasks"}}, ...}
 
 plus ``shed`` (arrivals not sent: the in-flight bound was reached), ``fills`` (pool-filling requests),
-``failed_non_retryable``, ``drain_violations``, ``not_serving``, ``index_differences``, ``dump_orphans``
+``failed_non_retryable``, ``drain_violations``, ``integrity_violations`` (a corrupted block delivered by a
+pull, a checkpoint into a full store that did not fail cleanly), ``checkpoint_errors`` (a checkpoint asked
+of each cache-manager after the last fault), ``not_serving``, ``index_differences``, ``dump_orphans``
 (workers whose full dump holds blocks without their parent, how many). The schedule, one line per fault,
 and the history of every request that broke an invariant go to stderr (the run replays from its seed).
 `--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
@@ -85,12 +87,16 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         log(history(r))
     for v in campaign.drain_violations:
         log(f"rogue drain: {v}")
+    for v in campaign.integrity_violations:
+        log(f"integrity: {v}")
     growth = report.growth_per_hour(campaign.samples, a.warmup_s + 30)
     extra = {
         "shed": campaign.traffic.shed,
         "fills": t.fills,
         "failed_non_retryable": t.failed_non_retryable,
         "drain_violations": len(campaign.drain_violations),
+        "integrity_violations": len(campaign.integrity_violations),
+        "checkpoint_errors": final["checkpoint_errors"],
         "not_serving": final["not_serving"],
         "index_differences": final["index_differences"][:10],
         "dump_orphans": final["dump_orphans"][:10],

@@ -13,14 +13,17 @@ has ended and the traffic has stopped:
 * no kv-sync lease held and no tier slot left mid-write in any worker's CPU-tier region (attached read-only
   from here, polled until none or `CONVERGE_S`);
 * no shared-memory segment (/dev/shm/kvmesh-<pid>-*) of a process of this suite that has exited: counted
-  before the teardown (what the restarted workers' orphan clean-up missed) and after it (what a SIGTERM left).
+  before the teardown (what the restarted workers' orphan clean-up missed) and after it (what a SIGTERM left);
+* each cache-manager writes a checkpoint into its store (which the faults filled and restarted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
+import random
 import re
 import signal
 import time
@@ -29,14 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc.aio
+import redis
 
 from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
-from kvmesh.bench.chaos_suite import PLANNER, Suite, all_serving, signal_process, wait_exit
+from kvmesh.bench.chaos_suite import PLANNER, REDIS_PORT, Suite, all_serving, signal_process, wait_exit
 from kvmesh.bench.chaos_traffic import Traffic
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import MASK64
 from kvmesh.core.kvevents import BlockStored, KvEvent
-from kvmesh.kvplane.kvsync.tier import RegionReader
+from kvmesh.kvplane.kvsync.client import KvSyncClient, PullFailed
+from kvmesh.kvplane.kvsync.tier import RegionReader, slot_data_offset
 from kvmesh.suite.shm_leftovers import unlink_unmapped
 from kvmesh.v1 import (
     cache_manager_pb2,
@@ -52,6 +57,8 @@ from kvmesh.wire.proto import events_from_proto
 FINAL_SERVING_S = 30.0
 CONVERGE_S = 60.0
 TERM_EXIT_S = 30.0
+OOM_WAIT_S = 10.0  # how long the kernel may take to OOM-kill a worker held below its memory
+MEMORY_CGROUP = "/sys/fs/cgroup/memory"  # cgroup v1's memory controller (cgroup v2: /sys/fs/cgroup)
 SHM_DIR = "/dev/shm"
 _OWNED = re.compile(r"kvmesh-(\d+)-.+")
 _DUMP_KINDS = (
@@ -92,6 +99,7 @@ class Campaign:
         self.faults: list[FaultLog] = []
         self.samples: list[Sample] = []
         self.drain_violations: list[str] = []
+        self.integrity_violations: list[str] = []  # a corrupted block delivered, a full store that "succeeded"
         self._link_lock = asyncio.Lock()
         # the overlap rule at run time: a restart can outlast the fault's scheduled time, and the next process
         # fault must not start before it (two zones' processes down at once, or two faults racing on one process)
@@ -151,6 +159,58 @@ class Campaign:
         log.notes.append(f"exited {code} after {self.now() - log.started:.2f}s")
         await self._restart(f.target, log)
 
+    async def _graceful_stop(self, target: str, log: FaultLog) -> None:
+        signal_process(self.suite, target, signal.SIGTERM)
+        code = await asyncio.to_thread(wait_exit, self.suite, target, TERM_EXIT_S)
+        if code is None:
+            log.notes.append(f"did not exit within {TERM_EXIT_S}s of SIGTERM: killed")
+            signal_process(self.suite, target, signal.SIGKILL)
+            code = await asyncio.to_thread(wait_exit, self.suite, target, 10.0)
+        log.notes.append(f"exited {code}")
+
+    async def version_skew(self, f: Fault, log: FaultLog) -> None:
+        """The worker comes back as another build (its version label) under the same id and address, while
+        the routers still hold its old view; then it is rolled back the same way."""
+        await self._graceful_stop(f.target, log)
+        t = self.now()
+        await asyncio.to_thread(self.suite.start, f.target, ("--version", str(f.params["version"])))
+        log.notes.append(f"back as version {f.params['version']} in {self.now() - t:.2f}s")
+        await self._sleep_until(log.started + f.duration_s)
+        await self._graceful_stop(f.target, log)
+        await self._restart(f.target, log)
+
+    async def oom_kill(self, f: Fault, log: FaultLog) -> None:
+        """The worker moved into a memory cgroup of its own whose limit is 1 MiB above nothing charged yet
+        (cgroup v1 charges only what it allocates from now on), and sent long prompts: its next allocations
+        exceed the limit and the kernel's OOM killer sends SIGKILL. Where no memory cgroup can be made, or the
+        kernel has not killed it within OOM_WAIT_S, SIGKILL by hand (noted: the signal the OOM killer sends)."""
+        pid = self.suite.procs[f.target].proc.pid
+        group = os.path.join(MEMORY_CGROUP, f"kvmesh-chaos-{pid}")
+        try:
+            os.mkdir(group)
+            with open(os.path.join(group, "memory.limit_in_bytes"), "w") as fh:
+                fh.write(str(1 << 20))
+            with open(os.path.join(group, "cgroup.procs"), "w") as fh:
+                fh.write(str(pid))
+        except OSError as e:
+            log.notes.append(f"no memory cgroup ({e.strerror}): SIGKILL as the OOM killer sends it")
+            signal_process(self.suite, f.target, signal.SIGKILL)
+        dead = asyncio.Event()  # long prompts straight to it meanwhile: an idle process allocates little
+        load = asyncio.create_task(self.traffic.fill(f.target, self.now() + OOM_WAIT_S, dead))
+        code = await asyncio.to_thread(wait_exit, self.suite, f.target, OOM_WAIT_S)
+        dead.set()
+        log.notes.append(f"{await load} long prompts sent to it meanwhile")
+        if code is None:
+            log.notes.append(f"not OOM-killed within {OOM_WAIT_S}s: SIGKILL")
+            signal_process(self.suite, f.target, signal.SIGKILL)
+            code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
+        with contextlib.suppress(OSError):
+            kills = [ln for ln in open(os.path.join(group, "memory.oom_control")) if ln.startswith("oom_kill ")]  # noqa: SIM115
+            log.notes.append(f"exit {code}, kernel {kills[0].strip() if kills else 'oom_kill ?'}")
+        await asyncio.to_thread(_remove_cgroup, group)
+        await self._sleep_until(log.started + f.duration_s)
+        await self._restart(f.target, log)
+
     # ---- the inter-zone link --------------------------------------------------------------------------------
     def _proxies(self) -> list[Any]:
         links = self.suite.links
@@ -164,21 +224,28 @@ class Campaign:
             await self._sleep_until(log.started + f.duration_s)
             await asyncio.to_thread(self.suite.links.heal)
 
-    async def link_delay(self, f: Fault, log: FaultLog) -> None:
-        """The link restarted with the fault's delay (its connections die at the switch), then as before."""
+    async def _switch_link(self, f: Fault, log: FaultLog, attr: str, value: float) -> None:
+        """Every proxy of the link restarted with `attr` set to `value` (its connections die at the switch),
+        then, after the fault's time, as before."""
         async with self._link_lock:
             proxies = self._proxies()
-            before = proxies[0].delay_ms
+            before = getattr(proxies[0], attr)
 
-            def switch(delay: float) -> None:
+            def switch(v: float) -> None:
                 for p in proxies:
-                    p.delay_ms = delay
+                    setattr(p, attr, v)
                     p.cut()
                     p.heal()
 
-            await asyncio.to_thread(switch, float(f.params["delay_ms"]))
+            await asyncio.to_thread(switch, value)
             await self._sleep_until(log.started + f.duration_s)
             await asyncio.to_thread(switch, before)
+
+    async def link_delay(self, f: Fault, log: FaultLog) -> None:
+        await self._switch_link(f, log, "delay_ms", float(f.params["delay_ms"]))
+
+    async def link_cap(self, f: Fault, log: FaultLog) -> None:
+        await self._switch_link(f, log, "rate", float(f.params["bytes_per_s"]))
 
     async def link_flap(self, f: Fault, log: FaultLog) -> None:
         async with self._link_lock:
@@ -240,6 +307,90 @@ class Campaign:
                 except grpc.aio.AioRpcError as e:
                     log.notes.append(f"undrain {wid}: {e.code().name} (a restarted router forgot the drain)")
 
+    # ---- stores -------------------------------------------------------------------------------------------------
+    async def checkpoint_full(self, f: Fault, log: FaultLog) -> None:
+        """The zone's checkpoint store full: Redis held at its memory limit with no eviction, or the tmpfs of
+        the checkpoint files filled to ENOSPC. A checkpoint asked for meanwhile must fail with a clear code
+        (the store's error named, the cache-manager serving on); after the fault, `final_pass` checks that a
+        checkpoint succeeds again."""
+        zone = f.target
+        address = self.suite.address(f"{zone}/cache-manager")
+        if zone == self.suite.redis_zone():
+            client = redis.Redis(host=self.suite.zone(zone).ns_ip, port=REDIS_PORT, socket_timeout=2)
+            try:
+                used = int((await asyncio.to_thread(client.info, "memory"))["used_memory"])
+                await asyncio.to_thread(client.config_set, "maxmemory-policy", "noeviction")
+                await asyncio.to_thread(client.config_set, "maxmemory", str(max(1, used // 2)))
+            except redis.RedisError as e:
+                log.notes.append(f"redis unreachable ({type(e).__name__}): nothing filled")
+                return
+            log.notes.append(f"redis maxmemory {used // 2} (used {used})")
+            try:
+                await self._checkpoint_while_full(address, log)
+                await self._sleep_until(log.started + f.duration_s)
+            finally:
+                with contextlib.suppress(redis.RedisError):
+                    await asyncio.to_thread(client.config_set, "maxmemory", "0")
+            return
+        filler = self.suite.checkpoint_dirs[zone] / "chaos-filler"
+        written = await asyncio.to_thread(_fill, filler)
+        log.notes.append(f"tmpfs filled ({written} bytes)")
+        try:
+            await self._checkpoint_while_full(address, log)
+            await self._sleep_until(log.started + f.duration_s)
+        finally:
+            filler.unlink(missing_ok=True)
+
+    async def _checkpoint_while_full(self, address: str, log: FaultLog) -> None:
+        async with grpc.aio.insecure_channel(address) as ch:
+            stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
+            try:
+                await stub.Checkpoint(cache_manager_pb2.CheckpointRequest(), timeout=10)
+            except grpc.aio.AioRpcError as e:
+                log.notes.append(f"checkpoint refused: {e.code().name} {(e.details() or '')[:160]}")
+                if e.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL):
+                    self.integrity_violations.append(f"t={self.now():.2f} {address}: a full store gave {e.code().name}")
+                return
+        self.integrity_violations.append(f"t={self.now():.2f} {address}: a checkpoint succeeded into a full store")
+
+    async def tier_corrupt(self, f: Fault, log: FaultLog) -> None:
+        """One byte of a published block in the worker's CPU tier flipped in its shared memory (its header
+        and CRC32C unchanged, as a bit flip in DRAM would leave them); then a kv-sync pull of that block from
+        the worker, as a peer would make it, must fail its integrity check (`integrity_violations`
+        otherwise). A block evicted or rewritten in between is noted, not counted."""
+        address = self.suite.address(f.target)
+        async with grpc.aio.insecure_channel(address) as ch:
+            info = await worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+        if not info.tier_shm_name:
+            log.notes.append("no CPU tier: nothing corrupted")
+            return
+        picked = await asyncio.to_thread(_flip_a_byte, info.tier_shm_name, random.Random(f"{f.t}/{f.target}"))
+        if picked is None:
+            log.notes.append("no published block in the tier: nothing corrupted")
+            return
+        digest, slot, generation = picked
+        log.notes.append(f"flipped a byte of slot {slot} (block {digest.hex()[:16]})")
+        async with grpc.aio.insecure_channel(info.kvsync_address) as ch:
+            client = KvSyncClient(ch)
+            try:
+                region = await client.describe(info.tier_region)
+                out = memoryview(bytearray(region.block_bytes))
+                stats = await client.pull(info.tier_region, [digest], [out], region.layout, timeout_s=5)
+            except PullFailed as e:
+                log.notes.append(f"pull failed closed: {e.reason}")
+                return
+            except grpc.aio.AioRpcError as e:
+                log.notes.append(f"kv-sync unreachable: {e.code().name}")
+                return
+        reader = RegionReader.attach(info.tier_shm_name)
+        try:
+            rewritten = int(reader._gen[slot]) != generation
+        finally:
+            reader.close()
+        if stats.blocks and not rewritten:
+            self.integrity_violations.append(f"t={self.now():.2f} {f.target}: a corrupted block was delivered")
+        log.notes.append(f"pull delivered {stats.blocks} blocks ({'slot rewritten' if rewritten else 'not found'})")
+
     # ---- load ----------------------------------------------------------------------------------------------------
     async def pool_full(self, f: Fault, log: FaultLog) -> None:
         sent = await self.traffic.fill(f.target, log.started + f.duration_s)
@@ -264,13 +415,72 @@ KINDS: dict[str, Callable[[Campaign, Fault, FaultLog], Awaitable[None]]] = {
     "kill": Campaign.kill,
     "stop": Campaign.stop,
     "term": Campaign.term,
+    "version_skew": Campaign.version_skew,
+    "oom_kill": Campaign.oom_kill,
     "link_cut": Campaign.link_cut,
     "link_delay": Campaign.link_delay,
+    "link_cap": Campaign.link_cap,
     "link_flap": Campaign.link_flap,
     "rogue_drain": Campaign.rogue_drain,
     "pool_full": Campaign.pool_full,
+    "checkpoint_full": Campaign.checkpoint_full,
+    "tier_corrupt": Campaign.tier_corrupt,
     "burst": Campaign.burst,
 }
+
+
+def _remove_cgroup(group: str) -> None:
+    """rmdir of an emptied memory cgroup (its charges go to the parent); retried while the dead process's
+    exit is still being accounted."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            os.rmdir(group)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)  # the kernel finishing the exit
+
+
+def _fill(path: Any) -> int:
+    """Writes zeros to `path` until its filesystem is full (ENOSPC); the bytes written."""
+    written = 0
+    chunk = bytes(1 << 20)
+    with open(path, "wb", buffering=0) as fh:
+        while True:
+            try:
+                written += fh.write(chunk)
+            except OSError:
+                break
+        with contextlib.suppress(OSError):  # the last bytes that fit, to a byte
+            while True:
+                n = fh.write(b"\0" * 4096)
+                if not n:
+                    break
+                written += n
+    return written
+
+
+def _flip_a_byte(shm_name: str, rng: random.Random) -> tuple[bytes, int, int] | None:
+    """Flips one data byte of a random published block in the region (header and CRC left as they are):
+    (its digest, slot, generation), or None when no block is published."""
+    reader = RegionReader.attach(shm_name)
+    try:
+        reader.locate([])  # scans the headers
+        published = sorted(reader._by_digest.items(), key=lambda kv: kv[1])
+        if not published:
+            return None
+        digest, slot = rng.choice(published)
+        generation, length = int(reader._gen[slot]), int(reader._length[slot])
+        offset = slot_data_offset(reader.block_bytes, reader.num_slots, slot) + rng.randrange(max(1, length))
+    finally:
+        reader.close()
+    with open(os.path.join(SHM_DIR, shm_name), "r+b") as fh, mmap.mmap(fh.fileno(), 0) as m:
+        m[offset] ^= 0xFF
+    return digest, slot, generation
 
 
 def proc_sample(pid: int) -> tuple[float, int, int] | None:
@@ -434,6 +644,19 @@ def remove_shm(names: list[str]) -> None:
     unlink_unmapped([os.path.join(SHM_DIR, n) for n in names])
 
 
+async def checkpoint_errors(suite: Suite) -> list[str]:
+    """A checkpoint asked of each cache-manager (after the last fault, its store back to normal): what failed."""
+    errors = []
+    for z in suite.zones:
+        async with grpc.aio.insecure_channel(suite.address(f"{z.name}/cache-manager")) as ch:
+            stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
+            try:
+                await stub.Checkpoint(cache_manager_pb2.CheckpointRequest(), timeout=10)
+            except grpc.aio.AioRpcError as e:
+                errors.append(f"{z.name}: {e.code().name} {(e.details() or '')[:200]}")
+    return errors
+
+
 async def final_pass(suite: Suite) -> dict[str, Any]:
     health = await all_serving(suite, FINAL_SERVING_S)
     converged_s, found = await converge(lambda: index_differences(suite), lambda d: not d[0], CONVERGE_S)
@@ -448,4 +671,5 @@ async def final_pass(suite: Suite) -> dict[str, Any]:
         "leases": leases,
         "slots": slots,
         "shm_before_teardown": shm_of(suite.pids),
+        "checkpoint_errors": await checkpoint_errors(suite),
     }

@@ -9,22 +9,36 @@ Kinds and what they do (the runner's `kvmesh.bench.chaos_runner` carries them ou
 * ``kill``: SIGKILL of one process, restarted on the same address after `duration_s`.
 * ``stop``: SIGSTOP of one process, SIGCONT after `duration_s` (a process hung, then back).
 * ``term``: SIGTERM of one process (a graceful stop), restarted once it has exited.
+* ``version_skew``: a worker stopped (SIGTERM) and started again with another version label while the routers
+  still hold its old view; after `duration_s` it is rolled back the same way.
+* ``oom_kill``: a worker put in a memory cgroup whose limit is below what it is about to use, so that the
+  kernel's OOM killer kills it (SIGKILL); restarted after `duration_s`.
 * ``link_cut``: the inter-zone link down for `duration_s`.
 * ``link_delay``: the link restarted with `params["delay_ms"]` each way for `duration_s`, then as before.
+* ``link_cap``: the link restarted with a bandwidth cap of `params["bytes_per_s"]` per connection and
+  direction for `duration_s`, then as before.
 * ``link_flap``: the link cut and healed every `params["period_s"]` for `duration_s`.
 * ``rogue_drain``: DrainWorker of every worker of a zone's router with the planner's identity (the router
   must refuse past its drain floor with PERMISSION_DENIED naming drain_floor); what was drained is undrained
   after `duration_s`.
 * ``pool_full``: long sessions sent straight to one worker until its KV pool is full, for `duration_s`.
+* ``checkpoint_full``: a zone's checkpoint store full for `duration_s` (Redis at its memory limit with no
+  eviction, or the checkpoint directory's tmpfs filled), then freed.
+* ``tier_corrupt``: one byte flipped in a published block of a worker's CPU tier (its shared memory); a
+  kv-sync pull of that block must then fail its integrity check.
 * ``burst``: the campaign's arrival rate x `params["factor"]` for `duration_s`.
 
-Process targets are ``<zone>/<service>``: ``a/router``, ``a/cache-manager``, ``a/failover``, ``a/worker-0``...
+Process targets are ``<zone>/<service>``: ``a/router``, ``a/cache-manager``, ``a/failover``, ``a/planner``,
+``a/worker-0``... and the first zone's ``redis`` (its cache-manager's checkpoint store; the other zone's
+cache-manager checkpoints to files). ``version_skew``, ``oom_kill``, ``pool_full`` and ``tier_corrupt`` target
+a worker.
 
 The overlap rule (why every request always has somewhere to go): at most `MAX_ACTIVE` faults at once; of
-those at most one is a process fault (kill, stop, term) and at most one touches the link (cut, delay, flap).
-So at every instant at least one zone has every process up, and a client that follows both zones' failover
-services always has a whole zone to be served by. A fault that would break the rule starts when the fault in
-its way has ended; at run time a process fault also waits for the previous one's restart, however long.
+those at most one is a process fault (kill, stop, term, version_skew, oom_kill) and at most one touches the
+link (cut, delay, cap, flap). So at every instant at least one zone has every process up, and a client that
+follows both zones' failover services always has a whole zone to be served by. A fault that would break the
+rule starts when the fault in its way has ended; at run time a process fault also waits for the previous
+one's restart, however long.
 """
 
 from __future__ import annotations
@@ -34,27 +48,36 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PROCESS_KINDS = ("kill", "stop", "term")
-LINK_KINDS = ("link_cut", "link_delay", "link_flap")
-OTHER_KINDS = ("rogue_drain", "pool_full", "burst")
+PROCESS_KINDS = ("kill", "stop", "term", "version_skew", "oom_kill")
+WORKER_ONLY_KINDS = ("version_skew", "oom_kill", "pool_full", "tier_corrupt")
+LINK_KINDS = ("link_cut", "link_delay", "link_cap", "link_flap")
+OTHER_KINDS = ("rogue_drain", "pool_full", "checkpoint_full", "tier_corrupt", "burst")
 KINDS = PROCESS_KINDS + LINK_KINDS + OTHER_KINDS
 MAX_ACTIVE = 2
-SERVICES = ("router", "cache-manager", "failover")
+SERVICES = ("router", "cache-manager", "failover", "planner")
+REDIS = "redis"  # the first zone's checkpoint store, a process target of that zone
 # (low, high) seconds a fault of each kind lasts; a term's restart follows the graceful exit at once
 DURATION_S = {
     "kill": (1.0, 4.0),
     "stop": (1.0, 5.0),
     "term": (0.0, 0.0),
+    "version_skew": (3.0, 8.0),
+    "oom_kill": (1.0, 4.0),
     "link_cut": (2.0, 6.0),
     "link_delay": (3.0, 8.0),
+    "link_cap": (3.0, 8.0),
     "link_flap": (3.0, 6.0),
     "rogue_drain": (2.0, 5.0),
     "pool_full": (3.0, 8.0),
+    "checkpoint_full": (3.0, 8.0),
+    "tier_corrupt": (0.0, 0.0),
     "burst": (3.0, 6.0),
 }
 # how long a term may take to exit (a service drains for up to its 10 s grace) and come back: the rule holds
 # its process fault that long (the runner also waits for a restart that outlasts its schedule)
-TERM_HOLD_S = 15.0
+TERM_HOLD_S = 6.0
+# how long a worker's restart is held for: a version skew's two restarts, an OOM kill's death and restart
+WORKER_RESTART_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -70,19 +93,28 @@ class Fault:
     @property
     def end(self) -> float:
         """When the rule stops counting it as active."""
-        return self.t + (TERM_HOLD_S if self.kind == "term" else self.duration_s)
+        hold = self.duration_s
+        if self.kind == "term":
+            hold = TERM_HOLD_S
+        elif self.kind == "version_skew":  # a graceful stop and a start on each side of its time
+            hold += 2 * WORKER_RESTART_S
+        elif self.kind == "oom_kill":
+            hold += WORKER_RESTART_S
+        return round(self.t + hold, 2)  # on the schedule's 10 ms grid, as its starts are: no float-edge overlap
 
     def line(self) -> str:
         """One line for the report: time, kind, target, how long, parameters (enough to read a replay)."""
         extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"t={self.t:7.2f}s {self.kind:<11} {self.target:<18} for {self.duration_s:5.2f}s {extra}".rstrip()
+        return f"t={self.t:7.2f}s {self.kind:<15} {self.target:<18} for {self.duration_s:5.2f}s {extra}".rstrip()
 
     def as_dict(self) -> dict[str, Any]:
         return {"t": self.t, "kind": self.kind, "target": self.target, "duration_s": self.duration_s, **self.params}
 
 
 def process_targets(zones: Sequence[str], workers_per_zone: int) -> list[str]:
-    return [f"{z}/{s}" for z in zones for s in (*SERVICES, *(f"worker-{i}" for i in range(workers_per_zone)))]
+    """Every process of the suite: each zone's services and workers, and the first zone's Redis."""
+    out = [f"{z}/{s}" for z in zones for s in (*SERVICES, *(f"worker-{i}" for i in range(workers_per_zone)))]
+    return [*out, f"{zones[0]}/{REDIS}"]
 
 
 def _group(kind: str) -> str:
@@ -102,11 +134,11 @@ def _draw(rng: random.Random, kind: str, t: float, zones: Sequence[str], workers
     duration = round(rng.uniform(low, high), 2)
     params: dict[str, Any] = {}
     zone = rng.choice(list(zones))
-    if kind in PROCESS_KINDS:
-        target = rng.choice(process_targets(zones, workers))
-    elif kind == "pool_full":
+    if kind in WORKER_ONLY_KINDS:
         target = f"{zone}/worker-{rng.randrange(workers)}"
-    elif kind == "rogue_drain":
+    elif kind in PROCESS_KINDS:
+        target = rng.choice(process_targets(zones, workers))
+    elif kind in ("rogue_drain", "checkpoint_full"):
         target = zone
     elif kind == "burst":
         target = "traffic"
@@ -114,8 +146,12 @@ def _draw(rng: random.Random, kind: str, t: float, zones: Sequence[str], workers
         target = "link"
     if kind == "link_delay":
         params["delay_ms"] = round(rng.uniform(20.0, 200.0), 1)
+    elif kind == "link_cap":
+        params["bytes_per_s"] = int(rng.choice((64e3, 256e3, 1e6, 4e6)))
     elif kind == "link_flap":
         params["period_s"] = round(rng.uniform(0.4, 1.2), 2)
+    elif kind == "version_skew":
+        params["version"] = "chaos-skew"
     elif kind == "burst":
         params["factor"] = 10
     return Fault(round(t, 2), kind, target, duration, params)
@@ -144,7 +180,7 @@ def make_schedule(
     while True:
         kind = first.pop(0) if first else rng.choice(KINDS)
         fault = _draw(rng, kind, t, zones, workers_per_zone)
-        start = t
+        start = round(t, 2)
         while not allowed([f for f in faults if f.t <= start < f.end], kind):
             start = round(min(f.end for f in faults if f.t <= start < f.end) + 0.01, 2)  # past it, rounded
         fault = Fault(round(start, 2), fault.kind, fault.target, fault.duration_s, fault.params)

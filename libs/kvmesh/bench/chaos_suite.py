@@ -6,10 +6,13 @@ and the clients look for it.
 Per zone: a cache-manager (following the other zone over the link and replicating hot prefixes into its
 workers' CPU tiers, as `kvmesh.bench.failover.start_zone` sets it up), `workers_per_zone` simulated workers
 (real-time simulated compute, `--sim-speed`, and a small KV pool that long sessions can fill), a router and a
-failover service. The routers enforce the authorisation table with bearer tokens provisioned here: the
-campaign's clients call as a client, its rogue planner as the planner (`identities`). No planner service and no
-redis-server: this suite has neither (the cache-managers keep no checkpoint), so the schedule has no fault for
-them.
+failover service and a planner (dry-run: it reads its zone's load through the router and logs what it would
+do). The routers enforce the authorisation table with bearer tokens provisioned here: the campaign's clients
+call as a client, the planner service as the planner, the rogue planner as another planner.
+
+The cache-managers checkpoint every `checkpoint_interval_s`: the first zone's into a redis-server of its own
+(a process target like the services), the other zone's into files on a small tmpfs mounted for the run (so
+that "the store is full" is a real ENOSPC).
 """
 
 from __future__ import annotations
@@ -17,13 +20,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc.aio
+import redis
 
 from kvmesh.bench import netns
 from kvmesh.bench.failover import BS, REPO, read_port, register
@@ -35,8 +42,11 @@ from kvmesh.suite.launcher import ServiceProcess, wait_serving
 WORKER_PORT = 47200  # worker i: gRPC WORKER_PORT + i, HTTP WORKER_PORT + 50 + i
 ROUTER_PORT = 47300  # HTTP ROUTER_PORT + 1
 FAILOVER_PORT = 47400
+PLANNER_PORT = 47450
+REDIS_PORT = 47500
 CLIENT = Identity(CallerRole.CLIENT, "chaos-client")
 PLANNER = Identity(CallerRole.PLANNER, "chaos-rogue-planner")
+PLANNER_SERVICE = Identity(CallerRole.PLANNER, "chaos-planner")
 
 
 @dataclass
@@ -48,6 +58,8 @@ class SuiteConfig:
     link_delay_ms: float = 0.5
     link_rate: float = 1.25e9
     replication_bytes_per_s: float = 50e6
+    checkpoint_interval_s: float = 2.0
+    checkpoint_tmpfs_mb: int = 16
 
 
 @dataclass
@@ -64,6 +76,15 @@ class Suite:
     args: dict[str, tuple[netns.Zone, str, list[str]]] = field(default_factory=dict)
     pids: set[int] = field(default_factory=set)  # every process the suite ever started (shm ownership)
     tokens: dict[str, str] = field(default_factory=dict)  # identity id -> its bearer token
+    token_files: dict[str, Path] = field(default_factory=dict)  # identity id -> its token file
+    checkpoint_dirs: dict[str, Path] = field(default_factory=dict)  # zone -> its tmpfs (file checkpoints)
+
+    def redis_zone(self) -> str:
+        """The zone whose cache-manager checkpoints into Redis (the first; the others into files)."""
+        return self.zones[0].name
+
+    def redis_url(self) -> str:
+        return f"redis://{self.zones[0].ns_ip}:{REDIS_PORT}/0"
 
     def zone(self, name: str) -> netns.Zone:
         return next(z for z in self.zones if z.name == name)
@@ -80,13 +101,60 @@ class Suite:
     def workers(self, zone: str) -> list[str]:
         return [t for t in self.procs if t.startswith(f"{zone}/worker-")]
 
-    def start(self, target: str) -> ServiceProcess:
-        """(Re)starts `target` on its fixed address and waits until it serves."""
+    def start(self, target: str, extra: Sequence[str] = ()) -> ServiceProcess:
+        """(Re)starts `target` on its fixed address (`extra` flags after its own) and waits until it serves."""
         zone, name, args = self.args[target]
-        sp = netns.start_in_zone(zone, name, self.tmp / zone.name, *args, timeout=90)
+        if name == "redis-server":
+            sp = start_redis(zone, self.tmp / zone.name)
+        else:
+            sp = netns.start_in_zone(zone, name, self.tmp / zone.name, *args, *extra, timeout=90)
         self.procs[target] = sp
         self.pids.add(sp.proc.pid)
         return sp
+
+
+def start_redis(zone: netns.Zone, tmp: Path, timeout_s: float = 15.0) -> ServiceProcess:
+    """redis-server inside the zone's namespace on its fixed address, no persistence (a restart forgets the
+    checkpoint: the cache-manager's next one writes it again); waits until it answers PING."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("chaos bench: redis-server is not installed (run scripts/bootstrap.sh)")
+    tmp.mkdir(parents=True, exist_ok=True)
+    log_path = tmp / f"redis-{zone.name}-{time.monotonic_ns()}.log"
+    cmd = ["ip", "netns", "exec", zone.ns, binary, "--port", str(REDIS_PORT), "--bind", zone.ns_ip]
+    # reached from the other namespaces' addresses: Redis's protected mode would refuse every non-loopback
+    # client of a server without a password (this one lives only in the run's private namespace)
+    cmd += ["--save", "", "--appendonly", "no", "--dir", str(tmp), "--protected-mode", "no"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"{zone.ns_ip}:{REDIS_PORT}"
+    sp = ServiceProcess("redis-server", proc, log_path, log_path, {"grpc": address})
+    client = redis.Redis(host=zone.ns_ip, port=REDIS_PORT, socket_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.ping()
+            return sp
+        except redis.RedisError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError(f"redis-server did not answer on {address}: {sp.log()[-500:]}") from None
+            time.sleep(0.05)  # the start's poll interval
+
+
+def redis_ping(address: str, timeout_s: float) -> None:
+    """Raises RuntimeError unless the Redis at `address` answers PING within `timeout_s`."""
+    host, port = address.rsplit(":", 1)
+    client = redis.Redis(host=host, port=int(port), socket_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.RedisError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis {address}: {e}") from None
+            time.sleep(0.1)  # the check's poll interval
 
 
 def _plan(suite: Suite, z: netns.Zone) -> None:
@@ -96,10 +164,16 @@ def _plan(suite: Suite, z: netns.Zone) -> None:
     cm_addr = f"{z.ns_ip}:{CM_PORT}"
     names = [x.name for x in suite.zones]
     cm_flags = links.cache_manager_flags(z, c.replication_bytes_per_s)
+    if z.name == suite.redis_zone():
+        store = ["--redis-url", suite.redis_url()]
+        suite.args[f"{z.name}/redis"] = (z, "redis-server", [])
+    else:
+        store = ["--checkpoint-dir", str(suite.checkpoint_dirs[z.name])]
+    store += ["--checkpoint-interval-s", str(c.checkpoint_interval_s)]
     suite.args[f"{z.name}/cache-manager"] = (
         z,
         "cache-manager",
-        ["--block-size", BS, "--http-port", "47101", *cm_flags],
+        ["--block-size", BS, "--http-port", "47101", *cm_flags, *store],
     )
     workers = []
     for i in range(c.workers_per_zone):
@@ -130,6 +204,16 @@ def _plan(suite: Suite, z: netns.Zone) -> None:
             *("--lkg-file", str(suite.tmp / f"lkg-{z.name}.json")),
         ],
     )
+    suite.args[f"{z.name}/planner"] = (
+        z,
+        "planner",
+        [
+            *("--port", str(PLANNER_PORT), "--http-port", str(PLANNER_PORT + 1)),
+            *("--routers", f"{z.name}={z.ns_ip}:{ROUTER_PORT}", "--actuator", "dry-run", "--interval-s", "2"),
+            *("--auth-token-file", str(suite.token_files[PLANNER_SERVICE.id])),
+            *("--history-file", str(suite.tmp / f"planner-history-{z.name}.json")),
+        ],
+    )
 
 
 async def start_suite(tmp: Path, config: SuiteConfig) -> Suite:
@@ -149,10 +233,13 @@ async def start_suite(tmp: Path, config: SuiteConfig) -> Suite:
 
 async def _start(suite: Suite) -> None:
     config = suite.config
-    own = provision(suite.tmp / "auth", [CLIENT, PLANNER])
+    own = provision(suite.tmp / "auth", [CLIENT, PLANNER, PLANNER_SERVICE])
     suite.tokens = {ident.id: path.read_text().strip() for ident, path in own.items()}
+    suite.token_files = {ident.id: path for ident, path in own.items()}
     for k, name in enumerate(("a", "b")):
         suite.zones.append(netns.create_zone(name, k))  # one at a time: a failed second leaves the first to stop
+    for z in suite.zones[1:]:
+        suite.checkpoint_dirs[z.name] = mount_tmpfs(suite.tmp / f"checkpoints-{z.name}", config.checkpoint_tmpfs_mb)
     suite.links = InterZoneLinks(suite.zones, config.workers_per_zone, config.link_delay_ms, config.link_rate)
     hosts = ["--host", "127.0.0.1"] + [x for z in suite.zones for x in ("--host", z.host_ip)]
     suite.consul = subprocess.Popen(
@@ -166,13 +253,28 @@ async def _start(suite: Suite) -> None:
     suite.consul_port = read_port(suite.consul)
     for z in suite.zones:
         _plan(suite, z)
+    stores = [t for t in suite.args if t.endswith("/redis")]
+    await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in stores))
     first = [t for t in suite.args if t.endswith(("/cache-manager", "/failover"))]
     await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in first))
-    rest = [t for t in suite.args if t not in first]
+    rest = [t for t in suite.args if t not in first and t not in stores and not t.endswith("/planner")]
     await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in rest))
+    planners = [t for t in suite.args if t.endswith("/planner")]  # after the routers they read
+    await asyncio.gather(*(asyncio.to_thread(suite.start, t) for t in planners))
     for z in suite.zones:
-        members = [sp for t, sp in suite.procs.items() if t.startswith(f"{z.name}/") and not t.endswith("/failover")]
+        members = [
+            sp
+            for t, sp in suite.procs.items()
+            if t.startswith(f"{z.name}/") and not t.endswith(("/failover", "/redis", "/planner"))
+        ]
         await register(suite.procs[f"{z.name}/failover"], members)
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> Path:
+    """A tmpfs of `size_mb` MiB at `path` (a store that can really fill up); unmounted by `stop_suite`."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)], check=True)
+    return path
 
 
 def signal_process(suite: Suite, target: str, sig: signal.Signals) -> None:
@@ -195,8 +297,9 @@ async def all_serving(suite: Suite, timeout_s: float) -> dict[str, str]:
     SERVING, else what went wrong."""
 
     async def one(target: str) -> tuple[str, str]:
+        check = redis_ping if target.endswith("/redis") else wait_serving
         try:
-            await asyncio.to_thread(wait_serving, suite.address(target), timeout_s)
+            await asyncio.to_thread(check, suite.address(target), timeout_s)
             return target, ""
         except (grpc.RpcError, RuntimeError) as e:
             return target, str(e)[:200]
@@ -223,5 +326,7 @@ def stop_suite(suite: Suite, timeout_s: float = 20.0) -> None:
     if suite.consul is not None and suite.consul.poll() is None:
         suite.consul.kill()
         suite.consul.wait(5)
+    for path in suite.checkpoint_dirs.values():
+        subprocess.run(["umount", "-l", str(path)], check=False)
     for z in suite.zones:
         z.destroy()

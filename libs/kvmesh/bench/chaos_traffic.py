@@ -332,8 +332,9 @@ class Traffic:
             return 200, "".join(parts), ""
 
     # ---- the pool_full fault ---------------------------------------------------------------------------------
-    async def fill(self, target: str, until: float) -> int:
-        """Long sessions straight to `target`'s Generate until `until`; returns how many were sent."""
+    async def fill(self, target: str, until: float, stop: asyncio.Event | None = None) -> int:
+        """Long sessions straight to `target`'s Generate until `until` (or `stop` is set); returns how many were
+        sent."""
         address = self.suite.address(target)
         sent = 0
         async with grpc.aio.insecure_channel(address) as ch:
@@ -363,8 +364,12 @@ class Traffic:
                 r.received, r.ended = [got], self.now()
 
             pending: set[asyncio.Task[None]] = set()
-            while self.now() < until:
-                while len(pending) < FILL_IN_FLIGHT and self.now() < until:
+
+            def going() -> bool:
+                return self.now() < until and not (stop is not None and stop.is_set())
+
+            while going():
+                while len(pending) < FILL_IN_FLIGHT and going():
                     pending.add(asyncio.create_task(one()))
                     sent += 1
                 _done, pending = await asyncio.wait(pending, timeout=max(0.0, until - self.now()))

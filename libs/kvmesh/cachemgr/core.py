@@ -75,6 +75,7 @@ class CacheCore:
         self.queries = QueryCounters()
         self._pending: list[bytes] = []
         self._store_lock = asyncio.Lock()
+        self.log_broken = False  # an append or snapshot failed: no appends until a checkpoint succeeds
         self._hashers: dict[tuple[str, str | None], IndexHasher] = {}
         self.on_observe: Callable[[Sequence[int], float], None] | None = None  # e.g. warm-set accesses
 
@@ -125,13 +126,23 @@ class CacheCore:
         return res
 
     async def persist(self) -> None:
-        """Append the pending log records to the store (in order)."""
+        """Append the pending log records to the store (in order).
+
+        After an append fails (the store full or gone: its error is raised) the log has a hole where those
+        records were: nothing more is appended until a checkpoint succeeds, since a record after a missing
+        one would replay onto the wrong state; the checkpoint's snapshot holds everything and starts a new
+        log. Until then a restore gives the state up to the hole, which the workers' resync brings up to
+        date."""
         if self.store is None or not self._pending:
             return
         async with self._store_lock:
             recs, self._pending = self._pending, []
-            if recs:
-                await self.store.append(recs)
+            if recs and not self.log_broken:
+                try:
+                    await self.store.append(recs)
+                except Exception:
+                    self.log_broken = True
+                    raise
 
     # ------------------------------------------------------------ queries
     def hasher_for(self, model: str, lora: str | None, tenant: str | None) -> tuple[IndexHasher, str | None]:
@@ -214,7 +225,12 @@ class CacheCore:
             meta: dict[str, object] = {"revision": self.revision, "time": time.time()}
             snap = snapshot_state(self.index, self.ingestor, self.stats, meta, self.zones)
             self._pending.clear()  # everything pending is inside the snapshot
-            await self.store.save_snapshot(snap)
+            try:
+                await self.store.save_snapshot(snap)
+            except Exception:
+                self.log_broken = True  # the cleared records are in no log: see `persist`
+                raise
+            self.log_broken = False
         return self.index.num_pairs(), len(snap)
 
     async def restore(self) -> Recovery:
@@ -224,6 +240,7 @@ class CacheCore:
         async with self._store_lock:
             rec = await recover(self.store, self.hasher, self.block_size)
             self._pending.clear()
+            self.log_broken = False  # the state is the store's again: its log continues it
         assert rec.restored is not None
         self.index = rec.restored.index
         self.ingestor = rec.restored.ingestor

@@ -7,6 +7,12 @@ a new epoch and drops the previous log in the same atomic step as the snapshot w
 appended after a snapshot was taken but before it was written lands in the new epoch's log; if the
 process dies before the snapshot write, those records are lost, which the caller detects as a sequence
 gap (the cache-manager's per-worker sequence numbers are part of the snapshot) and repairs by resync.
+
+A store that cannot write says why in kvmesh's own errors, never its client library's: full (ENOSPC, Redis
+at its memory limit) is `ResourceExhausted` with `RETRY_AFTER_S`, anything else on the way to it
+`Unavailable`. A failed `save_snapshot` leaves the previous snapshot and log as they were; a failed `append`
+may have written a prefix of its records (a torn tail ends the log there), never a later record after a
+missing one.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+RETRY_AFTER_S = 5.0  # a full store: when to try again (space may be freed, a checkpoint shrinks the log)
 
 
 @dataclass(slots=True)

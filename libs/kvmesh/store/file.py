@@ -10,13 +10,16 @@ the log there. `fsync_appends` makes each `append` durable before it returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import struct
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvmesh.store.base import Loaded
+from kvmesh.core.errors import KvmeshError, ResourceExhausted, Unavailable
+from kvmesh.store.base import RETRY_AFTER_S, Loaded
 
 MAGIC = b"KVMS1"
 _HDR = struct.Struct("<QI")
@@ -69,15 +72,27 @@ class FileCheckpointStore:
             pos += _REC.size + n
         return out
 
+    def _error(self, e: OSError, what: str) -> KvmeshError:
+        """The store's error for a failed write (see `kvmesh.store.base`)."""
+        where = f"checkpoint store {self.dir}: {what} failed: {e.strerror or e}"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ResourceExhausted(f"{where} (the store is full)", RETRY_AFTER_S)
+        return Unavailable(where)
+
     def save_snapshot_sync(self, snapshot: bytes) -> int:
         """Blocking `save_snapshot`."""
         new_epoch = self.epoch + 1
         tmp = self.dir / f".snapshot.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + _HDR.pack(new_epoch, zlib.crc32(snapshot)))
-            f.write(snapshot)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + _HDR.pack(new_epoch, zlib.crc32(snapshot)))
+                f.write(snapshot)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)  # a half-written snapshot would hold the space the next one needs
+            raise self._error(e, "writing the snapshot") from e
         os.replace(tmp, self.dir / "snapshot.bin")
         self._fsync_dir()
         old = self._log_path(self.epoch)
@@ -90,13 +105,28 @@ class FileCheckpointStore:
         """Blocking `append`."""
         if not records:
             return
-        if self._log is None:
-            self._log = open(self._log_path(self.epoch), "ab")  # noqa: SIM115 - kept open across appends
-        f = self._log
-        f.write(b"".join(_REC.pack(len(r), zlib.crc32(r)) + r for r in records))  # type: ignore[attr-defined]
-        f.flush()  # type: ignore[attr-defined]
-        if self.fsync_appends:
-            os.fsync(f.fileno())  # type: ignore[attr-defined]
+        path = self._log_path(self.epoch)
+        size = -1
+        try:
+            if self._log is None:
+                self._log = open(path, "ab")  # noqa: SIM115 - kept open across appends
+            f = self._log
+            size = f.tell()  # type: ignore[attr-defined]
+            f.write(b"".join(_REC.pack(len(r), zlib.crc32(r)) + r for r in records))  # type: ignore[attr-defined]
+            f.flush()  # type: ignore[attr-defined]
+            if self.fsync_appends:
+                os.fsync(f.fileno())  # type: ignore[attr-defined]
+        except OSError as e:
+            # what did not fit is dropped with the file object's buffer; the torn tail is cut off so that the
+            # log ends on a whole record (an append after it must not follow garbage)
+            if self._log is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._log.close()  # type: ignore[attr-defined]
+                self._log = None
+            if size >= 0:
+                with contextlib.suppress(OSError):
+                    os.truncate(path, size)
+            raise self._error(e, "appending to the log") from e
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)

@@ -9,6 +9,8 @@ from kvmesh.bench.chaos_schedule import (
     LINK_KINDS,
     MAX_ACTIVE,
     PROCESS_KINDS,
+    TERM_HOLD_S,
+    WORKER_RESTART_S,
     Fault,
     allowed,
     counts,
@@ -25,9 +27,9 @@ def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> Non
 
 @pytest.mark.parametrize("seed", range(20))
 def test_a_short_run_has_every_kind_inside_its_window(seed: int) -> None:
-    faults = make_schedule(seed, 75, warmup_s=5, settle_s=15, mean_gap_s=3)
+    faults = make_schedule(seed, 90, warmup_s=5, settle_s=15, mean_gap_s=3)
     assert all(n >= 1 for n in counts(faults).values()), counts(faults)
-    assert all(f.t >= 5 and f.end <= 60 for f in faults)
+    assert all(f.t >= 5 and f.end <= 75 for f in faults)
     assert [f.t for f in faults] == sorted(f.t for f in faults)
 
 
@@ -43,16 +45,31 @@ def test_the_overlap_rule_holds_at_every_instant(seed: int) -> None:
 
 def test_targets_name_the_suites_processes_zones_and_workers() -> None:
     procs = set(process_targets(("a", "b"), 2))
-    assert procs == {f"{z}/{s}" for z in "ab" for s in ("router", "cache-manager", "failover", "worker-0", "worker-1")}
-    for f in make_schedule(3, 600):
-        if f.kind in PROCESS_KINDS:
+    services = ("router", "cache-manager", "failover", "planner", "worker-0", "worker-1")
+    assert procs == {f"{z}/{s}" for z in "ab" for s in services} | {"a/redis"}  # the first zone's store
+    workers = {"a/worker-0", "a/worker-1", "b/worker-0", "b/worker-1"}
+    schedule = make_schedule(3, 600)
+    for f in schedule:
+        if f.kind in ("version_skew", "oom_kill", "pool_full", "tier_corrupt"):
+            assert f.target in workers, f.line()
+        elif f.kind in PROCESS_KINDS:
             assert f.target in procs
-        elif f.kind == "pool_full":
-            assert f.target in {"a/worker-0", "a/worker-1", "b/worker-0", "b/worker-1"}
-        elif f.kind == "rogue_drain":
+        elif f.kind in ("rogue_drain", "checkpoint_full"):
             assert f.target in ("a", "b")
-    delays = [f.params["delay_ms"] for f in make_schedule(3, 600) if f.kind == "link_delay"]
+    delays = [f.params["delay_ms"] for f in schedule if f.kind == "link_delay"]
     assert delays and all(20 <= d <= 200 for d in delays)
+    caps = [f.params["bytes_per_s"] for f in schedule if f.kind == "link_cap"]
+    assert caps and all(64_000 <= c <= 4_000_000 for c in caps)
+    assert {f.params["version"] for f in schedule if f.kind == "version_skew"} == {"chaos-skew"}
+    hit = {f.target for seed in range(10) for f in make_schedule(seed, 600) if f.kind in PROCESS_KINDS}
+    assert hit >= {"a/redis", "a/planner", "b/planner"}
+
+
+def test_a_fault_that_restarts_a_worker_holds_the_rule_through_its_restarts() -> None:
+    assert Fault(10, "version_skew", "a/worker-0", 4).end == 10 + 4 + 2 * WORKER_RESTART_S
+    assert Fault(10, "oom_kill", "a/worker-0", 2).end == 10 + 2 + WORKER_RESTART_S
+    assert Fault(10, "term", "a/router", 0).end == 10 + TERM_HOLD_S
+    assert Fault(10, "link_cap", "link", 5).end == 15
 
 
 def test_allowed_refuses_a_second_process_or_link_fault_and_a_third_fault() -> None:
