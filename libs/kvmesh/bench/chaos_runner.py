@@ -37,6 +37,7 @@ import redis
 from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
 from kvmesh.bench.chaos_suite import PLANNER, REDIS_PORT, Suite, all_serving, signal_process, wait_exit
 from kvmesh.bench.chaos_traffic import Traffic
+from kvmesh.bench.delay_proxy import ProxyProcess
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import MASK64
 from kvmesh.core.kvevents import BlockStored, KvEvent
@@ -58,6 +59,9 @@ FINAL_SERVING_S = 30.0
 CONVERGE_S = 60.0
 TERM_EXIT_S = 30.0
 OOM_WAIT_S = 10.0  # how long the kernel may take to OOM-kill a worker held below its memory
+PULL_BLOCKS = 256  # blocks a fault's own pull asks for
+PULL_PROXY_BYTES_PER_S = 256e3  # the slow link of pull_peer_kill: a 256-block pull takes seconds on it
+PULL_KILL_AFTER_S = 0.2
 MEMORY_CGROUP = "/sys/fs/cgroup/memory"  # cgroup v1's memory controller (cgroup v2: /sys/fs/cgroup)
 SHM_DIR = "/dev/shm"
 _OWNED = re.compile(r"kvmesh-(\d+)-.+")
@@ -211,6 +215,53 @@ class Campaign:
         await self._sleep_until(log.started + f.duration_s)
         await self._restart(f.target, log)
 
+    async def pull_peer_kill(self, f: Fault, log: FaultLog) -> None:
+        """A pull of the worker's tier blocks over gRPC through a proxy capped at `PULL_PROXY_BYTES_PER_S` (a
+        slow link: the bytes take a while), the worker SIGKILLed once the lease is granted and the stream has
+        begun; the pull must fail closed (PullFailed) with only whole, verified blocks delivered (the client's
+        checks), or have completed before the kill (noted). Restarted after the fault's time."""
+        info = await _tier_of(self.suite.address(f.target))
+        blocks = await asyncio.to_thread(_published, info.tier_shm_name, PULL_BLOCKS) if info.tier_shm_name else []
+        if not blocks:
+            log.notes.append("no published block in the tier: killed without a pull")
+            await self.kill(f, log)
+            return
+        proxy = await asyncio.to_thread(ProxyProcess, info.kvsync_address, 0.0, "127.0.0.1", PULL_PROXY_BYTES_PER_S)
+        try:
+            async with grpc.aio.insecure_channel(proxy.address) as ch:
+                client = KvSyncClient(ch)
+                region = await client.describe(info.tier_region)
+                outs = [memoryview(bytearray(region.block_bytes)) for _ in blocks]
+                lease = await client.acquire_lease(info.tier_region, blocks, ttl_ms=10_000)
+                pull = asyncio.create_task(
+                    client.pull(
+                        info.tier_region,
+                        blocks,
+                        outs,
+                        region.layout,
+                        lease=lease,
+                        timeout_s=10,
+                        prefer_shm=False,
+                        transport="grpc",
+                    )
+                )
+                await asyncio.sleep(PULL_KILL_AFTER_S)  # the fault's own timing: the stream is under way
+                signal_process(self.suite, f.target, signal.SIGKILL)
+                try:
+                    stats = await pull
+                    log.notes.append(f"the pull of {len(blocks)} blocks completed before the kill")
+                except PullFailed as e:
+                    log.notes.append(f"pull failed closed ({e.reason}) after {e.blocks} of {len(blocks)} blocks")
+                    stats = e.delivered
+            if stats.blocks > len(blocks):
+                self.integrity_violations.append(f"t={self.now():.2f} {f.target}: more blocks than asked")
+        finally:
+            await asyncio.to_thread(proxy.close)
+        code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
+        log.notes.append(f"killed (exit {code})")
+        await self._sleep_until(log.started + f.duration_s)
+        await self._restart(f.target, log)
+
     # ---- the inter-zone link --------------------------------------------------------------------------------
     def _proxies(self) -> list[Any]:
         links = self.suite.links
@@ -358,9 +409,7 @@ class Campaign:
         and CRC32C unchanged, as a bit flip in DRAM would leave them); then a kv-sync pull of that block from
         the worker, as a peer would make it, must fail its integrity check (`integrity_violations`
         otherwise). A block evicted or rewritten in between is noted, not counted."""
-        address = self.suite.address(f.target)
-        async with grpc.aio.insecure_channel(address) as ch:
-            info = await worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+        info = await _tier_of(self.suite.address(f.target))
         if not info.tier_shm_name:
             log.notes.append("no CPU tier: nothing corrupted")
             return
@@ -390,6 +439,35 @@ class Campaign:
         if stats.blocks and not rewritten:
             self.integrity_violations.append(f"t={self.now():.2f} {f.target}: a corrupted block was delivered")
         log.notes.append(f"pull delivered {stats.blocks} blocks ({'slot rewritten' if rewritten else 'not found'})")
+
+    async def lease_expire(self, f: Fault, log: FaultLog) -> None:
+        """A lease of `params["ttl_ms"]` on the worker's blocks, its puller stalled for the fault's time (past
+        the lease) while the worker serves on, then the read: it must be refused as expired, never copy
+        blocks the worker was free to evict or rewrite (`integrity_violations` otherwise)."""
+        info = await _tier_of(self.suite.address(f.target))
+        blocks = await asyncio.to_thread(_published, info.tier_shm_name, PULL_BLOCKS) if info.tier_shm_name else []
+        if not blocks:
+            log.notes.append("no published block in the tier: nothing leased")
+            return
+        async with grpc.aio.insecure_channel(info.kvsync_address) as ch:
+            client = KvSyncClient(ch)
+            region = await client.describe(info.tier_region)
+            outs = [memoryview(bytearray(region.block_bytes)) for _ in blocks]
+            lease = await client.acquire_lease(info.tier_region, blocks, ttl_ms=int(f.params["ttl_ms"]))
+            await self._sleep_until(log.started + f.duration_s)  # the puller's stall
+            try:
+                stats = await client.pull(info.tier_region, blocks, outs, region.layout, lease=lease, timeout_s=5)
+            except PullFailed as e:
+                log.notes.append(f"read after the lease refused: {e.reason}")
+                if e.blocks:
+                    self.integrity_violations.append(
+                        f"t={self.now():.2f} {f.target}: {e.blocks} blocks copied after their lease ended"
+                    )
+                return
+        self.integrity_violations.append(
+            f"t={self.now():.2f} {f.target}: a read {f.duration_s}s into a {f.params['ttl_ms']} ms lease delivered "
+            f"{stats.blocks} blocks over {stats.transport}"
+        )
 
     # ---- load ----------------------------------------------------------------------------------------------------
     async def pool_full(self, f: Fault, log: FaultLog) -> None:
@@ -425,8 +503,25 @@ KINDS: dict[str, Callable[[Campaign, Fault, FaultLog], Awaitable[None]]] = {
     "pool_full": Campaign.pool_full,
     "checkpoint_full": Campaign.checkpoint_full,
     "tier_corrupt": Campaign.tier_corrupt,
+    "pull_peer_kill": Campaign.pull_peer_kill,
+    "lease_expire": Campaign.lease_expire,
     "burst": Campaign.burst,
 }
+
+
+async def _tier_of(address: str) -> worker_pb2.GetInfoResponse:
+    async with grpc.aio.insecure_channel(address) as ch:
+        return await worker_pb2_grpc.WorkerServiceStub(ch).GetInfo(worker_pb2.GetInfoRequest(), timeout=5)
+
+
+def _published(shm_name: str, most: int) -> list[bytes]:
+    """Digests of up to `most` blocks published in the region, in slot order."""
+    reader = RegionReader.attach(shm_name)
+    try:
+        reader.locate([])  # scans the headers
+        return [d for d, _slot in sorted(reader._by_digest.items(), key=lambda kv: kv[1])][:most]
+    finally:
+        reader.close()
 
 
 def _remove_cgroup(group: str) -> None:

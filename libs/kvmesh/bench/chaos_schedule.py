@@ -26,19 +26,22 @@ Kinds and what they do (the runner's `kvmesh.bench.chaos_runner` carries them ou
   eviction, or the checkpoint directory's tmpfs filled), then freed.
 * ``tier_corrupt``: one byte flipped in a published block of a worker's CPU tier (its shared memory); a
   kv-sync pull of that block must then fail its integrity check.
+* ``pull_peer_kill``: a kv-sync pull of a worker's tier over a slow link (gRPC through a bandwidth-capped
+  proxy), the worker SIGKILLed while the bytes are on their way, restarted after `duration_s`: the pull must
+  fail closed, with only verified blocks delivered.
+* ``lease_expire``: a lease on a worker's blocks outlived by its puller (stalled for `duration_s`, past the
+  lease's `params["ttl_ms"]`, while the worker keeps serving): the read must then be refused as expired.
 * ``burst``: the campaign's arrival rate x `params["factor"]` for `duration_s`.
 
 Process targets are ``<zone>/<service>``: ``a/router``, ``a/cache-manager``, ``a/failover``, ``a/planner``,
 ``a/worker-0``... and the first zone's ``redis`` (its cache-manager's checkpoint store; the other zone's
-cache-manager checkpoints to files). ``version_skew``, ``oom_kill``, ``pool_full`` and ``tier_corrupt`` target
-a worker.
+cache-manager checkpoints to files). The kinds in `WORKER_ONLY_KINDS` target a worker.
 
 The overlap rule (why every request always has somewhere to go): at most `MAX_ACTIVE` faults at once; of
-those at most one is a process fault (kill, stop, term, version_skew, oom_kill) and at most one touches the
-link (cut, delay, cap, flap). So at every instant at least one zone has every process up, and a client that
-follows both zones' failover services always has a whole zone to be served by. A fault that would break the
-rule starts when the fault in its way has ended; at run time a process fault also waits for the previous
-one's restart, however long.
+those at most one is a process fault (`PROCESS_KINDS`) and at most one touches the link (`LINK_KINDS`). So
+at every instant at least one zone has every process up, and a client that follows both zones' failover
+services always has a whole zone to be served by. A fault that would break the rule starts when the fault in
+its way has ended; at run time a process fault also waits for the previous one's restart, however long.
 """
 
 from __future__ import annotations
@@ -48,10 +51,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PROCESS_KINDS = ("kill", "stop", "term", "version_skew", "oom_kill")
-WORKER_ONLY_KINDS = ("version_skew", "oom_kill", "pool_full", "tier_corrupt")
+PROCESS_KINDS = ("kill", "stop", "term", "version_skew", "oom_kill", "pull_peer_kill")
+WORKER_ONLY_KINDS = ("version_skew", "oom_kill", "pull_peer_kill", "pool_full", "tier_corrupt", "lease_expire")
 LINK_KINDS = ("link_cut", "link_delay", "link_cap", "link_flap")
-OTHER_KINDS = ("rogue_drain", "pool_full", "checkpoint_full", "tier_corrupt", "burst")
+OTHER_KINDS = ("rogue_drain", "pool_full", "checkpoint_full", "tier_corrupt", "lease_expire", "burst")
 KINDS = PROCESS_KINDS + LINK_KINDS + OTHER_KINDS
 MAX_ACTIVE = 2
 SERVICES = ("router", "cache-manager", "failover", "planner")
@@ -63,6 +66,7 @@ DURATION_S = {
     "term": (0.0, 0.0),
     "version_skew": (3.0, 8.0),
     "oom_kill": (1.0, 4.0),
+    "pull_peer_kill": (1.0, 3.0),
     "link_cut": (2.0, 6.0),
     "link_delay": (3.0, 8.0),
     "link_cap": (3.0, 8.0),
@@ -71,6 +75,7 @@ DURATION_S = {
     "pool_full": (3.0, 8.0),
     "checkpoint_full": (3.0, 8.0),
     "tier_corrupt": (0.0, 0.0),
+    "lease_expire": (1.0, 2.0),
     "burst": (3.0, 6.0),
 }
 # how long a term may take to exit (a service drains for up to its 10 s grace) and come back: the rule holds
@@ -98,7 +103,7 @@ class Fault:
             hold = TERM_HOLD_S
         elif self.kind == "version_skew":  # a graceful stop and a start on each side of its time
             hold += 2 * WORKER_RESTART_S
-        elif self.kind == "oom_kill":
+        elif self.kind in ("oom_kill", "pull_peer_kill"):
             hold += WORKER_RESTART_S
         return round(self.t + hold, 2)  # on the schedule's 10 ms grid, as its starts are: no float-edge overlap
 
@@ -152,6 +157,8 @@ def _draw(rng: random.Random, kind: str, t: float, zones: Sequence[str], workers
         params["period_s"] = round(rng.uniform(0.4, 1.2), 2)
     elif kind == "version_skew":
         params["version"] = "chaos-skew"
+    elif kind == "lease_expire":
+        params["ttl_ms"] = 500
     elif kind == "burst":
         params["factor"] = 10
     return Fault(round(t, 2), kind, target, duration, params)

@@ -10,6 +10,7 @@ from kvmesh.bench.chaos_schedule import (
     MAX_ACTIVE,
     PROCESS_KINDS,
     TERM_HOLD_S,
+    WORKER_ONLY_KINDS,
     WORKER_RESTART_S,
     Fault,
     allowed,
@@ -50,7 +51,7 @@ def test_targets_name_the_suites_processes_zones_and_workers() -> None:
     workers = {"a/worker-0", "a/worker-1", "b/worker-0", "b/worker-1"}
     schedule = make_schedule(3, 600)
     for f in schedule:
-        if f.kind in ("version_skew", "oom_kill", "pool_full", "tier_corrupt"):
+        if f.kind in WORKER_ONLY_KINDS:
             assert f.target in workers, f.line()
         elif f.kind in PROCESS_KINDS:
             assert f.target in procs
@@ -61,6 +62,9 @@ def test_targets_name_the_suites_processes_zones_and_workers() -> None:
     caps = [f.params["bytes_per_s"] for f in schedule if f.kind == "link_cap"]
     assert caps and all(64_000 <= c <= 4_000_000 for c in caps)
     assert {f.params["version"] for f in schedule if f.kind == "version_skew"} == {"chaos-skew"}
+    assert {f.params["ttl_ms"] for f in schedule if f.kind == "lease_expire"} == {500}
+    assert all(f.duration_s * 1000 > 500 for f in schedule if f.kind == "lease_expire")  # outlives its lease
+    assert set(WORKER_ONLY_KINDS) >= {"version_skew", "oom_kill", "pull_peer_kill", "pool_full", "tier_corrupt"}
     hit = {f.target for seed in range(10) for f in make_schedule(seed, 600) if f.kind in PROCESS_KINDS}
     assert hit >= {"a/redis", "a/planner", "b/planner"}
 
@@ -68,6 +72,7 @@ def test_targets_name_the_suites_processes_zones_and_workers() -> None:
 def test_a_fault_that_restarts_a_worker_holds_the_rule_through_its_restarts() -> None:
     assert Fault(10, "version_skew", "a/worker-0", 4).end == 10 + 4 + 2 * WORKER_RESTART_S
     assert Fault(10, "oom_kill", "a/worker-0", 2).end == 10 + 2 + WORKER_RESTART_S
+    assert Fault(10, "pull_peer_kill", "a/worker-0", 2).end == 10 + 2 + WORKER_RESTART_S
     assert Fault(10, "term", "a/router", 0).end == 10 + TERM_HOLD_S
     assert Fault(10, "link_cap", "link", 5).end == 15
 
