@@ -21,6 +21,9 @@ of each cache-manager after the last fault), ``not_serving``, ``index_difference
 (workers whose full dump holds blocks without their parent, how many). The schedule, one line per fault,
 and the history of every request that broke an invariant go to stderr (the run replays from its seed).
 `--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
+
+``--soak`` runs the same suite and traffic with no fault: the growth per hour of each process (RSS, its
+share of the process's RSS as ``rss_pct``, fds, threads) after `--growth-warmup-s` is the soak's figure.
 """
 
 from __future__ import annotations
@@ -47,8 +50,12 @@ def log(msg: str) -> None:
 
 
 async def run(a: argparse.Namespace) -> dict[str, Any]:
-    schedule = make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
-    log(f"chaos: seed {a.seed}, {len(schedule)} faults:")
+    schedule = (
+        []
+        if a.soak
+        else make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
+    )
+    log(f"chaos: seed {a.seed}, {len(schedule)} faults{' (a soak: the traffic alone)' if a.soak else ''}:")
     for f in schedule:
         log("  " + f.line())
     tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-chaos-"))
@@ -89,8 +96,11 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         log(f"rogue drain: {v}")
     for v in campaign.integrity_violations:
         log(f"integrity: {v}")
-    growth = report.growth_per_hour(campaign.samples, a.warmup_s + 30)
+    growth_warmup_s = a.growth_warmup_s if a.growth_warmup_s is not None else 300.0 if a.soak else a.warmup_s + 30
+    growth = report.growth_per_hour(campaign.samples, growth_warmup_s)
     extra = {
+        "soak": a.soak,
+        "growth_warmup_s": growth_warmup_s,
         "shed": campaign.traffic.shed,
         "fills": t.fills,
         "failed_non_retryable": t.failed_non_retryable,
@@ -140,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mean-gap-s", type=float, default=6.0, help="mean time between fault starts")
     p.add_argument("--sample-s", type=float, default=5.0, help="soak sampling period")
     p.add_argument(
+        "--soak",
+        action="store_true",
+        help="no faults: the same traffic for the whole run, to measure each process's growth per hour",
+    )
+    p.add_argument(
+        "--growth-warmup-s",
+        type=float,
+        default=None,
+        help="seconds of each process instance's life left out of its growth figure (default: 300 with --soak, "
+        "else --warmup-s + 30)",
+    )
+    p.add_argument(
         "--seeded-sessions",
         action="store_true",
         help="multi-turn sessions carry a sampling seed (default: greedy with none, as a chat client sends them)",
@@ -150,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--sim-speed must be > 0: requests must take time to overlap the faults")
     if a.workers_per_zone < 2:
         p.error("--workers-per-zone must be >= 2: the rogue planner's drain needs a floor to stop at")
-    try:
-        make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
-    except ValueError as e:
-        p.error(f"--duration-s: {e}")
+    if not a.soak:
+        try:
+            make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)
+        except ValueError as e:
+            p.error(f"--duration-s: {e}")
     print(json.dumps(asyncio.run(run(a))), flush=True)
     return 0

@@ -18,21 +18,29 @@ MIN_SPAN_S = 60.0  # a process instance sampled for less (after warm-up) gives n
 
 
 def growth_per_hour(samples: Sequence[Sample], warmup_s: float) -> dict[str, dict[str, float | None]]:
-    """Per target, the least-squares slope per hour of RSS (MiB), fds and threads over the samples of its
-    last process instance (a restart starts afresh) taken after `warmup_s`; None where that instance was
-    sampled for less than `MIN_SPAN_S`. ``tasks`` (asyncio tasks) is None: not observable from outside."""
+    """Per target, the least-squares slope per hour of RSS (MiB), fds and threads over one process instance
+    (a restart starts afresh): the instance sampled longest once its own first `warmup_s` are left out (a
+    process restarted mid-run warms up again: its pools and caches fill), the latest of equals. ``rss_pct``
+    is the RSS slope as a share of that instance's mean RSS (percent per hour). None where no instance was
+    sampled for `MIN_SPAN_S` after its warm-up. ``tasks`` (asyncio tasks) is None: not observable from
+    outside."""
     out: dict[str, dict[str, float | None]] = {}
     for target in sorted({s.target for s in samples}):
-        mine = [s for s in samples if s.target == target]
-        last_pid = mine[-1].pid
-        pts = [s for s in mine if s.pid == last_pid and s.t >= warmup_s]
-        fig: dict[str, float | None] = {"rss_mb": None, "fds": None, "threads": None, "tasks": None}
+        instances: dict[int, list[Sample]] = {}
+        for s in samples:
+            if s.target == target:
+                instances.setdefault(s.pid, []).append(s)
+        warm = [[p for p in pts if p.t >= pts[0].t + warmup_s] for pts in instances.values()]
+        pts = max(warm, key=lambda w: (w[-1].t - w[0].t if len(w) >= 2 else -1.0, w[-1].t if w else -1.0))
+        fig: dict[str, float | None] = {"rss_mb": None, "rss_pct": None, "fds": None, "threads": None, "tasks": None}
         if len(pts) >= 3 and pts[-1].t - pts[0].t >= MIN_SPAN_S:
             ts = [p.t for p in pts]
             for name in ("rss_mb", "fds", "threads"):
                 ys = [float(getattr(p, name)) for p in pts]
                 slope = statistics.linear_regression(ts, ys).slope if len(set(ys)) > 1 else 0.0
                 fig[name] = round(slope * 3600, 2)
+            mean_rss = statistics.fmean(p.rss_mb for p in pts)
+            fig["rss_pct"] = round(100 * (fig["rss_mb"] or 0.0) / mean_rss, 2) if mean_rss else None
         out[target] = fig
     return out
 

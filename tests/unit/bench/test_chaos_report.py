@@ -18,7 +18,18 @@ def test_growth_per_hour_is_the_slope_over_the_last_instance_after_warm_up() -> 
     assert g["a/router"]["threads"] == 0.0
     assert g["a/router"]["fds"] is not None and g["a/router"]["fds"] > 0
     assert g["a/router"]["tasks"] is None
-    assert g["a/worker-0"] == {"rss_mb": None, "fds": None, "threads": None, "tasks": None}
+    assert g["a/worker-0"] == {"rss_mb": None, "rss_pct": None, "fds": None, "threads": None, "tasks": None}
+
+
+def test_a_late_restart_s_warm_up_is_left_out_and_the_longest_instance_measured() -> None:
+    flat = [Sample(t, "a/worker-0", 100, 150.0, 12, 4) for t in range(0, 600, 10)]  # steady for 10 minutes
+    late = [Sample(t, "a/worker-0", 200, 120.0 + (t - 600) / 2, 12, 4) for t in range(600, 700, 10)]
+    g = growth_per_hour(flat + late, warmup_s=30)["a/worker-0"]
+    assert g["rss_mb"] == 0.0 and g["rss_pct"] == 0.0  # the restarted one filling its pool is not a leak
+    growing = [Sample(t, "b/router", 7, 100.0 + t / 360, 9, 2) for t in range(0, 3600, 60)]  # +10 MiB an hour
+    g = growth_per_hour(growing, warmup_s=300)["b/router"]
+    assert g["rss_mb"] == pytest.approx(10.0, rel=1e-3)
+    assert g["rss_pct"] == pytest.approx(100 * 10.0 / 105.42, rel=2e-2)
 
 
 def test_a_duration_too_short_for_every_kind_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
