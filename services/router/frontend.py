@@ -241,21 +241,30 @@ DEFAULT_DRAIN_FLOOR = 0.5
 
 def below_floor(views: Sequence[WorkerView], worker_id: str, share: float) -> tuple[int, int, int] | None:
     """(left in rotation, workers, floor) when draining `worker_id` would leave fewer of the pool's workers
-    routable than the floor, max(1, ceil(share · workers)); None otherwise. Pure."""
-    total = len(views)
+    routable than the floor, max(1, ceil(share · workers)); None otherwise. Only workers that serve a whole
+    request count (role both or decode): a prefill worker runs prefill halves only, so it keeps no request
+    servable, and draining it leaves every request servable aggregated. Pure."""
+    serving = [v for v in views if v.role.decodes]
+    if not any(v.id == worker_id for v in serving):
+        return None
+    total = len(serving)
     floor = max(1, math.ceil(share * total))
-    left = sum(1 for v in views if v.routable and v.id != worker_id)
+    left = sum(1 for v in serving if v.routable and v.id != worker_id)
     return (left, total, floor) if left < floor else None
 
 
 def last_in_rotation(views: Sequence[WorkerView], worker_id: str) -> str | None:
-    """The zone of `worker_id` (as it reports it) when no other worker of this router is routable (healthy, not
-    draining, circuit not open), so that draining it leaves the router, and the zone it serves, nothing to route
-    to; None otherwise. A router's workers are its zone's (whatever zone a worker names), hence the pool. Pure."""
-    zone = next((v.zone for v in views if v.id == worker_id), None)
-    if zone is None or any(v.routable for v in views if v.id != worker_id):
+    """The zone of `worker_id` (as it reports it) when no other worker of this router that serves a whole
+    request (role both or decode; see `below_floor`) is routable (healthy, not draining, circuit not open), so
+    that draining it leaves the router, and the zone it serves, nothing to route to; None otherwise (also for
+    a prefill worker). A router's workers are its zone's (whatever zone a worker names), hence the pool.
+    Pure."""
+    me = next((v for v in views if v.id == worker_id), None)
+    if me is None or not me.role.decodes:
         return None
-    return zone
+    if any(v.routable for v in views if v.id != worker_id and v.role.decodes):
+        return None
+    return me.zone
 
 
 def _skeleton_client() -> Identity | None:

@@ -9,6 +9,7 @@ from typing import Any, cast
 import pytest
 
 from kvmesh.core.errors import PermissionDenied
+from kvmesh.core.handoff import WorkerRole
 from kvmesh.routing import WorkerView
 from kvmesh.routing.types import CircuitState
 from kvmesh.security.identity import CallerRole, Identity
@@ -93,3 +94,23 @@ def test_a_planner_drains_down_to_the_floor_and_is_refused_below_it() -> None:
     front.drain("w2", True, caller=Identity(CallerRole.ADMIN, "operator"))
     assert front.core.pool.by_id["w2"].view.draining
     front.drain("w0", False, caller=planner)  # undraining is always allowed
+
+
+def test_the_floor_counts_only_workers_that_serve_a_whole_request() -> None:
+    """A prefill worker runs prefill halves only: with it and one decode worker in a zone, draining the decode
+    worker leaves nothing to serve a request end to end, whatever the prefill worker's state; draining the
+    prefill worker leaves every request servable (aggregated), so no floor stands in its way."""
+    views = [WorkerView("p", zone="a", role=WorkerRole.PREFILL), WorkerView("d", zone="a", role=WorkerRole.DECODE)]
+    assert below_floor(views, "d", 0.5) == (0, 1, 1)
+    assert below_floor(views, "p", 0.5) is None
+    assert last_in_rotation(views, "d") == "a"
+    assert last_in_rotation(views, "p") is None
+    pool = [
+        *views,
+        WorkerView("b", zone="a", role=WorkerRole.BOTH),
+        WorkerView("p2", zone="a", role=WorkerRole.PREFILL),
+    ]
+    assert below_floor(pool, "d", 0.5) is None  # b serves: 1 of the 2 that can, the floor of ceil(0.5 · 2)
+    assert last_in_rotation(pool, "d") is None
+    pool[2].healthy = False
+    assert below_floor(pool, "d", 0.5) == (0, 2, 1)
