@@ -22,9 +22,11 @@ of each cache-manager after the last fault), ``not_serving``, ``index_difference
 and the history of every request that broke an invariant go to stderr (the run replays from its seed).
 `--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
 
-``--soak`` runs the same suite and traffic with no fault: the growth per hour of each process (RSS, its
-share of the process's RSS as ``rss_pct``, fds, threads) after `--growth-warmup-s` is the soak's figure.
-"""
+``pd_counters`` sums the routers' prefill/decode decisions, handed-over blocks and fallbacks. ``--pd`` makes
+each zone's worker-0 a prefill worker and the others decode workers, so that long prompts are handed over
+between them while the faults land. ``--soak`` runs the same suite and traffic with no fault: the growth per
+hour of each process (RSS, its share of the process's RSS as ``rss_pct``, fds, threads) after `--growth-
+warmup-s` is the soak's figure."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     for f in schedule:
         log("  " + f.line())
     tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-chaos-"))
-    config = SuiteConfig(workers_per_zone=a.workers_per_zone, sim_speed=a.sim_speed)
+    config = SuiteConfig(workers_per_zone=a.workers_per_zone, sim_speed=a.sim_speed, pd=a.pd)
     suite = None
     traffic: Traffic | None = None
     try:
@@ -99,6 +101,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     growth_warmup_s = a.growth_warmup_s if a.growth_warmup_s is not None else 300.0 if a.soak else a.warmup_s + 30
     growth = report.growth_per_hour(campaign.samples, growth_warmup_s)
     extra = {
+        "pd": a.pd,
+        "pd_counters": campaign.pd_totals(),
         "soak": a.soak,
         "growth_warmup_s": growth_warmup_s,
         "shed": campaign.traffic.shed,
@@ -149,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle-s", type=float, default=20.0, help="no fault in the last this many seconds")
     p.add_argument("--mean-gap-s", type=float, default=6.0, help="mean time between fault starts")
     p.add_argument("--sample-s", type=float, default=5.0, help="soak sampling period")
+    p.add_argument(
+        "--pd",
+        action="store_true",
+        help="prefill/decode disaggregation: each zone's worker-0 a prefill worker, the others decode workers",
+    )
     p.add_argument(
         "--soak",
         action="store_true",

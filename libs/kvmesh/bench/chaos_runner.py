@@ -31,8 +31,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import grpc.aio
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
 from kvmesh.bench.chaos_suite import PLANNER, REDIS_PORT, Suite, all_serving, signal_process, wait_exit
@@ -104,6 +106,7 @@ class Campaign:
         self.samples: list[Sample] = []
         self.drain_violations: list[str] = []
         self.integrity_violations: list[str] = []  # a corrupted block delivered, a full store that "succeeded"
+        self.router_counters: dict[tuple[str, int], dict[str, float]] = {}  # (router, pid) -> its last counters
         self._link_lock = asyncio.Lock()
         # the overlap rule at run time: a restart can outlast the fault's scheduled time, and the next process
         # fault must not start before it (two zones' processes down at once, or two faults racing on one process)
@@ -481,12 +484,29 @@ class Campaign:
 
     # ---- soak sampling -------------------------------------------------------------------------------------------
     async def sample_every(self, every_s: float, until: float) -> None:
-        while self.now() < until:
-            for target, sp in list(self.suite.procs.items()):
-                s = proc_sample(sp.proc.pid)
-                if s is not None:
-                    self.samples.append(Sample(round(self.now(), 2), target, sp.proc.pid, *s))
-            await asyncio.sleep(every_s)  # the sampling period
+        """Each process's RSS, fds and threads (`samples`), and each router's prefill/decode counters
+        (`router_counters`), every `every_s`."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            while self.now() < until:
+                for target, sp in list(self.suite.procs.items()):
+                    s = proc_sample(sp.proc.pid)
+                    if s is not None:
+                        self.samples.append(Sample(round(self.now(), 2), target, sp.proc.pid, *s))
+                    if target.endswith("/router"):
+                        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                            zone = target.split("/")[0]
+                            async with http.get(f"{self.suite.router_http(zone)}/metrics") as resp:
+                                self.router_counters[(target, sp.proc.pid)] = pd_counters(await resp.text())
+                await asyncio.sleep(every_s)  # the sampling period
+
+    def pd_totals(self) -> dict[str, float]:
+        """The routers' prefill/decode counters summed over every router process of the run, each at its last
+        sample (a process's counts after its last sample are not seen: a floor, not the exact total)."""
+        out: dict[str, float] = {}
+        for counters in self.router_counters.values():
+            for k, v in counters.items():
+                out[k] = out.get(k, 0.0) + v
+        return dict(sorted(out.items()))
 
 
 KINDS: dict[str, Callable[[Campaign, Fault, FaultLog], Awaitable[None]]] = {
@@ -576,6 +596,27 @@ def _flip_a_byte(shm_name: str, rng: random.Random) -> tuple[bytes, int, int] | 
     with open(os.path.join(SHM_DIR, shm_name), "r+b") as fh, mmap.mmap(fh.fileno(), 0) as m:
         m[offset] ^= 0xFF
     return digest, slot, generation
+
+
+PD_COUNTERS = ("kvmesh_pd_decisions_total", "kvmesh_handoff_blocks_total", "kvmesh_handoff_fallbacks_total")
+
+
+def pd_counters(text: str) -> dict[str, float]:
+    """From a router's /metrics: its disaggregated and aggregated decisions, handed-over blocks and fallbacks
+    by cause (``disaggregated``, ``aggregated``, ``handoff_blocks``, ``fallback_<cause>``)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_total") or family.name + "_total" not in PD_COUNTERS:
+                continue
+            if sample.name == "kvmesh_pd_decisions_total":
+                key = sample.labels.get("mode", "")
+            elif sample.name == "kvmesh_handoff_blocks_total":
+                key = "handoff_blocks"
+            else:
+                key = f"fallback_{sample.labels.get('cause', '')}"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 def proc_sample(pid: int) -> tuple[float, int, int] | None:

@@ -3,12 +3,14 @@ inter-zone link of `kvmesh.bench.zone_link`, the Consul STAND-IN in the root nam
 fixed address inside its zone so that a killed or stopped one comes back where its peers, its registration
 and the clients look for it.
 
-Per zone: a cache-manager (following the other zone over the link and replicating hot prefixes into its
-workers' CPU tiers, as `kvmesh.bench.failover.start_zone` sets it up), `workers_per_zone` simulated workers
-(real-time simulated compute, `--sim-speed`, and a small KV pool that long sessions can fill), a router and a
-failover service and a planner (dry-run: it reads its zone's load through the router and logs what it would
-do). The routers enforce the authorisation table with bearer tokens provisioned here: the campaign's clients
-call as a client, the planner service as the planner, the rogue planner as another planner.
+Per zone: a cache-manager (following the other zone over the link and replicating hot prefixes into its workers'
+CPU tiers, as `kvmesh.bench.failover.start_zone` sets it up), `workers_per_zone` simulated workers (real-time
+simulated compute, `--sim-speed`, and a small KV pool that long sessions can fill), a router and a failover
+service and a planner (dry-run: it reads its zone's load through the router and logs what it would do). With
+`pd`, each zone's worker-0 is a prefill worker and the others decode workers: the routers hand long prompts' KV
+over from one to the other (kv-sync), and the faults meet handoffs. The routers enforce the authorisation table
+with bearer tokens provisioned here: the campaign's clients call as a client, the planner service as the
+planner, the rogue planner as another planner.
 
 The cache-managers checkpoint every `checkpoint_interval_s`: the first zone's into a redis-server of its own
 (a process target like the services), the other zone's into files on a small tmpfs mounted for the run (so
@@ -60,6 +62,7 @@ class SuiteConfig:
     replication_bytes_per_s: float = 50e6
     checkpoint_interval_s: float = 2.0
     checkpoint_tmpfs_mb: int = 16
+    pd: bool = False  # worker-0 of each zone a prefill worker, the others decode workers (handoffs over kv-sync)
 
 
 @dataclass
@@ -182,6 +185,8 @@ def _plan(suite: Suite, z: netns.Zone) -> None:
         flags = ["--port", str(port), "--http-port", str(port + 50), "--engine", "sim", "--block-size", BS]
         flags += ["--kv-blocks", str(c.kv_blocks), "--max-model-len", str(c.max_model_len)]
         flags += ["--sim-speed", str(c.sim_speed), "--cache-manager", cm_addr, *links.worker_flags(i)]
+        if c.pd:
+            flags += ["--role", "prefill" if i == 0 else "decode"]
         suite.args[f"{z.name}/worker-{i}"] = (z, "worker", flags)
     auth = ["--auth-mode", "enforce", "--auth-tokens-file", str(accepted_file(suite.tmp / "auth"))]
     suite.args[f"{z.name}/router"] = (

@@ -6,7 +6,7 @@ import pytest
 
 from kvmesh.bench.chaos import main
 from kvmesh.bench.chaos_report import growth_per_hour
-from kvmesh.bench.chaos_runner import Sample
+from kvmesh.bench.chaos_runner import Sample, pd_counters
 
 
 def test_growth_per_hour_is_the_slope_over_the_last_instance_after_warm_up() -> None:
@@ -37,3 +37,26 @@ def test_a_duration_too_short_for_every_kind_is_refused_naming_the_flag(capsys: 
         main(["--duration-s", "30"])
     assert e.value.code == 2
     assert "--duration-s" in capsys.readouterr().err
+
+
+def test_a_router_s_prefill_decode_counters_are_read_from_its_metrics() -> None:
+    text = "\n".join(
+        [
+            "# TYPE kvmesh_pd_decisions_total counter",
+            'kvmesh_pd_decisions_total{mode="disaggregated",reason="uncached"} 7.0',
+            'kvmesh_pd_decisions_total{mode="disaggregated",reason="other"} 2.0',
+            'kvmesh_pd_decisions_total{mode="aggregated",reason="cached"} 5.0',
+            "# TYPE kvmesh_handoff_blocks_total counter",
+            "kvmesh_handoff_blocks_total 410.0",
+            "# TYPE kvmesh_handoff_fallbacks_total counter",
+            'kvmesh_handoff_fallbacks_total{cause="prefill_failed"} 1.0',
+            "# TYPE kvmesh_router_requests_total counter",
+            'kvmesh_router_requests_total{api="grpc",outcome="ok"} 99.0',
+        ]
+    )
+    assert pd_counters(text + "\n") == {
+        "disaggregated": 9.0,
+        "aggregated": 5.0,
+        "handoff_blocks": 410.0,
+        "fallback_prefill_failed": 1.0,
+    }
