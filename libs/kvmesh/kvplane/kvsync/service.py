@@ -141,8 +141,9 @@ class KvSyncServicer:
         """(region, refs, lease end, granted ttl) of a lease over `digests`, every input checked first."""
         if not 0 < len(digests) <= MAX_BLOCKS:
             raise InvalidArgument("digests", f"must hold 1..{MAX_BLOCKS} digests, got {len(digests)}")
-        for i, digest in enumerate(digests):
-            _digest_ok(f"digests[{i}]", digest)
+        if any(len(digest) != DIGEST_BYTES for digest in digests):  # the loop only to name the first bad one
+            for i, digest in enumerate(digests):
+                _digest_ok(f"digests[{i}]", digest)
         if ttl_ms == 0:
             raise InvalidArgument("ttl_ms", "must be > 0")
         region = self._region(region_name)
@@ -160,15 +161,14 @@ class KvSyncServicer:
         self, request: kvsync_pb2.AcquireLeaseRequest, context: grpc.aio.ServicerContext
     ) -> kvsync_pb2.AcquireLeaseResponse:
         region, refs, until_ns, ttl_ms = self._lease(request.region, request.digests, request.ttl_ms)
-        blocks = [
-            kvsync_pb2.LeasedBlock(found=True, slot=r.slot, generation=r.generation)
-            if r is not None
-            else kvsync_pb2.LeasedBlock()
-            for r in refs
-        ]
-        return kvsync_pb2.AcquireLeaseResponse(
-            blocks=blocks, lease_until_ns=until_ns, ttl_ms=ttl_ms, region_id=region.region_id
-        )
+        response = kvsync_pb2.AcquireLeaseResponse(lease_until_ns=until_ns, ttl_ms=ttl_ms, region_id=region.region_id)
+        add = response.blocks.add  # in place: a list of messages passed to the constructor is copied again
+        for r in refs:
+            if r is not None:
+                add(found=True, slot=r.slot, generation=r.generation)
+            else:
+                add()
+        return response
 
     def _checked_views(
         self, region: TierRegion | RegionReader, blocks: Sequence[kvsync_pb2.BlockRef]

@@ -32,7 +32,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Protocol
@@ -167,6 +167,14 @@ def slot_data_offset(block_bytes: int, num_slots: int, slot: int) -> int:
 
 
 _SLOT_HEADER = struct.Struct("<Q32sII")  # generation, digest, length, crc32c (the first 48 of a header's 64 B)
+_SLOT_HEADERS = struct.Struct(f"<Q32sII{SLOT_HEADER_BYTES - _SLOT_HEADER.size}x")  # a whole header, spare skipped
+
+
+def iter_slot_headers(raw: bytes | memoryview) -> Iterator[tuple[int, bytes, int, int]]:
+    """(generation, digest, length, CRC32C) of each slot header copied out of a region back to back into
+    `raw` (a one-sided read of many): one C loop (`struct.iter_unpack`; for 32 headers ~5x faster than
+    `parse_slot_header` on each, and than numpy's structured views, whose fixed cost dominates that few)."""
+    return _SLOT_HEADERS.iter_unpack(raw)
 
 
 def parse_slot_header(raw: bytes | memoryview) -> tuple[int, bytes, int, int]:

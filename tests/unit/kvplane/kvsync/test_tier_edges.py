@@ -26,6 +26,7 @@ from kvmesh.kvplane.kvsync.tier import (
     StaleBlock,
     TierRegion,
     data_offset,
+    iter_slot_headers,
     parse_slot_header,
     segment_bytes,
     slot_data_offset,
@@ -504,3 +505,27 @@ def test_an_orphan_removed_by_someone_else_first_is_skipped(tmp_path: Path, monk
 
     monkeypatch.setattr(tier.os, "unlink", raced)
     assert tier.remove_orphans(str(tmp_path)) == []
+
+
+def test_a_lease_over_many_slots_extends_each_and_a_stale_one_still_leases_the_others(region: TierRegion) -> None:
+    refs = _fill_and_lease(region, until_ns=100)
+    region.lease([refs[2]], until_ns=300)
+    region.lease(refs, until_ns=200)  # every slot to 200, except the one already leased further
+    assert [region.lease_until(r.slot) for r in refs] == [200, 200, 300, 200]
+    moved = SlotRef(refs[1].slot, refs[1].generation + 2)  # a generation the slot does not hold
+    with pytest.raises(StaleBlock) as e:
+        region.lease([refs[0], moved, refs[3]], until_ns=400)
+    assert e.value.message == f"slot {moved.slot} was reused before its lease took hold"
+    assert [region.lease_until(r.slot) for r in refs] == [400, 400, 300, 400]
+
+
+def test_headers_read_back_to_back_parse_as_each_one_alone(region: TierRegion) -> None:
+    for i in range(3):
+        assert region.put(_digest(i), _data(i, BLOCK - i), now_ns=1 + i)
+    refs = [r for r in region.locate([_digest(i) for i in range(3)]) if r is not None]
+    raw = b"".join(
+        bytes(region.segment[slot_header_offset(r.slot) : slot_header_offset(r.slot) + SLOT_HEADER_BYTES]) for r in refs
+    )
+    alone = [parse_slot_header(raw[i * SLOT_HEADER_BYTES :]) for i in range(3)]
+    assert list(iter_slot_headers(raw)) == alone
+    assert [(g, d, n) for g, d, n, _ in alone] == [(r.generation, _digest(i), BLOCK - i) for i, r in enumerate(refs)]
