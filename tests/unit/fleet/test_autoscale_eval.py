@@ -9,19 +9,30 @@ from kvmesh.fleet.diurnal import repeat_hour
 from kvmesh.fleet.trace import Trace, TraceRequest
 
 
-def _hour() -> Trace:
-    """One hour at 1 request/s: 1,024-token prompts of their own, 16 output tokens."""
+def _hour(rate_rps: float = 1.0, prompt_tokens: int = 1024) -> Trace:
+    """One hour at `rate_rps` requests/s (Poisson): prompts of their own of `prompt_tokens` tokens (at most 10
+    chunks), 16 output tokens. The study scales the hour to the fleet it sizes (its keep is relative to the
+    hour's rate), so a lower rate gives the same fleets with fewer requests to simulate."""
     rng = np.random.default_rng(1)
-    times = np.cumsum(rng.exponential(1.0, size=3700))
-    reqs = [TraceRequest(i, float(t), 1024, 16, (10 * i, 10 * i + 1)) for i, t in enumerate(times) if t < 3600.0]
-    return Trace("synthetic", reqs)
+    times = np.cumsum(rng.exponential(1.0 / rate_rps, size=int(3700 * rate_rps)))
+    chunks = -(-prompt_tokens // 512)
+    return Trace(
+        "synthetic",
+        [
+            TraceRequest(i, float(t), prompt_tokens, 16, tuple(range(10 * i, 10 * i + chunks)))
+            for i, t in enumerate(times)
+            if t < 3600.0
+        ],
+    )
 
 
 def test_windows_judge_the_slo_on_the_hardest_hours_and_bill_the_replayed_plan() -> None:
+    # the hour's rate and the per-worker rate both a quarter of 1 request/s and 0.5: the same fleets (the study
+    # sizes them by the ratio), each worker far from what it sustains, a quarter of the requests to simulate
     study = AutoscaleStudy(
-        peak_workers=4, min_workers=2, history_days=2, lstm_epochs=1, slo_windows=2, per_worker_rps=0.5
+        peak_workers=4, min_workers=2, history_days=2, lstm_epochs=1, slo_windows=2, per_worker_rps=0.125
     )
-    res = evaluate(_hour(), study)
+    res = evaluate(_hour(rate_rps=0.25), study)
     fixed, auto, windows = res["fixed"], res["autoscaled"], res["slo_windows"]
     hours = [w["hour"] for w in windows]
     assert len(set(hours)) == len(hours) == 2
@@ -40,13 +51,19 @@ def test_windows_judge_the_slo_on_the_hardest_hours_and_bill_the_replayed_plan()
 
 
 def _long_hour(shared: bool) -> Trace:
-    """One hour at 0.25 requests/s of 16K-token prompts: all behind one prefix (``shared``) or each its own."""
+    """One hour at 0.25 requests/s of 16K-token prompts: their first 12K tokens one prefix all share (``shared``)
+    or each its own, the last 4K their own (so that a worker sustains a few times fewer requests/s than with
+    512 tokens its own: fewer requests to simulate, the reuse still several times the capacity)."""
     rng = np.random.default_rng(1)
     times = np.cumsum(rng.exponential(4.0, size=1000))
-    chunks = [tuple(range(31)) if shared else tuple(range(100 * i, 100 * i + 31)) for i in range(len(times))]
+    heads = [tuple(range(24)) if shared else tuple(range(100 * i, 100 * i + 24)) for i in range(len(times))]
     return Trace(
         "long",
-        [TraceRequest(i, float(t), 16384, 64, (*chunks[i], 10**6 + i)) for i, t in enumerate(times) if t < 3600.0],
+        [
+            TraceRequest(i, float(t), 16384, 64, (*heads[i], *range(100 * i + 24, 100 * i + 31), 10**6 + i))
+            for i, t in enumerate(times)
+            if t < 3600.0
+        ],
     )
 
 
@@ -61,12 +78,13 @@ def test_capacity_is_measured_on_the_day_s_own_construction_and_counts_its_reuse
 
 
 def test_a_fixed_fleet_that_misses_the_slo_at_its_peak_rate_size_is_grown_until_it_meets_it() -> None:
-    # per_worker_rps overstated (a worker sustains about 1.7 requests/s of this hour): the peak-rate size
-    # cannot serve the peak, so the fixed arm is searched
+    # per_worker_rps overstated (a worker sustains 0.19-0.28 requests/s of these 4K-token prompts, against
+    # about 1.7 of 1K-token ones: a fraction of the requests to simulate): the peak-rate size (2 workers)
+    # cannot serve the peak, so the fixed arm is searched in (2, 4] by bisection
     study = AutoscaleStudy(
-        peak_workers=2, min_workers=2, history_days=1, lstm_epochs=1, slo_windows=1, per_worker_rps=3.0
+        peak_workers=1, min_workers=2, history_days=1, lstm_epochs=1, slo_windows=1, per_worker_rps=0.6
     )
-    fixed = evaluate(_hour(), study)["fixed"]
+    fixed = evaluate(_hour(rate_rps=0.25, prompt_tokens=4096), study)["fixed"]
     assert fixed["peak_rate"]["slo_met"] is False and fixed["slo_met"] is True
     assert fixed["workers"] > fixed["peak_rate"]["workers"]
     assert fixed["gpu_hours"] == fixed["workers"] * 24  # billed for the fleet it needed
