@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -49,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,41 +140,42 @@ def start_failover(z: netns.Zone, tmp: Path, consul: str, zones: list[str]) -> S
 def start_zone(
     z: netns.Zone, tmp: Path, consul: str, zones: list[str], workers: int, links: InterZoneLinks, replication: float
 ) -> ZoneProcs:
+    """A zone's processes: the failover service beside the cache-manager, then the workers together, then the
+    router (it names the workers' addresses). A start that fails stops what this call started."""
     zp = ZoneProcs(z)
-    cm = netns.start_in_zone(z, "cache-manager", tmp, "--block-size", BS, *links.cache_manager_flags(z, replication))
-    zp.procs.append(cm)
-    ws = [
-        netns.start_in_zone(
-            z,
-            "worker",
-            tmp,
-            "--engine",
-            "sim",
-            "--block-size",
-            BS,
-            "--kv-blocks",
-            "4096",
-            "--cache-manager",
-            cm.address,
-            *links.worker_flags(i),
-        )
-        for i in range(workers)
-    ]
-    zp.procs += ws
-    zp.procs.append(
-        netns.start_in_zone(
-            z,
-            "router",
-            tmp,
-            "--workers",
-            ",".join(w.address for w in ws),
-            "--cache-manager",
-            cm.address,
-            "--block-size",
-            BS,
-        )
-    )
-    zp.failover = start_failover(z, tmp, consul, zones)
+
+    def worker(i: int, cm: ServiceProcess) -> ServiceProcess:
+        flags = ["--engine", "sim", "--block-size", BS, "--kv-blocks", "4096", "--cache-manager", cm.address]
+        return netns.start_in_zone(z, "worker", tmp, *flags, *links.worker_flags(i))
+
+    started: list[ServiceProcess] = []
+    with ThreadPoolExecutor(max_workers=max(2, workers)) as pool:
+        failover = pool.submit(start_failover, z, tmp, consul, zones)
+        try:
+            cm = netns.start_in_zone(
+                z, "cache-manager", tmp, "--block-size", BS, *links.cache_manager_flags(z, replication)
+            )
+            started.append(cm)
+            futures = [pool.submit(worker, i, cm) for i in range(workers)]
+            ws, errors = [], []
+            for f in futures:  # every start waited for, so that each one that did start is stopped on an error
+                try:
+                    ws.append(f.result())
+                except Exception as e:
+                    errors.append(e)
+            started += ws
+            if errors:
+                raise errors[0]
+            router_flags = ["--workers", ",".join(w.address for w in ws), "--cache-manager", cm.address]
+            started.append(netns.start_in_zone(z, "router", tmp, *router_flags, "--block-size", BS))
+            zp.failover = failover.result()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                started.append(failover.result())
+            for sp in started:
+                sp.kill()
+            raise
+    zp.procs = started
     return zp
 
 
@@ -317,8 +320,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             assert links is not None
             return start_zone(z, folder, consul_urls[z.name], names, a.workers_per_zone, links, replication)
 
-        for z in zones:
-            zps.append(await asyncio.to_thread(zone_up, z, tmp / z.name))
+        ups = await asyncio.gather(
+            *(asyncio.to_thread(zone_up, z, tmp / z.name) for z in zones), return_exceptions=True
+        )
+        zps += [zp for zp in ups if isinstance(zp, ZoneProcs)]  # the teardown stops what did start
+        for up in ups:
+            if isinstance(up, BaseException):
+                raise up
         for zp in zps:
             assert zp.failover is not None
             await register(zp.failover, zp.procs)

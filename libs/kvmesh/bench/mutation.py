@@ -71,7 +71,21 @@ PACKAGES: dict[str, Package] = {
     "hashing": Package(
         ("index/hashing.py",), ("tests/unit/index/test_hashing.py", "tests/unit/index/test_hashing_edges.py")
     ),
-    "index": Package(("index/prefix_index.py", "index/_table.py", "index/types.py"), ("tests/unit/index",)),
+    # the numpy index, its table and `IngestResult`, against their own fast unit tests: not the whole folder,
+    # whose hypothesis and 3000-step property tests take seconds a mutant under mutmut, and whose tenant tests
+    # (vLLM's decoder: 16 s), shared-memory process test, C-core and hashing tests run none of this code
+    "index": Package(
+        ("index/prefix_index.py", "index/_table.py", "index/types.py"),
+        (
+            "tests/unit/index/test_prefix_index_edges.py",
+            "tests/unit/index/test_table_edges.py",
+            "tests/unit/index/test_ingest_result_edges.py",
+            "tests/unit/index/test_property.py::test_match_stops_at_first_missing_block_even_if_later_present",
+            "tests/unit/index/test_property.py::test_worker_slots_are_reused_after_remove_worker",
+            "tests/unit/index/test_property.py::test_large_random_against_reference",
+            "tests/unit/index/test_property.py::test_long_queries_across_internal_chunks",
+        ),
+    ),
     "kvsync": Package(("kvplane/kvsync/codec.py", "kvplane/kvsync/tier.py"), ("tests/unit/kvplane/kvsync",)),
     "openai": Package(("openai/protocol.py",), ("tests/unit/openai",)),
 }
