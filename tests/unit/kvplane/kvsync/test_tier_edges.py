@@ -27,7 +27,6 @@ from kvmesh.kvplane.kvsync.tier import (
     TierRegion,
     data_offset,
     iter_slot_headers,
-    parse_slot_header,
     segment_bytes,
     slot_data_offset,
     slot_header_offset,
@@ -104,7 +103,7 @@ def test_a_slot_header_read_out_of_the_segment_names_the_block(region: TierRegio
     (ref,) = region.locate([_digest(3)])
     assert ref is not None
     start = slot_header_offset(ref.slot)
-    generation, digest, length, crc = parse_slot_header(region.segment[start : start + SLOT_HEADER_BYTES])
+    ((generation, digest, length, crc),) = iter_slot_headers(region.segment[start : start + SLOT_HEADER_BYTES])
     assert (generation, digest, length, crc) == (ref.generation, _digest(3), 100, tier.checksum(_data(3, 100)))
     begin = slot_data_offset(BLOCK, 4, ref.slot)
     assert bytes(region.segment[begin : begin + 100]) == _data(3, 100)
@@ -526,6 +525,6 @@ def test_headers_read_back_to_back_parse_as_each_one_alone(region: TierRegion) -
     raw = b"".join(
         bytes(region.segment[slot_header_offset(r.slot) : slot_header_offset(r.slot) + SLOT_HEADER_BYTES]) for r in refs
     )
-    alone = [parse_slot_header(raw[i * SLOT_HEADER_BYTES :]) for i in range(3)]
+    alone = [struct.unpack_from("<Q32sII", raw, i * SLOT_HEADER_BYTES) for i in range(3)]
     assert list(iter_slot_headers(raw)) == alone
     assert [(g, d, n) for g, d, n, _ in alone] == [(r.generation, _digest(i), BLOCK - i) for i, r in enumerate(refs)]

@@ -14,7 +14,7 @@ from kvmesh.kvplane.kvsync.tier import (
     SLOT_HEADER_BYTES,
     TierRegion,
     checksum,
-    parse_slot_header,
+    iter_slot_headers,
     slot_data_offset,
     slot_header_offset,
 )
@@ -92,7 +92,7 @@ def test_slot_headers_and_data_read_at_their_offsets_are_what_the_owner_wrote() 
         assert ref is not None
         raw = region.segment
         header = raw[slot_header_offset(ref.slot) : slot_header_offset(ref.slot) + SLOT_HEADER_BYTES]
-        generation, got_digest, length, crc = parse_slot_header(header)
+        ((generation, got_digest, length, crc),) = iter_slot_headers(header)
         assert (generation, got_digest, length, crc) == (ref.generation, digest, 3000, checksum(data))
         start = slot_data_offset(region.block_bytes, region.num_slots, ref.slot)
         assert bytes(raw[start : start + length]) == data
