@@ -27,6 +27,8 @@ _PINNED = (
 )
 _U64_INFERRED = "numpy infers uint64 here anyway (a Python int >= 2^63, or a cumprod of uint64): same array"
 
+_LAST_VALUE_UNDATED = "the last-value forecast it falls back to never reads the time of day"
+
 _NO_HIT = "with no GPU hit (m = 0) prompt − m · b is the prompt, what the other branch gives"
 
 EQUIVALENT: dict[str, str] = {
@@ -108,6 +110,158 @@ EQUIVALENT: dict[str, str] = {
         "`np.asarray` without `dtype=int64`: integer token ids give int64 (or, from a uint64 array, values the "
         "uint32 range check refuses alike), so the bytes hashed are the same"
     ),
+    # kvmesh.index.prefix_index and kvmesh.index._table (the numpy index). The room an index reserves (how many
+    # rows and slots it allocates past what it holds) is a sizing policy like the hash tables' above: it shows in
+    # `nbytes` and the stats' capacity, what they measure, and in no entry, match, count or snapshot.
+    "kvmesh.index._table.xǁU64Tableǁinsert_new__mutmut_63": (
+        "`return` for the `break` that ends the insert rounds once every key has its slot: nothing follows the loop"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁinsert_new__mutmut_36": (
+        "`return` for the `break` taken when every key left went to the overflow dict: nothing follows the loop"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁinsert_new__mutmut_17": (
+        "n + 2 insert rounds allowed for n + 1: each round places or overflows at least one key, so the loop has "
+        "broken out before either bound"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁinsert_new__mutmut_40": (
+        "`>= 1` for `> 1` before settling races: `np.unique` of one candidate slot is that slot, index 0"
+    ),
+    "kvmesh.index._table.x__first_true__mutmut_6": (
+        "`reshape(-2)` for `reshape(-1)`: numpy takes any negative size as the one to infer"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlive_items__mutmut_14": (
+        "`np.fromiter` without the count of overflow keys: the count only preallocates, the values are the same"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlive_items__mutmut_22": (
+        "`np.fromiter` without the count of overflow entries: the count only preallocates, the values are the same"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_9": (
+        "entry id 0 at its home slot not taken as a hit in the first round: it is not EMPTY, so the window probe "
+        "reads it again and finds it at the window's first slot, the same entry and slot"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_10": (
+        "entry id 0 at its home slot not taken as a hit in the first round: it is not EMPTY, so the window probe "
+        "reads it again and finds it at the window's first slot, the same entry and slot"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_51": (
+        "the overflow dict also asked for keys found in their window or whose window has an EMPTY slot: neither "
+        "can be in it (a key is in the table once; a key overflows only from a window with no free slot, and a "
+        "slot turns EMPTY again only in a rebuild, which reinserts the overflow keys), so every such get misses"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_57": (
+        "`zip(strict=None)`: the two lists zipped are the same keys' positions and values, always equally long"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_60": (
+        "`zip` without `strict`: the two lists zipped are the same keys' positions and values, always equally long"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_61": (
+        "`zip(strict=False)`: the two lists zipped are the same keys' positions and values, always equally long"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁmaybe_compact__mutmut_2": (
+        "`used >= 0.45 · cap` for `>`: with cap a power of two 0.45 · cap (9 · cap / 20) is never a whole number, "
+        "so no count of used slots equals it"
+    ),
+    "kvmesh.index._table.xǁU64Tableǁlookup__mutmut_15": (
+        "`miss | (e != EMPTY)` sends the keys found at home through the window probe again, where their home slot "
+        "comes first (a key is in the table once), and the misses at an EMPTY home too, which no key ever passes "
+        "(an insert takes the first free slot, and a slot only returns to EMPTY in a rebuild): the same answers"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_17": (
+        f"the all-ones alive mask made without `dtype=uint64`: {_U64_INFERRED}"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_42": (
+        "`bitwise_and.accumulate` without `axis=0`: 0 is the axis a ufunc accumulates along by default"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_50": (
+        "the per-block change flags made as floats instead of bools: every flag is written (0.0 or 1.0) before "
+        "`flatnonzero` reads them, which gives the same positions"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_58": (
+        "`>= 1` for `> 1` before comparing consecutive blocks: for one block that compares two empty slices into an "
+        "empty output, which changes nothing"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_14": (
+        f"the all-ones alive mask made with `dtype=None`: {_U64_INFERRED}"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_48": (
+        "the per-block change flags made as floats (`dtype=None`) instead of bools: every flag is written (0.0 or "
+        "1.0) before `flatnonzero` reads them, which gives the same positions"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁfind_matches__mutmut_68": (
+        "each block's alive set compared with the chunk's first instead of the one before: the sets only shrink "
+        "along the chunk, so a block where some worker drops differs from the first too; the extra blocks flagged "
+        "drop nobody (`prev & ~cum` is 0 there)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁremove__mutmut_12": (
+        "`e > 0` for `e >= 0` keeping the found blocks: entry 0 is the permanent empty row, never a block's entry"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁremove__mutmut_13": (
+        "`e >= 1` for `e >= 0` keeping the found blocks: entry 0 is the permanent empty row, never a block's entry"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_25": (
+        "a restored table sized for 17 entries, not 16: only the room reserved past what the index "
+        "holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_33": (
+        "17 spare key rows after a restore, not 16: only the room reserved past what the index "
+        "holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_40": (
+        "17 spare mask rows after a restore, not 16: only the room reserved past what the index "
+        "holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_51": (
+        "the first new entry placed one row later, leaving an all-zero row no key maps to: only the room "
+        "reserved past what the index holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_58": (
+        "the restored entry ids made with `dtype=None`: numpy's default integer is int64 here"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_61": (
+        "the restored entry ids made without a dtype: numpy's default integer is int64 here"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁrestore__mutmut_64": (
+        "one entry id more than keys handed to `insert_new`, which reads only the ids at its keys' positions"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_grow__mutmut_7": (
+        "entry rows grown to exactly what is needed (`/ 3 // 2` is below any need) instead of by half: only the "
+        "room reserved past what the index holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_grow__mutmut_9": (
+        "entry rows doubled instead of grown by half: only the room reserved past what the index holds changes "
+        "(see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_grow__mutmut_10": (
+        "entry rows grown to exactly what is needed (`* 3 // 3` is their number) instead of by half: only the "
+        "room reserved past what the index holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_alloc__mutmut_17": (
+        "entry rows grown when the new entries would exactly fill them, not only past that: only the room "
+        "reserved past what the index holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ__init____mutmut_26": (
+        "the first entry placed at row 2, leaving row 1 all-zero with no key mapping to it: only the room "
+        "reserved past what the index holds changes (see above)"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_alloc__mutmut_27": (
+        "new entry ids made with `dtype=None`: numpy's default integer is int64 here"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁ_alloc__mutmut_30": (
+        "new entry ids made without a dtype: numpy's default integer is int64 here"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁstore__mutmut_11": (
+        "`e <= 0` for `e < 0` finding new blocks: entry 0 is the permanent empty row, never a block's entry"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁstore__mutmut_12": (
+        "`e < 1` for `e < 0` finding new blocks: entry 0 is the permanent empty row, never a block's entry"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁstore__mutmut_15": (
+        "`>= 1` for `> 1` before deduplicating new blocks: `np.unique` of one block is that block, inverse [0]"
+    ),
+    "kvmesh.index.prefix_index.xǁNumpyPrefixIndexǁremove__mutmut_37": (
+        "`>= 1` for `> 1` before deduplicating the freed entries: `np.unique` of one entry is that entry, and its "
+        "slot index is 0"
+    ),
     # kvmesh.kvplane.kvsync.tier
     "kvmesh.kvplane.kvsync.tier.xǁTierRegionǁ_touch__mutmut_7": (
         "a touch adds 2 hits for 1: every hit count is then 1 + 2k for k touches instead of 1 + k, the same order"
@@ -140,6 +294,43 @@ EQUIVALENT: dict[str, str] = {
     "kvmesh.ops.warming.stats.xǁPrefixStatsǁobserve_keys__mutmut_19": (
         "the parent after a key skipped at `max_keys` set to None: a parent is only read when a key is created, "
         "and none can be in the rest of that call (the table stays full)"
+    ),
+    # kvmesh.ops.planner
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁpredict__mutmut_29": (
+        "`astype(None)` for `astype(float)`: numpy reads a None dtype as float64, the same array"
+    ),
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁload__mutmut_6": (
+        "`torch.load` without `weights_only=True`: it is torch's default since 2.6 (the pinned torch is 2.13), so "
+        "a checkpoint holding anything but tensors and plain values is refused alike"
+    ),
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁload__mutmut_4": (
+        "`weights_only=None` for True: torch reads None as its default, True since 2.6 (the pinned torch is 2.13)"
+    ),
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁfit__mutmut_23": (
+        "`series.astype(None)` for `astype(float)`: numpy reads a None dtype as float64, the same array"
+    ),
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁpredict__mutmut_25": (
+        "`astype(None)` for `astype(float)` on the window: numpy reads a None dtype as float64, the same array"
+    ),
+    "kvmesh.ops.planner.forecast.xǁSameTimeYesterdayǁpredict__mutmut_16": (
+        "`astype(None)` for `astype(float)`: numpy reads a None dtype as float64, the same array"
+    ),
+    "kvmesh.ops.planner.forecast.xǁLstmForecasterǁpredict__mutmut_11": f"`start_bucket=None`: {_LAST_VALUE_UNDATED}",
+    "kvmesh.ops.planner.forecast.xǁSameTimeYesterdayǁpredict__mutmut_4": f"`start_bucket=None`: {_LAST_VALUE_UNDATED}",
+    "kvmesh.ops.planner.history.xǁLoadHistoryǁcompleted__mutmut_11": (
+        "`dtype=None` for `dtype=float`: the counts are Python floats, and numpy infers float64 for them and for "
+        "an empty list"
+    ),
+    "kvmesh.ops.planner.pools.x_pool_targets__mutmut_37": (
+        "`prefill + decode <= min_workers` for `<`: at equality `decode = min_workers - prefill` is decode again"
+    ),
+    "kvmesh.ops.planner.pools.x_pool_targets__mutmut_41": (
+        "`prefill + decode >= max_workers` for `>`: at equality the room is the sum itself (each pool is at least "
+        "its minimum), so the proportional share rounds back to each pool's own count"
+    ),
+    "kvmesh.ops.planner.history.xǁLoadHistoryǁcompleted__mutmut_13": (
+        "`np.asarray(counts)` without `dtype=float`: the counts are Python floats (`observe` starts a bucket at "
+        "0.0 and adds floats, `from_json` converts each), and numpy infers float64 for them and for an empty list"
     ),
     # kvmesh.ops.rollout.canary
     "kvmesh.ops.rollout.canary.x_analyse__mutmut_82": (

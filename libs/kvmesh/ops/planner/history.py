@@ -88,5 +88,8 @@ class LoadHistory:
             raise ValueError(f"planner history checkpoint: bad or missing field ({e})") from e
         if h.bucket_s <= 0:
             raise ValueError("planner history checkpoint: bucket_s must be > 0")
+        if h.start_s is None and h.counts:
+            # buckets with no start cannot be placed in time (the next observe would date them from its own now)
+            raise ValueError("planner history checkpoint: start_s is null but counts are not empty")
         h._trim()
         return h
