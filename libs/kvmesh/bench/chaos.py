@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--duration-s", type=float, default=600.0)
-    p.add_argument("--workers-per-zone", type=int, default=2)
+    p.add_argument("--workers-per-zone", type=int, default=None, help="default 2, with --pd 3")
     p.add_argument("--rps", type=float, default=3.0, help="base arrival rate (x10 during a burst)")
     p.add_argument("--max-in-flight", type=int, default=24, help="requests open at once at most")
     p.add_argument("--deadline-s", type=float, default=30.0, help="each request's deadline, retries included")
@@ -177,10 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default="", help="folder for history.jsonl and chaos.png")
     a = p.parse_args(argv)
+    if a.workers_per_zone is None:
+        a.workers_per_zone = 3 if a.pd else 2
     if a.sim_speed <= 0:
         p.error("--sim-speed must be > 0: requests must take time to overlap the faults")
     if a.workers_per_zone < 2:
         p.error("--workers-per-zone must be >= 2: the rogue planner's drain needs a floor to stop at")
+    if a.pd and a.workers_per_zone < 3:
+        p.error(
+            "--workers-per-zone must be >= 3 with --pd: a prefill worker serves no request alone, so each zone "
+            "needs two decode workers for one worker's fault to leave it serving (the schedule's overlap rule)"
+        )
     if not a.soak:
         try:
             make_schedule(a.seed, a.duration_s, ("a", "b"), a.workers_per_zone, a.warmup_s, a.settle_s, a.mean_gap_s)

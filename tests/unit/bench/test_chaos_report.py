@@ -60,3 +60,12 @@ def test_a_router_s_prefill_decode_counters_are_read_from_its_metrics() -> None:
         "handoff_blocks": 410.0,
         "fallback_prefill_failed": 1.0,
     }
+
+
+def test_prefill_decode_zones_need_two_decode_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    """With one prefill and one decode worker a zone has a single worker that serves a request: one worker's
+    fault takes the zone out, and the schedule's overlap rule (one zone always whole) would not hold."""
+    with pytest.raises(SystemExit) as e:
+        main(["--pd", "--workers-per-zone", "2", "--duration-s", "600"])
+    assert e.value.code == 2
+    assert "--workers-per-zone must be >= 3 with --pd" in capsys.readouterr().err
