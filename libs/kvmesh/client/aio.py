@@ -14,6 +14,9 @@
   several sequences with one `resume_token_ids` and is raised as Unavailable (before any token it is retried
   like any other); a request with a structured output resumes like any other (the worker advances its
   grammar over the resumed tokens);
+* once every router has failed for this request, the client waits before it starts over: `retry_backoff_s`,
+  doubling each round up to `max_retry_backoff_s`, jittered (a half to the whole of it), within the deadline,
+  so that a moment when no zone can serve (a worker restarting in each) is waited out, not spent in a burst;
 * at most `max_attempts` sends and `timeout_s` seconds in all; INVALID_ARGUMENT and other caller
   errors are raised at once. Retryable: UNAVAILABLE, ABORTED, CANCELLED (server side),
   RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN and a stream ending with FINISH_REASON_ERROR.
@@ -74,6 +77,8 @@ class AsyncClient:
         *,
         max_attempts: int = 6,
         timeout_s: float = 120.0,
+        retry_backoff_s: float = 0.05,
+        max_retry_backoff_s: float = 2.0,
         probe_interval_s: float = 0.25,
         rng: random.Random | None = None,
         endpoints_timeout_s: float = 10.0,
@@ -94,6 +99,8 @@ class AsyncClient:
         )
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self.max_retry_backoff_s = max_retry_backoff_s
         self.probe_interval_s = probe_interval_s
         self.endpoints_timeout_s = endpoints_timeout_s
         self.rng = rng or random.Random()
@@ -184,12 +191,18 @@ class AsyncClient:
         failed: set[str] = set()
         last_error = "no router available"
         last_ts = 0
+        backoff = self.retry_backoff_s
         for _attempt in range(self.max_attempts):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DeadlineExceeded(f"request {req.request_id}: {self.timeout_s}s passed ({last_error})")
             choice = self._choose(failed)
-            if choice is None and failed:  # every router failed once for this request: start over
+            if choice is None and failed:  # every router failed once for this request: back off, start over
+                await asyncio.sleep(min(left, backoff * (0.5 + self.rng.random() / 2)))  # jittered, within deadline
+                backoff = min(self.max_retry_backoff_s, backoff * 2)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DeadlineExceeded(f"request {req.request_id}: {self.timeout_s}s passed ({last_error})")
                 failed.clear()
                 choice = self._choose(failed)
             if choice is None:  # no router known at all: wait for the endpoint sets

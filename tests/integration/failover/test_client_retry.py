@@ -9,6 +9,7 @@ refuses a resume whose `resume_token_ids` is not the exact prefix, so duplicates
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -16,7 +17,7 @@ import grpc.aio
 import pytest
 
 from kvmesh.client import AsyncClient
-from kvmesh.core.errors import Unavailable
+from kvmesh.core.errors import DeadlineExceeded, Unavailable
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -32,6 +33,7 @@ class StandinRouter(router_pb2_grpc.RouterServiceServicer):
     def __init__(self, name: str) -> None:
         self.name = name
         self.fail_before = 0
+        self.down_until = 0.0  # time.monotonic() before which every call is UNAVAILABLE (no worker in its zone)
         self.break_after: int | None = None
         self.calls: list[list[int]] = []
 
@@ -44,6 +46,8 @@ class StandinRouter(router_pb2_grpc.RouterServiceServicer):
         if self.fail_before > 0:
             self.fail_before -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: down")
+        if time.monotonic() < self.down_until:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: no worker available")
         if resume != [token(prompt, k) for k in range(len(resume))]:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "resume tokens are not the exact prefix")
         n = request.sampling.max_tokens
@@ -136,3 +140,29 @@ async def test_caller_errors_are_not_retried(routers: list[tuple[StandinRouter, 
         with pytest.raises(grpc.aio.AioRpcError) as e:
             _ = [m async for m in c.generate(bad)]
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(r1.calls) == 1
+
+
+async def test_a_moment_when_no_router_can_serve_is_waited_out_within_the_deadline(
+    routers: list[tuple[StandinRouter, str]],
+) -> None:
+    """Both routers answer UNAVAILABLE for 0.4 s (a worker restarting in each zone): the client backs off
+    between rounds over every router instead of spending its attempts in a burst, and the request succeeds
+    well within its deadline, with few attempts in the outage."""
+    (r1, a1), (r2, a2) = routers
+    r1.down_until = r2.down_until = time.monotonic() + 0.4
+    async with AsyncClient(routers=[a1, a2], max_attempts=12, timeout_s=10) as c:
+        msgs = [m async for m in c.generate(req(5))]
+    assert [t for m in msgs for t in m.token_ids] == EXPECTED[:5]
+    # a burst spends all 12 in milliseconds and fails; pauses of 0.05 s doubling (jittered to at least half)
+    # cover 0.4 s within 5 rounds of 2 attempts
+    assert 3 <= c.attempts_total <= 11
+
+
+async def test_the_backoff_never_outlasts_the_deadline(routers: list[tuple[StandinRouter, str]]) -> None:
+    (r1, a1), (r2, a2) = routers
+    r1.down_until = r2.down_until = time.monotonic() + 60
+    t0 = time.monotonic()
+    async with AsyncClient(routers=[a1, a2], max_attempts=1000, timeout_s=0.5, retry_backoff_s=0.2) as c:
+        with pytest.raises(DeadlineExceeded):
+            _ = [m async for m in c.generate(req(5))]
+    assert time.monotonic() - t0 < 2.0
