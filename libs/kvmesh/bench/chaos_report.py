@@ -22,8 +22,8 @@ def growth_per_hour(samples: Sequence[Sample], warmup_s: float) -> dict[str, dic
     (a restart starts afresh): the instance sampled longest once its own first `warmup_s` are left out (a
     process restarted mid-run warms up again: its pools and caches fill), the latest of equals. ``rss_pct``
     is the RSS slope as a share of that instance's mean RSS (percent per hour). None where no instance was
-    sampled for `MIN_SPAN_S` after its warm-up. ``tasks`` (asyncio tasks) is None: not observable from
-    outside."""
+    sampled for `MIN_SPAN_S` after its warm-up. ``tasks``: the slope of its asyncio tasks as its /metrics
+    says (`kvmesh_asyncio_tasks`), None where unread (Redis)."""
     out: dict[str, dict[str, float | None]] = {}
     for target in sorted({s.target for s in samples}):
         instances: dict[int, list[Sample]] = {}
@@ -39,6 +39,11 @@ def growth_per_hour(samples: Sequence[Sample], warmup_s: float) -> dict[str, dic
                 ys = [float(getattr(p, name)) for p in pts]
                 slope = statistics.linear_regression(ts, ys).slope if len(set(ys)) > 1 else 0.0
                 fig[name] = round(slope * 3600, 2)
+            read = [p for p in pts if p.tasks is not None]
+            if len(read) >= 3 and read[-1].t - read[0].t >= MIN_SPAN_S:
+                ys = [float(p.tasks or 0) for p in read]
+                slope = statistics.linear_regression([p.t for p in read], ys).slope if len(set(ys)) > 1 else 0.0
+                fig["tasks"] = round(slope * 3600, 2)
             mean_rss = statistics.fmean(p.rss_mb for p in pts)
             fig["rss_pct"] = round(100 * (fig["rss_mb"] or 0.0) / mean_rss, 2) if mean_rss else None
         out[target] = fig

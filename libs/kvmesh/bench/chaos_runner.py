@@ -95,6 +95,7 @@ class Sample:
     rss_mb: float
     fds: int
     threads: int
+    tasks: int | None = None  # asyncio tasks, from the process's /metrics (kvmesh_asyncio_tasks); None: unread
 
 
 class Campaign:
@@ -484,19 +485,27 @@ class Campaign:
 
     # ---- soak sampling -------------------------------------------------------------------------------------------
     async def sample_every(self, every_s: float, until: float) -> None:
-        """Each process's RSS, fds and threads (`samples`), and each router's prefill/decode counters
-        (`router_counters`), every `every_s`."""
+        """Each process's RSS, fds and threads from /proc and its asyncio tasks from its /metrics (`samples`),
+        and each router's prefill/decode counters (`router_counters`), every `every_s`."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             while self.now() < until:
                 for target, sp in list(self.suite.procs.items()):
                     s = proc_sample(sp.proc.pid)
-                    if s is not None:
-                        self.samples.append(Sample(round(self.now(), 2), target, sp.proc.pid, *s))
-                    if target.endswith("/router"):
-                        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                            zone = target.split("/")[0]
-                            async with http.get(f"{self.suite.router_http(zone)}/metrics") as resp:
-                                self.router_counters[(target, sp.proc.pid)] = pd_counters(await resp.text())
+                    if s is None:
+                        continue
+                    families: dict[str, float] = {}
+                    if not target.endswith("/redis"):
+                        with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError, ValueError):
+                            host = sp.address.rsplit(":", 1)[0]
+                            async with http.get(f"http://{host}:{sp.http_port}/metrics") as resp:
+                                text = await resp.text()
+                            families = scalar_metrics(text, ("kvmesh_asyncio_tasks",))
+                            if target.endswith("/router"):
+                                self.router_counters[(target, sp.proc.pid)] = pd_counters(text)
+                    tasks = families.get("kvmesh_asyncio_tasks")
+                    self.samples.append(
+                        Sample(round(self.now(), 2), target, sp.proc.pid, *s, None if tasks is None else int(tasks))
+                    )
                 await asyncio.sleep(every_s)  # the sampling period
 
     def pd_totals(self) -> dict[str, float]:
@@ -599,6 +608,16 @@ def _flip_a_byte(shm_name: str, rng: random.Random) -> tuple[bytes, int, int] | 
 
 
 PD_COUNTERS = ("kvmesh_pd_decisions_total", "kvmesh_handoff_blocks_total", "kvmesh_handoff_fallbacks_total")
+
+
+def scalar_metrics(text: str, names: Sequence[str]) -> dict[str, float]:
+    """The values of unlabelled gauges `names` in a /metrics exposition (NaN ones left out)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names and not sample.labels and sample.value == sample.value:
+                out[sample.name] = sample.value
+    return out
 
 
 def pd_counters(text: str) -> dict[str, float]:

@@ -5,6 +5,9 @@ Metric names follow `kvmesh_<subsystem>_<name>_<unit>`; every service exposes th
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -31,6 +34,21 @@ AUTHZ_DENIED = Counter(
     ["service", "method", "role"],
 )
 SERVICE_INFO = Gauge("kvmesh_service_info", "Static service information (value 1)", ["service", "zone", "version"])
+ASYNCIO_TASKS = Gauge(
+    "kvmesh_asyncio_tasks",
+    "asyncio tasks alive in the process's event loop when scraped (a number that only grows is a task leak)",
+)
+
+
+def _live_tasks() -> float:
+    """Tasks of the running event loop (/metrics is served on it); NaN when scraped off the loop."""
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:
+        return math.nan
+
+
+ASYNCIO_TASKS.set_function(_live_tasks)
 
 
 def render_latest() -> tuple[bytes, str]:

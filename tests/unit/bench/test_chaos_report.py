@@ -6,7 +6,7 @@ import pytest
 
 from kvmesh.bench.chaos import main
 from kvmesh.bench.chaos_report import growth_per_hour
-from kvmesh.bench.chaos_runner import Sample, pd_counters
+from kvmesh.bench.chaos_runner import Sample, pd_counters, scalar_metrics
 
 
 def test_growth_per_hour_is_the_slope_over_the_last_instance_after_warm_up() -> None:
@@ -69,3 +69,14 @@ def test_prefill_decode_zones_need_two_decode_workers(capsys: pytest.CaptureFixt
         main(["--pd", "--workers-per-zone", "2", "--duration-s", "600"])
     assert e.value.code == 2
     assert "--workers-per-zone must be >= 3 with --pd" in capsys.readouterr().err
+
+
+def test_asyncio_tasks_are_read_from_metrics_and_fitted_like_the_rest() -> None:
+    text = "# TYPE kvmesh_asyncio_tasks gauge\nkvmesh_asyncio_tasks 41.0\n# TYPE other gauge\nother 3.0\n"
+    assert scalar_metrics(text, ("kvmesh_asyncio_tasks",)) == {"kvmesh_asyncio_tasks": 41.0}
+    assert scalar_metrics("kvmesh_asyncio_tasks NaN\n", ("kvmesh_asyncio_tasks",)) == {}
+    leaking = [Sample(t, "a/router", 9, 100.0, 10, 4, 40 + t // 60) for t in range(0, 1200, 30)]  # +1 a minute
+    g = growth_per_hour(leaking, warmup_s=60)["a/router"]
+    assert g["tasks"] == pytest.approx(60.0, rel=0.05)
+    unread = [Sample(t, "a/redis", 8, 10.0, 10, 4) for t in range(0, 1200, 30)]
+    assert growth_per_hour(unread, warmup_s=60)["a/redis"]["tasks"] is None
