@@ -140,3 +140,4 @@ _.handle_preemptions
 _.rss_mb  # kvmesh.bench.chaos_runner.Sample: read by name in chaos_report's growth figures
 _.kernel_block_ids  # kvmesh.kvplane.vllm_connector: the block <-> kernel block and TP rank maps (tests; the docs)
 with_rank
+_.buffered_blocks  # services.worker.kvlog.KvEventLog: the replay buffer's size in blocks (tests read it)

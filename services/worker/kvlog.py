@@ -1,9 +1,13 @@
 """The worker's KV event log: per-worker sequence numbers, a replay buffer, a mirror for consistent dumps.
 
-Each engine batch becomes `KvEventBatch(sequence = previous + 1)` (the first is 1). The last `buffer`
-batches stay for replay; `CacheMirror` holds the cache as of `last_seq`, so a dump taken at any moment is
-exactly the state after batch `last_seq`. Consumers read through cursors (bounded queues); a cursor that
-overflows is marked lost and its owner must fall back to a dump. No I/O, no clock.
+Each engine batch becomes `KvEventBatch(sequence = previous + 1)` (the first is 1). The newest batches
+stay for replay, at most `buffer` batches holding at most `buffer_blocks` blocks in all (`batch_blocks`):
+a batch's size follows its prompts (a 3000-token prompt stores ~100 blocks with their token ids), so a
+count of batches alone bounds nothing in bytes, and a replay longer than a few thousand blocks costs a
+consumer about what the dump it falls back to costs. `CacheMirror` holds the cache as of `last_seq`, so a
+dump taken at any moment is exactly the state after batch `last_seq`. Consumers read through cursors
+(bounded queues); a cursor that overflows is marked lost and its owner must fall back to a dump. No I/O,
+no clock.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ from dataclasses import dataclass, field
 from kvmesh.core.kvevents import BlockStored, KvEvent, KvEventBatch
 from kvmesh.engine.mirror import CacheMirror
 
+DEFAULT_BUFFER_BLOCKS = 4096  # ~1 KB a stored block with its token ids: a few MB of replay at most
+
+
+def batch_blocks(batch: KvEventBatch) -> int:
+    """The batch's weight in the replay buffer: the blocks its events name (an event naming none counts 1)."""
+    return sum(max(1, len(getattr(ev, "block_hashes", ()))) for ev in batch.events)
+
 
 @dataclass
 class Cursor:
@@ -25,12 +36,21 @@ class Cursor:
 
 
 class KvEventLog:
-    def __init__(self, worker_id: str, instance_id: str, buffer: int = 10_000, cursor_limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        worker_id: str,
+        instance_id: str,
+        buffer: int = 10_000,
+        cursor_limit: int = 10_000,
+        buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
+    ) -> None:
         self.worker_id = worker_id
         self.instance_id = instance_id
         self.last_seq = 0
         self.mirror = CacheMirror()
         self._buffer: deque[KvEventBatch] = deque(maxlen=buffer)
+        self._buffer_blocks = buffer_blocks
+        self._buffered_blocks = 0  # batch_blocks summed over _buffer
         self._cursors: list[Cursor] = []
         self._cursor_limit = cursor_limit
 
@@ -40,7 +60,7 @@ class KvEventLog:
         batch = KvEventBatch(self.worker_id, self.instance_id, self.last_seq, timestamp, tuple(events))
         for ev in batch.events:
             self.mirror.apply(ev)
-        self._buffer.append(batch)
+        self._buffer_append(batch)
         for c in self._cursors:
             if c.lost:
                 continue
@@ -49,6 +69,21 @@ class KvEventLog:
                 continue
             c.queue.put_nowait(batch)
         return batch
+
+    def _buffer_append(self, batch: KvEventBatch) -> None:
+        """Buffer the batch, dropping the oldest ones past `buffer` batches or `buffer_blocks` blocks (even
+        the new one itself when it alone is over: a replay through it then answers None, i.e. dump)."""
+        if self._buffer and len(self._buffer) == self._buffer.maxlen:
+            self._buffered_blocks -= batch_blocks(self._buffer[0])  # the deque drops it on append
+        self._buffer.append(batch)
+        self._buffered_blocks += batch_blocks(batch)
+        while self._buffer and self._buffered_blocks > self._buffer_blocks:
+            self._buffered_blocks -= batch_blocks(self._buffer.popleft())
+
+    @property
+    def buffered_blocks(self) -> int:
+        """Blocks the replay buffer holds now (at most `buffer_blocks`)."""
+        return self._buffered_blocks
 
     def replay(self, start_seq: int) -> list[KvEventBatch] | None:
         """Batches with sequence >= start_seq, or None if some of them are no longer buffered."""

