@@ -31,7 +31,8 @@ class WorkerSettings(ServerSettings):
     zmq_replay: str = setting("", "ROUTER endpoint answering replay requests for the ZMQ publisher (empty = none)")
     zmq_topic: str = setting("kv-events", "topic of the ZMQ KV event frames")
     kv_event_buffer: int = setting(
-        10000, "KV event batches kept for replay (gRPC and ZMQ; the gRPC replay also at most 4096 blocks)"
+        10000,
+        "KV event batches kept for replay (gRPC and ZMQ; also at most 4096 blocks for gRPC, 8 MiB for ZMQ)",
     )
     load_interval_ms: int = setting(250, "default interval of StreamLoad reports, milliseconds")
     max_num_seqs: int = setting(256, "sim engine: concurrently running requests")
