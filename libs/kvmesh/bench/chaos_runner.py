@@ -44,7 +44,7 @@ from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import MASK64
 from kvmesh.core.kvevents import BlockStored, KvEvent
 from kvmesh.kvplane.kvsync.client import KvSyncClient, PullFailed
-from kvmesh.kvplane.kvsync.tier import RegionReader, slot_data_offset
+from kvmesh.kvplane.kvsync.tier import RegionReader, StaleBlock, slot_data_offset
 from kvmesh.suite.shm_leftovers import unlink_unmapped
 from kvmesh.v1 import (
     cache_manager_pb2,
@@ -437,7 +437,7 @@ class Campaign:
                 return
         reader = RegionReader.attach(info.tier_shm_name)
         try:
-            rewritten = int(reader._gen[slot]) != generation
+            rewritten = reader.generation(slot) != generation
         finally:
             reader.close()
         if stats.blocks and not rewritten:
@@ -547,8 +547,7 @@ def _published(shm_name: str, most: int) -> list[bytes]:
     """Digests of up to `most` blocks published in the region, in slot order."""
     reader = RegionReader.attach(shm_name)
     try:
-        reader.locate([])  # scans the headers
-        return [d for d, _slot in sorted(reader._by_digest.items(), key=lambda kv: kv[1])][:most]
+        return [digest for digest, _ref in reader.published()[:most]]
     finally:
         reader.close()
 
@@ -593,12 +592,15 @@ def _flip_a_byte(shm_name: str, rng: random.Random) -> tuple[bytes, int, int] | 
     (its digest, slot, generation), or None when no block is published."""
     reader = RegionReader.attach(shm_name)
     try:
-        reader.locate([])  # scans the headers
-        published = sorted(reader._by_digest.items(), key=lambda kv: kv[1])
+        published = reader.published()
         if not published:
             return None
-        digest, slot = rng.choice(published)
-        generation, length = int(reader._gen[slot]), int(reader._length[slot])
+        digest, ref = rng.choice(published)
+        slot, generation = ref.slot, ref.generation
+        try:
+            length = len(reader.view(ref, digest)[0])
+        except StaleBlock:  # rewritten since the scan: another fault's time
+            return None
         offset = slot_data_offset(reader.block_bytes, reader.num_slots, slot) + rng.randrange(max(1, length))
     finally:
         reader.close()
@@ -762,7 +764,7 @@ async def held_slots(suite: Suite) -> tuple[int, int]:
             try:
                 now = time.monotonic_ns()  # the lessor's clock: CLOCK_MONOTONIC is the host's
                 leases += sum(1 for s in range(reader.num_slots) if reader.lease_until(s) > now)
-                slots += int((reader._gen % 2 == 1).sum())  # an odd generation: a write begun, never published
+                slots += reader.writes_under_way()  # a write begun, never published
             finally:
                 reader.close()
     return leases, slots

@@ -617,6 +617,24 @@ class RegionReader(_Mapped):
             out.append(None if slot is None else SlotRef(slot, int(self._cached_gen[slot])))
         return out
 
+    def published(self) -> list[tuple[bytes, SlotRef]]:
+        """Every block published now, in slot order: (digest, its slot and generation) (a hint, as `locate`'s;
+        for tools that inspect a region: the chaos campaign, audits)."""
+        self._refresh()
+        return [
+            (digest, SlotRef(slot, int(self._cached_gen[slot])))
+            for digest, slot in sorted(self._by_digest.items(), key=lambda kv: kv[1])
+        ]
+
+    def generation(self, slot: int) -> int:
+        """The slot's generation now (odd: a write under way)."""
+        self._check_slot(slot)
+        return int(self._gen[slot])
+
+    def writes_under_way(self) -> int:
+        """Slots whose generation is odd: a write begun and not (yet) published."""
+        return int((self._gen % 2 == 1).sum())
+
     def read_into(self, ref: SlotRef, digest: bytes, out: memoryview, verify: bool = True) -> int:
         """Copies the block into `out` (one copy) and returns its length.
 

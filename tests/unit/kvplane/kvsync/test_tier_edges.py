@@ -528,3 +528,21 @@ def test_headers_read_back_to_back_parse_as_each_one_alone(region: TierRegion) -
     alone = [struct.unpack_from("<Q32sII", raw, i * SLOT_HEADER_BYTES) for i in range(3)]
     assert list(iter_slot_headers(raw)) == alone
     assert [(g, d, n) for g, d, n, _ in alone] == [(r.generation, _digest(i), BLOCK - i) for i, r in enumerate(refs)]
+
+
+def test_a_reader_lists_what_is_published_and_counts_writes_under_way(region: TierRegion, reader: RegionReader) -> None:
+    assert reader.published() == [] and reader.writes_under_way() == 0
+    for i in range(3):
+        assert region.put(_digest(i), _data(i), now_ns=1 + i)
+    listed = reader.published()
+    assert {d for d, _ in listed} == {_digest(i) for i in range(3)}
+    assert [ref.slot for _, ref in listed] == sorted(ref.slot for _, ref in listed)  # in slot order
+    assert all(reader.generation(ref.slot) == ref.generation and ref.generation % 2 == 0 for _, ref in listed)
+    res = region.reserve(_digest(9), now_ns=10)
+    assert res is not None
+    assert reader.writes_under_way() == 1 and reader.generation(res.slot) % 2 == 1
+    assert _digest(9) not in [d for d, _ in reader.published()]
+    region.abort(res)
+    assert reader.writes_under_way() == 0
+    with pytest.raises(InvalidArgument, match="slot"):
+        reader.generation(4)
