@@ -90,3 +90,11 @@ def test_a_window_too_short_for_every_kind_is_refused_naming_what_is_left_out() 
     with pytest.raises(ValueError, match="too short for one fault of each kind") as e:
         make_schedule(1, 40, warmup_s=5, settle_s=20, mean_gap_s=6)
     assert any(k in str(e.value) for k in KINDS)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_long_run_injects_every_kind_about_as_often(seed: int) -> None:
+    """Kinds come in rounds of one each: a 30-minute run's counts differ by one at most, and each reaches 10."""
+    n = counts(make_schedule(seed, 1800))
+    assert max(n.values()) - min(n.values()) <= 1, n
+    assert min(n.values()) >= 10, n
