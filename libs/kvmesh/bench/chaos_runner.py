@@ -146,6 +146,10 @@ class Campaign:
 
     async def kill(self, f: Fault, log: FaultLog) -> None:
         signal_process(self.suite, f.target, signal.SIGKILL)
+        await self._killed_then_restarted(f, log)
+
+    async def _killed_then_restarted(self, f: Fault, log: FaultLog) -> None:
+        """After a SIGKILL sent to the target: its exit noted, then its restart at the fault's end."""
         code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
         log.notes.append(f"killed (exit {code})")
         await self._sleep_until(log.started + f.duration_s)
@@ -158,23 +162,19 @@ class Campaign:
         log.notes.append("continued")
 
     async def term(self, f: Fault, log: FaultLog) -> None:
-        signal_process(self.suite, f.target, signal.SIGTERM)
-        code = await asyncio.to_thread(wait_exit, self.suite, f.target, TERM_EXIT_S)
-        if code is None:
-            log.notes.append(f"did not exit within {TERM_EXIT_S}s of SIGTERM: killed")
-            signal_process(self.suite, f.target, signal.SIGKILL)
-            code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
-        log.notes.append(f"exited {code} after {self.now() - log.started:.2f}s")
+        await self._graceful_stop(f.target, log)
         await self._restart(f.target, log)
 
     async def _graceful_stop(self, target: str, log: FaultLog) -> None:
+        """SIGTERM, its exit waited for (SIGKILL after TERM_EXIT_S) and noted with how long it took."""
+        t = self.now()
         signal_process(self.suite, target, signal.SIGTERM)
         code = await asyncio.to_thread(wait_exit, self.suite, target, TERM_EXIT_S)
         if code is None:
             log.notes.append(f"did not exit within {TERM_EXIT_S}s of SIGTERM: killed")
             signal_process(self.suite, target, signal.SIGKILL)
             code = await asyncio.to_thread(wait_exit, self.suite, target, 10.0)
-        log.notes.append(f"exited {code}")
+        log.notes.append(f"exited {code} after {self.now() - t:.2f}s")
 
     async def version_skew(self, f: Fault, log: FaultLog) -> None:
         """The worker comes back as another build (its version label) under the same id and address, while
@@ -261,10 +261,7 @@ class Campaign:
                 self.integrity_violations.append(f"t={self.now():.2f} {f.target}: more blocks than asked")
         finally:
             await asyncio.to_thread(proxy.close)
-        code = await asyncio.to_thread(wait_exit, self.suite, f.target, 10.0)
-        log.notes.append(f"killed (exit {code})")
-        await self._sleep_until(log.started + f.duration_s)
-        await self._restart(f.target, log)
+        await self._killed_then_restarted(f, log)
 
     # ---- the inter-zone link --------------------------------------------------------------------------------
     def _proxies(self) -> list[Any]:

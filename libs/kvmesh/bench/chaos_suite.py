@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc.aio
-import redis
 
 from kvmesh.bench import netns
 from kvmesh.bench.failover import BS, REPO, read_port, register
@@ -40,6 +39,7 @@ from kvmesh.bench.zone_link import CM_PORT, InterZoneLinks
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
 from kvmesh.suite.launcher import ServiceProcess, wait_serving
+from kvmesh.suite.local import redis_answers
 
 WORKER_PORT = 47200  # worker i: gRPC WORKER_PORT + i, HTTP WORKER_PORT + 50 + i
 ROUTER_PORT = 47300  # HTTP ROUTER_PORT + 1
@@ -132,32 +132,17 @@ def start_redis(zone: netns.Zone, tmp: Path, timeout_s: float = 15.0) -> Service
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"{zone.ns_ip}:{REDIS_PORT}"
     sp = ServiceProcess("redis-server", proc, log_path, log_path, {"grpc": address})
-    client = redis.Redis(host=zone.ns_ip, port=REDIS_PORT, socket_timeout=1)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.ping()
-            return sp
-        except redis.RedisError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError(f"redis-server did not answer on {address}: {sp.log()[-500:]}") from None
-            time.sleep(0.05)  # the start's poll interval
+    if not redis_answers(zone.ns_ip, REDIS_PORT, timeout_s, proc):
+        proc.kill()
+        raise RuntimeError(f"redis-server did not answer on {address}: {sp.log()[-500:]}")
+    return sp
 
 
 def redis_ping(address: str, timeout_s: float) -> None:
     """Raises RuntimeError unless the Redis at `address` answers PING within `timeout_s`."""
     host, port = address.rsplit(":", 1)
-    client = redis.Redis(host=host, port=int(port), socket_timeout=1)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            client.ping()
-            return
-        except redis.RedisError as e:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis {address}: {e}") from None
-            time.sleep(0.1)  # the check's poll interval
+    if not redis_answers(host, int(port), timeout_s):
+        raise RuntimeError(f"redis {address}: no answer to PING within {timeout_s}s")
 
 
 def _plan(suite: Suite, z: netns.Zone) -> None:

@@ -446,17 +446,24 @@ def _start_redis(directory: Path, port: int) -> tuple[subprocess.Popen[bytes], s
     proc = subprocess.Popen(
         [binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
+    if not redis_answers(HOST, port, 15.0, proc):
+        proc.kill()
+        raise SystemExit(f"redis-server did not start on port {port}")
+    return proc, f"redis://{HOST}:{port}/0"
+
+
+def redis_answers(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> bool:
+    """Whether the Redis at host:port answers PING within `timeout_s` (False at once if `proc`, its process,
+    has exited)."""
     import redis
 
-    client = redis.Redis(host=HOST, port=port)
-    deadline = time.monotonic() + 15
+    client = redis.Redis(host=host, port=port, socket_timeout=1)
+    deadline = time.monotonic() + timeout_s
     while True:
         try:
             client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise SystemExit(f"redis-server did not start on port {port}") from None
-            time.sleep(0.05)
-    return proc, f"redis://{HOST}:{port}/0"
+            return True
+        except redis.RedisError:
+            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                return False
+            time.sleep(0.05)  # the start's poll interval
