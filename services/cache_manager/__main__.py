@@ -137,6 +137,7 @@ async def build(runner: ServiceRunner, settings: CacheManagerSettings) -> None:
             settings.replication_bytes_per_s,
             settings.replication_interval_s,
             settings.replication_threshold,
+            lease_ms=settings.replication_lease_ms,
         )
     servicer = CacheManagerServicer(
         core, warmer, runner.stopping, location, limits, settings.zone, zones, sink, replicator

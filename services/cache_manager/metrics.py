@@ -80,6 +80,13 @@ REPLICATION_FAILURES = Counter(
     "Prefix replications that failed or were not verified",
     ["zone", "reason"],
 )
+REPLICATION_LEASES = Counter(
+    "kvmesh_cache_replication_leases_total",
+    "Leases taken at a source worker for the prefixes replicated out, by outcome: taken (sent with the"
+    " prefix), failed (the lease call), unheld (not every block held), underived (identities not derivable"
+    " here: the receiving worker leases itself)",
+    ["outcome"],
+)
 REPLICATION_SECONDS = Histogram(
     "kvmesh_cache_replication_seconds",
     "One ReplicatePrefixes call into another zone (its workers' pulls included)",

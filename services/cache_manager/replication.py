@@ -4,6 +4,15 @@ Replicating side (`Replicator`, on when `--replication-bytes-per-s` > 0): every 
 for each followed zone (`--follow-zone`: the same cache-managers, over the same kind of channel), the hot
 prefixes not yet held there go, by value and under the zone's byte budget, as one `ReplicatePrefixes` call
 naming for each a local worker that holds it (its KvSyncService address and tier region, from its GetInfo).
+Each prefix sent carries a lease on its blocks at the source worker (`ReplicaPrefix.lease`), taken here, in
+the source's zone, where the `AcquireLease` round trip is cheap: the receiving worker then only reads the
+blocks (over Mooncake, one one-sided read across the inter-zone link instead of a lease call and a read). The
+lease's identities are the source's tier digests, derived here from the prompt, the tenant and the source's
+tier layout (`kvmesh.engine.sim.core.tier_digests`, the function the worker names its blocks with; a
+simulated engine's only: a vLLM worker's identities need its KV layout, which only the worker knows, so its
+prefixes go without a lease). It lasts `--replication-lease-ms`; a lease call that fails, or that finds the
+source not holding every block under those identities, sends the prefix without one (the worker leases
+itself, as it always may). Counted in `kvmesh_cache_replication_leases_total`.
 A prefix counts as replicated only when the other zone answers that one of its workers holds every block,
 verified; it is not sent again while the followed copy of that zone's index still shows it there (checked
 once a replica is older than `RECHECK_AFTER_S`, the index's lag). A partition fails a round's call: nothing
@@ -15,8 +24,9 @@ burst is not verified there yet.
 
 Receiving side (`ReplicaSink`, `ReplicatePrefixes`, role cache-manager): each prefix goes to the least loaded
 worker (a worker that holds it already answers for it, nothing copied), as a prefill-only request whose
-kv-pull hint names the source worker: the worker pulls the leading blocks over kv-sync (each checked by
-CRC32C) into its CPU tier, loads them and computes only the last block. The answer's verified blocks are
+kv-pull hint names the source worker and carries the lease the request brought: the worker pulls the leading
+blocks over kv-sync (each checked by CRC32C) into its CPU tier, under that lease when it still fits
+(`kvmesh.kvplane.pulls`), loads them and computes only the last block. The answer's verified blocks are
 its usage's cached tokens / block size. `--kvsync-address-map FROM=TO` rewrites a source address to the one
 this zone's workers dial (a NAT or link proxy between the zones).
 """
@@ -33,6 +43,10 @@ import grpc
 
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.core.errors import Unavailable
+from kvmesh.engine.sim.core import SimConfig, tier_digests
+from kvmesh.engine.sim.tiers import sim_layout
+from kvmesh.kvplane.kvsync.client import KvSyncClient
+from kvmesh.kvplane.pulls import carry
 from kvmesh.ops.warming import WarmAction
 from kvmesh.ops.warming.decide import pick_workers
 from kvmesh.ops.warming.replicate import ByteBudget, Candidate, candidates, plan_round, unfinished
@@ -43,13 +57,15 @@ from kvmesh.services.cache_manager import metrics as m
 from kvmesh.services.cache_manager.warming import ANY_LOAD, Warmer
 from kvmesh.services.cache_manager.zones import ZoneFollowers
 from kvmesh.v1 import cache_manager_pb2 as pb
-from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.v1 import cache_manager_pb2_grpc, common_pb2, kvsync_pb2, worker_pb2, worker_pb2_grpc
+from kvmesh.wire.proto import held_lease_to_proto
 
 log = logging.getLogger(__name__)
 MAX_PREFIXES = 64  # per ReplicatePrefixes call
 MAX_PREFIX_TOKENS = 131_072
 RECHECK_AFTER_S = 5.0  # a verified replica is looked up in the followed copy only after this (the index lag)
 CALL_TIMEOUT_S = 60.0
+LEASE_TIMEOUT_S = 1.0  # an AcquireLease on a worker of this zone: a slow one is not worth waiting for
 
 
 def validate_replicate(request: pb.ReplicatePrefixesRequest, own_zone: str) -> None:
@@ -94,6 +110,8 @@ class ReplicaSink:
             num_blocks=expected,
             timeout_ms=self.pull_timeout_ms,
         )
+        if p.HasField("lease"):  # taken by the asking zone next to the source: the worker only reads
+            hint.lease.CopyFrom(p.lease)
         action = WarmAction(chosen[0], 0, tuple(tokens), f"replica-from-{source_zone}", tenant)
         try:
             usage = await self.warmer.pull_prefill(action, hint)
@@ -131,12 +149,14 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A local worker's KvSyncService, as its GetInfo tells it."""
+    """A local worker's KvSyncService, as its GetInfo tells it; `layout` its tier's layout when its blocks'
+    identities derive here (a simulated engine's), else empty."""
 
     worker: str
     address: str
     region: str
     block_bytes: int
+    layout: str = ""
 
 
 class Replicator:
@@ -153,10 +173,14 @@ class Replicator:
         interval_s: float,
         threshold: int,
         clock: Callable[[], float] = time.time,
+        lease_ms: int = 10_000,
     ) -> None:
         self.core, self.warmer, self.zones, self.zone = core, warmer, zones, zone
         self.threshold = threshold
         self.clock = clock
+        self.lease_ms = lease_ms
+        self.security = security
+        self.kvsync: dict[str, tuple[grpc.aio.Channel, KvSyncClient]] = {}  # source address -> its kv-sync
         opts = [*ZONE_LINK_OPTIONS, *RECONNECT]  # pings, and back within 2 s of a healed partition, as the followers
         self.channels = [open_channel(f.address, security, options=opts) for f in zones.followers.values()]
         now = clock()
@@ -210,6 +234,10 @@ class Replicator:
                 items.append((c, self._prefix(c, src), src))
         if not items:
             return 0
+        leases = await asyncio.gather(*(self._lease(c, s) for c, _p, s in items))
+        for (_c, p, _s), lease in zip(items, leases, strict=True):
+            if lease is not None:
+                p.lease.CopyFrom(lease)
         t.budget.spend(sum(c.n_blocks * s.block_bytes for c, _p, s in items))
         req = pb.ReplicatePrefixesRequest(source_zone=self.zone, prefixes=[p for _c, p, _s in items])
         t0 = time.perf_counter()
@@ -256,6 +284,36 @@ class Replicator:
             region=src.region,
         )
 
+    async def _lease(self, c: Candidate, src: Source) -> kvsync_pb2.HeldLease | None:
+        """A lease on the prefix's blocks (all but the last token's) at `src`, for the receiving worker to
+        read under (see the module docstring); None: it leases itself."""
+        bs = self.core.block_size
+        n = (len(c.token_ids) - 1) // bs
+        if not src.layout or n <= 0:
+            m.REPLICATION_LEASES.labels("underived").inc()
+            return None
+        # a worker's sim engine keeps SimConfig's hash salt (no setting changes it)
+        digests = tier_digests(c.token_ids[: n * bs], bs, src.layout, SimConfig().hash_salt, None, c.tenant)
+        try:
+            lease = await self._kvsync(src.address).acquire_lease(src.region, digests, self.lease_ms, LEASE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            m.REPLICATION_LEASES.labels("failed").inc()
+            log.debug("no lease on %s at %s: %s", src.region, src.address, e.details())
+            return None
+        if lease.prefix < n:  # not every block under these identities (evicted, or another salt)
+            m.REPLICATION_LEASES.labels("unheld").inc()
+            return None
+        m.REPLICATION_LEASES.labels("taken").inc()
+        return held_lease_to_proto(carry(lease, time.time(), time.monotonic()))
+
+    def _kvsync(self, address: str) -> KvSyncClient:
+        """A kv-sync client of a worker of this zone (its address as GetInfo gives it), one per address."""
+        entry = self.kvsync.get(address)
+        if entry is None:
+            channel = open_channel(address, self.security)
+            entry = self.kvsync[address] = (channel, KvSyncClient(channel))
+        return entry[1]
+
     async def _block_bytes(self) -> int:
         """Bytes of one tier block (the zone's workers share one layout), from any worker's GetInfo."""
         for w in sorted(self.warmer.addresses):
@@ -284,7 +342,10 @@ class Replicator:
             return None
         if not info.kvsync_address or not info.tier_block_bytes:
             return None
-        src = self.sources[worker] = Source(worker, info.kvsync_address, info.tier_region, info.tier_block_bytes)
+        # a simulated engine's tier layout is a function of what GetInfo tells (engine_factory.build_tiers)
+        layout = sim_layout(info.model, info.block_size, info.tier_block_bytes) if info.engine == "sim" else ""
+        src = Source(worker, info.kvsync_address, info.tier_region, info.tier_block_bytes, layout)
+        self.sources[worker] = src
         return src
 
     def stats(self) -> list[pb.GetStatsResponse.ReplicationTarget]:
@@ -305,3 +366,7 @@ class Replicator:
     async def close(self) -> None:
         for ch in self.channels:
             await ch.close()
+        for ch, client in self.kvsync.values():
+            client.close()
+            await ch.close()
+        self.kvsync.clear()

@@ -56,3 +56,9 @@ class CacheManagerSettings(ServerSettings):
         (), "FROM=TO: another zone's kv-sync address as this zone's workers dial it (a NAT or link proxy)"
     )
     replication_pull_timeout_ms: int = setting(10_000, "deadline of a replica's pull from another zone, milliseconds")
+    # The lease spans the ReplicatePrefixes call, the receiving zone's scheduling of the prefill and its
+    # pull (the receiving worker keeps a 1 s margin for clock skew): seconds, not the milliseconds of the
+    # read. Longer pins the source's slots longer after the read (a lease is not released early).
+    replication_lease_ms: int = setting(
+        10_000, "lease taken at the source worker on each replicated prefix's blocks and sent with it, milliseconds"
+    )

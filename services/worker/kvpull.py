@@ -25,6 +25,7 @@ from kvmesh.rpc.auth import Guard
 from kvmesh.rpc.channel import ChannelSecurity
 from kvmesh.rpc.interceptors import InstrumentedServer, MessageBounds
 from kvmesh.rpc.tls import server_credentials
+from kvmesh.services.worker import metrics as m
 from kvmesh.services.worker.handoff import HandoffHolds
 from kvmesh.services.worker.settings import WorkerSettings
 
@@ -88,4 +89,5 @@ def peer_pulls(settings: WorkerSettings) -> PeerPulls:
     limits = PullLimits(
         settings.pull_timeout_ms, settings.pull_lease_ms, settings.pull_over_shm, settings.kvsync_transport
     )
-    return PeerPulls(limits, ChannelSecurity.of(settings))
+    carried = lambda outcome: m.KVSYNC_CARRIED_LEASES.labels(outcome).inc()  # noqa: E731
+    return PeerPulls(limits, ChannelSecurity.of(settings), carried)

@@ -31,6 +31,12 @@ KV_PULL_OUTCOMES = Counter(
     " sim: pulled, held, missing, mismatch, void, failed, timeout, unsupported)",
     ["outcome"],
 )
+KVSYNC_CARRIED_LEASES = Counter(
+    "kvmesh_kvsync_carried_leases_total",
+    "Pulls that carried a lease taken next to their source (a replicated prefix's), by outcome: used (read"
+    " under it, no lease call of its own), expired, mismatch (other blocks or region), stale (leased again)",
+    ["outcome"],
+)
 TIER_BLOCKS = Gauge("kvmesh_worker_tier_blocks", "KV blocks held in the host tiers (CPU and disk)")
 TIER_LOADED_TOKENS = Gauge("kvmesh_worker_tier_loaded_tokens", "Prompt tokens loaded back from the host tiers")
 TIER_PULLED_BLOCKS = Gauge("kvmesh_worker_tier_pulled_blocks", "KV blocks pulled from peers into the CPU tier")

@@ -32,8 +32,9 @@ restored zone at the ramp floor for its re-warm, and why the hold ended (``warm`
 Zone figures (`kvmesh.bench.failover_figures`): ``pre_switch_hit_ratio``, ``post_switch_hit_ratio``
 (zone 0's sessions, before the kill on zone 0 and in the first 60 s after it elsewhere),
 ``post_switch_first_hit_ratio``, ``failback_hit_ratio``, ``cross_zone_sync_ms`` (a 32-block batch through
-the link), ``index_lag_ms`` (zone 1 following zone 0) and ``replication_bytes_per_s`` (zone 0, until the
-kill); ``partition`` adds ``requests_moved`` and the follow / replication counters after the heal.
+the link under a lease taken inside the peer's zone, as replication pulls; ``cross_zone_sync_unleased_ms``:
+leasing through the link too), ``index_lag_ms`` (zone 1 following zone 0) and ``replication_bytes_per_s``
+(zone 0, until the kill); ``partition`` adds ``requests_moved`` and the follow / replication counters after the heal.
 """
 
 from __future__ import annotations
@@ -300,7 +301,9 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     clients: list[AsyncClient] = []
     try:
         links = InterZoneLinks(zones, a.workers_per_zone, a.link_delay_ms, a.link_rate)
-        sync = await figures.sync_probe(zones[0], a.link_delay_ms, a.link_rate, transport=a.sync_transport)
+        sync, sync_unleased = await figures.sync_probe(
+            zones[0], a.link_delay_ms, a.link_rate, transport=a.sync_transport
+        )
         if a.consul_url:
             consul_urls = {z.name: a.consul_url for z in zones}
         else:
@@ -413,7 +416,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*loops)
         if a.scenario == "partition":
             partition.update(await converged(zps))
-        extra = {"sync": sync, "before_kill": before_kill, "partition": partition, "watch_moved": watch_moved}
+        extra = {
+            "sync": sync,
+            "sync_unleased": sync_unleased,
+            "before_kill": before_kill,
+            "partition": partition,
+            "watch_moved": watch_moved,
+        }
         if a.scenario in ("zone", "consul"):  # the surviving zone's failover service saw the whole restore
             survivor = zps[1]
             assert survivor.failover is not None
@@ -506,6 +515,7 @@ def result_line(
         "consul": a.consul_url or "stand-in",
         "link": {"delay_ms_each_way": a.link_delay_ms, "rate_bytes_per_s": a.link_rate},
         "cross_zone_sync_ms": extra["sync"],
+        "cross_zone_sync_unleased_ms": extra["sync_unleased"],
         "cross_zone_sync_transport": a.sync_transport,
         "errors": stats.errors[:5],
     }

@@ -12,26 +12,39 @@ that served each request counted it). Zone A's sessions are the clients whose ow
   first request there (the restored zone starts empty: what it holds then came from the other zone).
 `cross_zone_sync_ms`: a kv-sync peer (`kvmesh.kvplane.kvsync.peer`, tiny-model blocks) in zone A's namespace, pulled
 from the root namespace through a proxy with the inter-zone link's delay and cap, 32 blocks per pull, every
-block CRC32C-checked (`kvmesh.bench.kvsync.time_pulls`), before the traffic starts.
+block CRC32C-checked, before the traffic starts, the way replication pulls a prefix: the lease taken next to
+the peer (a `KvSyncClient` on a direct channel into the zone, as the replicating cache-manager leases at its
+source worker), carried as a `ReplicaPrefix.lease` is (wall-clock end, `kvmesh.wire.proto`), and the pull
+timed alone, made by the worker's own `PeerPulls` under that lease through the link (`lease_p50`/`lease_p99`:
+the lease call inside the zone, not part of the pull). `cross_zone_sync_unleased_ms`: the same pulls each
+leasing for itself through the link, as before, taking turns with the leased ones (the same load for both).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import grpc.aio
+import numpy as np
 
 from kvmesh.bench import kvsync as kvsync_bench
 from kvmesh.bench import netns
 from kvmesh.bench.delay_proxy import ProxyProcess
 from kvmesh.bench.zone_follow import quantile, scrape, total
+from kvmesh.core.pull import KvPull
+from kvmesh.kvplane.kvsync import mooncake as te
 from kvmesh.kvplane.kvsync.client import KvSyncClient
+from kvmesh.kvplane.kvsync.peer import LAYOUT, REGION, peer_digests
+from kvmesh.kvplane.pulls import USED, PeerPulls, PullLimits, carry
+from kvmesh.rpc.channel import PLAINTEXT
 from kvmesh.suite.launcher import ServiceProcess
 from kvmesh.v1 import cache_manager_pb2 as pb
 from kvmesh.v1 import cache_manager_pb2_grpc as cm_grpc
+from kvmesh.wire.proto import held_lease_from_proto, held_lease_to_proto
 
 SYNC_BLOCKS = 32
 
@@ -71,10 +84,10 @@ def firsts(rows: Sequence[Any]) -> list[Any]:
 
 async def sync_probe(
     zone: netns.Zone, delay_ms: float, rate: float, iters: int = 200, transport: str = "grpc"
-) -> dict[str, float]:
-    """p50/p99 of a 32-block pull across the emulated link (see the module docstring); `transport` mooncake:
-    through the peer's Mooncake TE, its two ports behind proxies with the same delay and cap
-    (`kvsync.mooncake_relays`), every block still CRC32C-checked."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """(carried-lease, unleased) p50/p99 of a 32-block pull across the emulated link (see the module
+    docstring); `transport` mooncake: through the peer's Mooncake TE, its two ports behind proxies with the
+    same delay and cap (`kvsync.mooncake_relays`), every block still CRC32C-checked."""
     size = kvsync_bench.tiny_block_bytes()
     over_te = transport == "mooncake"
     peer = kvsync_bench.start_peer(
@@ -83,23 +96,75 @@ async def sync_probe(
     proxy = None
     relays = kvsync_bench.mooncake_relays(peer, zone.ns_ip, delay_ms, rate) if over_te else []
     try:
-        proxy = ProxyProcess(f"{zone.ns_ip}:{json.loads(peer.first)['port']}", delay_ms, rate=rate)
-        async with grpc.aio.insecure_channel(proxy.address, options=kvsync_bench.CHANNEL_OPTS) as ch:
-            samples, _, _ = await kvsync_bench.time_pulls(
-                KvSyncClient(ch), size, SYNC_BLOCKS, False, iters, 10.0, transport=transport, registered=over_te
-            )
+        direct = f"{zone.ns_ip}:{json.loads(peer.first)['port']}"
+        proxy = ProxyProcess(direct, delay_ms, rate=rate)
+        async with grpc.aio.insecure_channel(direct, options=kvsync_bench.CHANNEL_OPTS) as near:
+            carried, unleased, leases = await time_sync_pulls(KvSyncClient(near), proxy.address, size, iters, transport)
     finally:
         if proxy is not None:
             proxy.close()
         for relay in relays:
             relay.stop()
         peer.stop()
+    leased = {**_ms(carried), "lease_p50": _ms(leases)["p50"], "lease_p99": _ms(leases)["p99"], "block_bytes": size}
+    return leased, {**_ms(unleased), "block_bytes": size}
+
+
+def _ms(samples: Sequence[float]) -> dict[str, Any]:
     return {
         "p50": round(kvsync_bench.percentile(samples, 50) * 1e3, 3),
         "p99": round(kvsync_bench.percentile(samples, 99) * 1e3, 3),
         "samples": len(samples),
-        "block_bytes": size,
     }
+
+
+async def time_sync_pulls(
+    near: KvSyncClient, far: str, block_bytes: int, iters: int, transport: str, budget_s: float = 10.0
+) -> tuple[list[float], list[float], list[float]]:
+    """(carried-lease pull, unleased pull, lease) seconds per round, the two pulls taking turns so both see
+    the same load: a fresh lease on the peer's blocks from `near` (inside the peer's zone), converted as it
+    travels with a replicated prefix, then a worker's `PeerPulls` pull from `far` (through the link) under
+    it; and the same pull with no lease (its own lease call through the link). Buffers registered with this
+    process's TE for mooncake (a worker's staging region). Raises unless every carried pull read under its
+    lease (no lease call)."""
+    digests = peer_digests(SYNC_BLOCKS)
+    landing = np.zeros(SYNC_BLOCKS * block_bytes, dtype=np.uint8)
+    engine = te.engine() if transport == "mooncake" else None
+    export = engine.register(memoryview(landing.data)) if engine is not None else None
+    whole = memoryview(landing.data)
+    outs = [whole[i * block_bytes : (i + 1) * block_bytes] for i in range(SYNC_BLOCKS)]
+    peers = PeerPulls(PullLimits(timeout_ms=10_000, lease_ms=10_000, over_shm=False, transport=transport), PLAINTEXT)
+    samples: tuple[list[float], list[float], list[float]] = ([], [], [])
+    stop = time.monotonic() + budget_s
+
+    async def timed_pull(pull: KvPull) -> float:
+        t = time.perf_counter()
+        stats = await peers.pull(pull, digests, outs, LAYOUT, 10.0, prefer_shm=False)
+        dt = time.perf_counter() - t
+        if stats.blocks != SYNC_BLOCKS or stats.transport != transport:
+            raise RuntimeError(f"pulled {stats.blocks} of {SYNC_BLOCKS} blocks over {stats.transport}")
+        return dt
+
+    try:
+        for i in range(iters + 2):  # bounded; the first two are warm-up (channels, TE connection, page faults)
+            t = time.perf_counter()
+            lease = await near.acquire_lease(REGION, digests, ttl_ms=10_000, timeout_s=10.0)
+            lease_s = time.perf_counter() - t
+            hint = held_lease_to_proto(carry(lease, time.time(), time.monotonic()))
+            carried = await timed_pull(KvPull(source_address=far, region=REGION, lease=held_lease_from_proto(hint)))
+            unleased = await timed_pull(KvPull(source_address=far, region=REGION))
+            if i >= 2:
+                for got, value in zip(samples, (carried, unleased, lease_s), strict=True):
+                    got.append(value)
+                if len(samples[0]) >= 3 and time.monotonic() > stop:
+                    break
+    finally:
+        await peers.close()
+        if engine is not None and export is not None:
+            engine.unregister(export)
+    if peers.carried[USED] != len(samples[0]) + 2 or sum(peers.carried.values()) != peers.carried[USED]:
+        raise RuntimeError(f"not every pull read under its carried lease: {dict(peers.carried)}")
+    return samples
 
 
 def lag_ms(cm: ServiceProcess, host: str, followed: str) -> dict[str, float]:

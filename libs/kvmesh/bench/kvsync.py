@@ -482,6 +482,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     checks: dict[str, list[dict[str, Any]]] = {"shm": [], "grpc": []}
     procs: list[_Proc] = []
     floor: dict[str, Any] = {}  # mooncake_floor of 32 tiny blocks, with mooncake
+    link_floor: dict[str, Any] = {}  # the same across the link (in a namespace only)
 
     async def measure(
         label: str, client: KvSyncClient, size: int, prefer_shm: bool, transport: str, registered: bool = False
@@ -554,6 +555,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
                         await measure("link", far, size, False, GRPC)
                     if over_link:
                         await measure("mooncake_link", far, size, False, MOONCAKE, registered=True)
+                        if size == tiny:
+                            link_floor = await mooncake_floor(far, size, 32, args.iters, args.budget_s)
                     near.close()
                     far.close()
                 for p in procs:
@@ -572,6 +575,7 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "shm_preleased": preleased[SHM],
         "mooncake_preleased": preleased[MOONCAKE],
         "mooncake_floor_32_tiny": floor,
+        "mooncake_link_floor_32_tiny": link_floor,
         "must_show": _must_show(results, preleased, memcpy, share, tiny, floor),
         "transports": args.transports,
         "shm_check_128_blocks": checks["shm"],

@@ -108,15 +108,14 @@ class VllmPulls:
             return [], 0, False
         delivered, partial = PullStats("grpc"), False
         try:
-            delivered = await self.peers.client(pull.source_address).pull(
-                pull.region or TIER_REGION,
+            # under the pull's carried lease when it fits (a replicated prefix's), else leasing there
+            delivered = await self.peers.pull(
+                pull,
                 plan.digests,
                 plan.outs,
                 layout.describe(),
-                ttl_ms=lease_ms,
-                timeout_s=timeout_s,
+                timeout_s,
                 prefer_shm=False,  # the shared-memory case is the same-host lease above
-                transport=self.peers.limits.transport,
             )
         except PullFailed as e:
             if not e.blocks:

@@ -92,7 +92,8 @@ GRPC_RULES: Mapping[str, Rule] = {
     _FO + "GetRollout": _ADMIN,
     # kv-sync (a worker's CPU tier, served to its peers)
     _KS + "Describe": _DATA_PLANE,
-    _KS + "AcquireLease": _DATA_PLANE,
+    # and the cache-manager: it leases a replicated prefix next to its source for the other zone's worker
+    _KS + "AcquireLease": _only(R.WORKER, R.CACHE_MANAGER, R.PEER_ZONE),
     _KS + "ReadBlocks": _DATA_PLANE,
     _KS + "WriteBlocks": _DATA_PLANE,
     # router: the client API (API keys checked by the router), and its admin service

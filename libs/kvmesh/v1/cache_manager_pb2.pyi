@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from kvmesh.v1 import common_pb2 as _common_pb2
+from kvmesh.v1 import kvsync_pb2 as _kvsync_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -1021,6 +1022,7 @@ class ReplicaPrefix(_message.Message):
     SOURCE_WORKER_ID_FIELD_NUMBER: _builtins.int
     SOURCE_ADDRESS_FIELD_NUMBER: _builtins.int
     REGION_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     """Tenant it was cached under (part of the block identities)."""
     source_worker_id: _builtins.str
@@ -1033,6 +1035,13 @@ class ReplicaPrefix(_message.Message):
     def prompt(self) -> _common_pb2.TokenIds:
         """The prefix, as token ids (at most 131,072)."""
 
+    @_builtins.property
+    def lease(self) -> _kvsync_pb2.HeldLease:
+        """A lease on the prefix's blocks in that region, taken by the asking cache-manager next to the source
+        worker; the pulling worker reads under it instead of leasing across the link (unset, ended, or for
+        other blocks or another region: the worker leases itself).
+        """
+
     def __init__(
         self,
         *,
@@ -1041,10 +1050,11 @@ class ReplicaPrefix(_message.Message):
         source_worker_id: _builtins.str = ...,
         source_address: _builtins.str = ...,
         region: _builtins.str = ...,
+        lease: _kvsync_pb2.HeldLease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "prompt", b"prompt"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt", b"prompt", "region", b"region", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "prompt", b"prompt", "region", b"region", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/kvsync.proto\x12\tkvmesh.v1\"!\n\x0f\x44\x65scribeRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"\xc4\x01\n\x10\x44\x65scribeResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x10\n\x08shm_name\x18\x02 \x01(\t\x12\x11\n\tregion_id\x18\x03 \x01(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x04 \x01(\x04\x12\x11\n\tnum_slots\x18\x05 \x01(\x04\x12\x0e\n\x06layout\x18\x06 \x01(\t\x12\x12\n\ntransports\x18\x07 \x03(\t\x12\x18\n\x10mooncake_session\x18\x08 \x01(\t\x12\x15\n\rmooncake_base\x18\t \x01(\x04\"F\n\x13\x41\x63quireLeaseRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0f\n\x07\x64igests\x18\x02 \x03(\x0c\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\">\n\x0bLeasedBlock\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\"y\n\x14\x41\x63quireLeaseResponse\x12&\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.LeasedBlock\x12\x16\n\x0elease_until_ns\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\x11\n\tregion_id\x18\x04 \x01(\x0c\"<\n\x08\x42lockRef\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x0c\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\"i\n\x11ReadBlocksRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12#\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x13.kvmesh.v1.BlockRef\x12\x0f\n\x07\x64igests\x18\x03 \x03(\x0c\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\r\"W\n\nBlockChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\";\n\x12ReadBlocksResponse\x12%\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x15.kvmesh.v1.BlockChunk\"p\n\x12WriteBlocksRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\x12\x0c\n\x04last\x18\x06 \x01(\x08\"D\n\x13WriteBlocksResponse\x12\x16\n\x0e\x62locks_written\x18\x01 \x01(\r\x12\x15\n\rbytes_written\x18\x02 \x01(\x04\x32\xc2\x02\n\rKvSyncService\x12\x43\n\x08\x44\x65scribe\x12\x1a.kvmesh.v1.DescribeRequest\x1a\x1b.kvmesh.v1.DescribeResponse\x12O\n\x0c\x41\x63quireLease\x12\x1e.kvmesh.v1.AcquireLeaseRequest\x1a\x1f.kvmesh.v1.AcquireLeaseResponse\x12K\n\nReadBlocks\x12\x1c.kvmesh.v1.ReadBlocksRequest\x1a\x1d.kvmesh.v1.ReadBlocksResponse0\x01\x12N\n\x0bWriteBlocks\x12\x1d.kvmesh.v1.WriteBlocksRequest\x1a\x1e.kvmesh.v1.WriteBlocksResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/kvsync.proto\x12\tkvmesh.v1\"!\n\x0f\x44\x65scribeRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"\xc4\x01\n\x10\x44\x65scribeResponse\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x10\n\x08shm_name\x18\x02 \x01(\t\x12\x11\n\tregion_id\x18\x03 \x01(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x04 \x01(\x04\x12\x11\n\tnum_slots\x18\x05 \x01(\x04\x12\x0e\n\x06layout\x18\x06 \x01(\t\x12\x12\n\ntransports\x18\x07 \x03(\t\x12\x18\n\x10mooncake_session\x18\x08 \x01(\t\x12\x15\n\rmooncake_base\x18\t \x01(\x04\"F\n\x13\x41\x63quireLeaseRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0f\n\x07\x64igests\x18\x02 \x03(\x0c\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\">\n\x0bLeasedBlock\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\"y\n\x14\x41\x63quireLeaseResponse\x12&\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x16.kvmesh.v1.LeasedBlock\x12\x16\n\x0elease_until_ns\x18\x02 \x01(\x04\x12\x0e\n\x06ttl_ms\x18\x03 \x01(\r\x12\x11\n\tregion_id\x18\x04 \x01(\x0c\"p\n\tHeldLease\x12\x0f\n\x07\x64igests\x18\x01 \x03(\x0c\x12&\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x16.kvmesh.v1.LeasedBlock\x12\x11\n\tregion_id\x18\x03 \x01(\x0c\x12\x17\n\x0f\x65xpires_unix_ms\x18\x04 \x01(\x04\"<\n\x08\x42lockRef\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x0c\x12\x0c\n\x04slot\x18\x02 \x01(\r\x12\x12\n\ngeneration\x18\x03 \x01(\x04\"i\n\x11ReadBlocksRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12#\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x13.kvmesh.v1.BlockRef\x12\x0f\n\x07\x64igests\x18\x03 \x03(\x0c\x12\x0e\n\x06ttl_ms\x18\x04 \x01(\r\"W\n\nBlockChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\";\n\x12ReadBlocksResponse\x12%\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x15.kvmesh.v1.BlockChunk\"p\n\x12WriteBlocksRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x63rc32c\x18\x05 \x01(\r\x12\x0c\n\x04last\x18\x06 \x01(\x08\"D\n\x13WriteBlocksResponse\x12\x16\n\x0e\x62locks_written\x18\x01 \x01(\r\x12\x15\n\rbytes_written\x18\x02 \x01(\x04\x32\xc2\x02\n\rKvSyncService\x12\x43\n\x08\x44\x65scribe\x12\x1a.kvmesh.v1.DescribeRequest\x1a\x1b.kvmesh.v1.DescribeResponse\x12O\n\x0c\x41\x63quireLease\x12\x1e.kvmesh.v1.AcquireLeaseRequest\x1a\x1f.kvmesh.v1.AcquireLeaseResponse\x12K\n\nReadBlocks\x12\x1c.kvmesh.v1.ReadBlocksRequest\x1a\x1d.kvmesh.v1.ReadBlocksResponse0\x01\x12N\n\x0bWriteBlocks\x12\x1d.kvmesh.v1.WriteBlocksRequest\x1a\x1e.kvmesh.v1.WriteBlocksResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,18 +41,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEDBLOCK']._serialized_end=405
   _globals['_ACQUIRELEASERESPONSE']._serialized_start=407
   _globals['_ACQUIRELEASERESPONSE']._serialized_end=528
-  _globals['_BLOCKREF']._serialized_start=530
-  _globals['_BLOCKREF']._serialized_end=590
-  _globals['_READBLOCKSREQUEST']._serialized_start=592
-  _globals['_READBLOCKSREQUEST']._serialized_end=697
-  _globals['_BLOCKCHUNK']._serialized_start=699
-  _globals['_BLOCKCHUNK']._serialized_end=786
-  _globals['_READBLOCKSRESPONSE']._serialized_start=788
-  _globals['_READBLOCKSRESPONSE']._serialized_end=847
-  _globals['_WRITEBLOCKSREQUEST']._serialized_start=849
-  _globals['_WRITEBLOCKSREQUEST']._serialized_end=961
-  _globals['_WRITEBLOCKSRESPONSE']._serialized_start=963
-  _globals['_WRITEBLOCKSRESPONSE']._serialized_end=1031
-  _globals['_KVSYNCSERVICE']._serialized_start=1034
-  _globals['_KVSYNCSERVICE']._serialized_end=1356
+  _globals['_HELDLEASE']._serialized_start=530
+  _globals['_HELDLEASE']._serialized_end=642
+  _globals['_BLOCKREF']._serialized_start=644
+  _globals['_BLOCKREF']._serialized_end=704
+  _globals['_READBLOCKSREQUEST']._serialized_start=706
+  _globals['_READBLOCKSREQUEST']._serialized_end=811
+  _globals['_BLOCKCHUNK']._serialized_start=813
+  _globals['_BLOCKCHUNK']._serialized_end=900
+  _globals['_READBLOCKSRESPONSE']._serialized_start=902
+  _globals['_READBLOCKSRESPONSE']._serialized_end=961
+  _globals['_WRITEBLOCKSREQUEST']._serialized_start=963
+  _globals['_WRITEBLOCKSREQUEST']._serialized_end=1075
+  _globals['_WRITEBLOCKSRESPONSE']._serialized_start=1077
+  _globals['_WRITEBLOCKSRESPONSE']._serialized_end=1145
+  _globals['_KVSYNCSERVICE']._serialized_start=1148
+  _globals['_KVSYNCSERVICE']._serialized_end=1470
 # @@protoc_insertion_point(module_scope)

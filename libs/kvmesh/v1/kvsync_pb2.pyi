@@ -205,6 +205,51 @@ class AcquireLeaseResponse(_message.Message):
 Global___AcquireLeaseResponse: _TypeAlias = AcquireLeaseResponse  # noqa: Y015
 
 @_typing.final
+class HeldLease(_message.Message):
+    """A lease taken by one process and handed to another that reads under it: the replicating cache-manager
+    leases a prefix next to the source worker (a cheap round trip in its zone) and the receiving worker in
+    the other zone only reads the blocks (one round trip across the inter-zone link).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGESTS_FIELD_NUMBER: _builtins.int
+    BLOCKS_FIELD_NUMBER: _builtins.int
+    REGION_ID_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
+    region_id: _builtins.bytes
+    """The leased region's identity (AcquireLeaseResponse.region_id): a reader that sees another region under
+    the same name (the source restarted) leases again itself.
+    """
+    expires_unix_ms: _builtins.int
+    """When the lease ends, Unix time in milliseconds: a wall-clock time, since the server's CLOCK_MONOTONIC
+    means nothing on another host. A reader keeps a safety margin before it for clock skew.
+    """
+    @_builtins.property
+    def digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Block identities leased (32 bytes each), in prefix order."""
+
+    @_builtins.property
+    def blocks(self) -> _containers.RepeatedCompositeFieldContainer[Global___LeasedBlock]:
+        """Where each one sits, one per digest, as AcquireLeaseResponse.blocks gave them."""
+
+    def __init__(
+        self,
+        *,
+        digests: _abc.Iterable[_builtins.bytes] | None = ...,
+        blocks: _abc.Iterable[Global___LeasedBlock] | None = ...,
+        region_id: _builtins.bytes = ...,
+        expires_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks", b"blocks", "digests", b"digests", "expires_unix_ms", b"expires_unix_ms", "region_id", b"region_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldLease: _TypeAlias = HeldLease  # noqa: Y015
+
+@_typing.final
 class BlockRef(_message.Message):
     """A leased block to read."""
 

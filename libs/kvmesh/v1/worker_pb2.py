@@ -23,49 +23,50 @@ _sym_db = _symbol_database.Default()
 
 
 from kvmesh.v1 import common_pb2 as kvmesh_dot_v1_dot_common__pb2
+from kvmesh.v1 import kvsync_pb2 as kvmesh_dot_v1_dot_kvsync__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\"\xe6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x14\n\x0cprefill_only\x18\x05 \x01(\x08\x12\x11\n\tlora_name\x18\x06 \x01(\t\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x12\n\ndetokenize\x18\x08 \x01(\x08\x12&\n\x07kv_pull\x18\t \x01(\x0b\x32\x15.kvmesh.v1.KvPullHint\x12\x1d\n\x15resumed_output_tokens\x18\n \x01(\r\x12\x13\n\x0bhand_off_ms\x18\x0b \x01(\r\x12%\n\x07handoff\x18\x0c \x01(\x0b\x32\x14.kvmesh.v1.KvHandoffB\x08\n\x06prompt\"\xad\x01\n\tKvHandoff\x12\x1a\n\x12\x65ngine_params_json\x18\x01 \x01(\t\x12#\n\x04pull\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.KvPullHint\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x1a\n\x12held_until_unix_ms\x18\x04 \x01(\x04\x12\x18\n\x10source_worker_id\x18\x05 \x01(\t\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\"\xd1\x01\n\nKvPullHint\x12\x18\n\x10source_worker_id\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x17\n\x0fregion_shm_name\x18\x04 \x01(\t\x12\x15\n\rblock_digests\x18\x05 \x03(\x0c\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x17\n\x0f\x65xpires_unix_ms\x18\x08 \x01(\x04\x12\x12\n\ntimeout_ms\x18\t \x01(\r\"\xb2\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.kvmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\r\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\x12%\n\x07handoff\x18\t \x01(\x0b\x32\x14.kvmesh.v1.KvHandoff\"\x80\x01\n\x15GenerateStreamRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.kvmesh.v1.GenerateRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x12\x13\n\x0btraceparent\x18\x03 \x01(\tB\x08\n\x06\x61\x63tion\"\x9c\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.kvmesh.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0c\x65rror_status\x18\x05 \x01(\x0c\"=\n\x13GenerateFramesHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x15\n\rauthorization\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"(\n\x11StreamLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\";\n\x12StreamLoadResponse\x12%\n\x06report\x18\x01 \x01(\x0b\x32\x15.kvmesh.v1.LoadReport\"D\n\x15StreamKvEventsRequest\x12\x16\n\x0estart_sequence\x18\x01 \x01(\x04\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"g\n\x16StreamKvEventsResponse\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.kvmesh.v1.KvStreamKind\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.KvEventBatch\"\x10\n\x0eGetInfoRequest\"\xf5\x03\n\x0fGetInfoResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\x12\x0c\n\x04zone\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\x12\x17\n\x0fgenerate_stream\x18\n \x01(\x08\x12\x16\n\x0ekvsync_address\x18\x0b \x01(\t\x12\x13\n\x0btier_region\x18\x0c \x01(\t\x12\x15\n\rtier_shm_name\x18\r \x01(\t\x12\x19\n\x11tier_blocks_total\x18\x0e \x01(\x04\x12,\n\x08transfer\x18\x0f \x01(\x0b\x32\x1a.kvmesh.v1.KvTransferCosts\x12\x18\n\x10tier_block_bytes\x18\x10 \x01(\x04\x12\x1f\n\x17generate_frames_address\x18\x11 \x01(\t\x12#\n\x04role\x18\x12 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x0c\n\x04host\x18\x13 \x01(\t\x12\x0c\n\x04rack\x18\x14 \x01(\t\x12\x16\n\x0e\x65ngine_handoff\x18\x15 \x01(\x08\"n\n\x0fKvTransferCosts\x12\x1b\n\x13prefill_s_per_token\x18\x01 \x01(\x01\x12\x14\n\x0c\x62lock_load_s\x18\x02 \x01(\x01\x12\x14\n\x0c\x62lock_pull_s\x18\x03 \x01(\x01\x12\x12\n\npull_rtt_s\x18\x04 \x01(\x01*p\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10WORKER_ROLE_BOTH\x10\x01\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x02\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x03\x32\xd5\x03\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12Y\n\x0eGenerateStream\x12 .kvmesh.v1.GenerateStreamRequest\x1a!.kvmesh.v1.GenerateStreamResponse(\x01\x30\x01\x12:\n\x05\x41\x62ort\x12\x17.kvmesh.v1.AbortRequest\x1a\x18.kvmesh.v1.AbortResponse\x12K\n\nStreamLoad\x12\x1c.kvmesh.v1.StreamLoadRequest\x1a\x1d.kvmesh.v1.StreamLoadResponse0\x01\x12W\n\x0eStreamKvEvents\x12 .kvmesh.v1.StreamKvEventsRequest\x1a!.kvmesh.v1.StreamKvEventsResponse0\x01\x12@\n\x07GetInfo\x12\x19.kvmesh.v1.GetInfoRequest\x1a\x1a.kvmesh.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvmesh/v1/worker.proto\x12\tkvmesh.v1\x1a\x16kvmesh/v1/common.proto\x1a\x16kvmesh/v1/kvsync.proto\"\xe6\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x13.kvmesh.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12+\n\x08sampling\x18\x04 \x01(\x0b\x32\x19.kvmesh.v1.SamplingParams\x12\x14\n\x0cprefill_only\x18\x05 \x01(\x08\x12\x11\n\tlora_name\x18\x06 \x01(\t\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x12\n\ndetokenize\x18\x08 \x01(\x08\x12&\n\x07kv_pull\x18\t \x01(\x0b\x32\x15.kvmesh.v1.KvPullHint\x12\x1d\n\x15resumed_output_tokens\x18\n \x01(\r\x12\x13\n\x0bhand_off_ms\x18\x0b \x01(\r\x12%\n\x07handoff\x18\x0c \x01(\x0b\x32\x14.kvmesh.v1.KvHandoffB\x08\n\x06prompt\"\xad\x01\n\tKvHandoff\x12\x1a\n\x12\x65ngine_params_json\x18\x01 \x01(\t\x12#\n\x04pull\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.KvPullHint\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x1a\n\x12held_until_unix_ms\x18\x04 \x01(\x04\x12\x18\n\x10source_worker_id\x18\x05 \x01(\t\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\"\xf6\x01\n\nKvPullHint\x12\x18\n\x10source_worker_id\x18\x01 \x01(\t\x12\x16\n\x0esource_address\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x17\n\x0fregion_shm_name\x18\x04 \x01(\t\x12\x15\n\rblock_digests\x18\x05 \x03(\x0c\x12\x12\n\nnum_blocks\x18\x06 \x01(\r\x12\x10\n\x08lease_ms\x18\x07 \x01(\r\x12\x17\n\x0f\x65xpires_unix_ms\x18\x08 \x01(\x04\x12\x12\n\ntimeout_ms\x18\t \x01(\r\x12#\n\x05lease\x18\n \x01(\x0b\x32\x14.kvmesh.v1.HeldLease\"\xb2\x02\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x17.kvmesh.v1.FinishReason\x12\x1f\n\x05usage\x18\x04 \x01(\x0b\x32\x10.kvmesh.v1.Usage\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\r\n\x05index\x18\x06 \x01(\r\x12-\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\x12\x34\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1b.kvmesh.v1.PositionLogprobs\x12%\n\x07handoff\x18\t \x01(\x0b\x32\x14.kvmesh.v1.KvHandoff\"\x80\x01\n\x15GenerateStreamRequest\x12+\n\x05start\x18\x01 \x01(\x0b\x32\x1a.kvmesh.v1.GenerateRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x12\x13\n\x0btraceparent\x18\x03 \x01(\tB\x08\n\x06\x61\x63tion\"\x9c\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.kvmesh.v1.GenerateResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0c\x65rror_status\x18\x05 \x01(\x0c\"=\n\x13GenerateFramesHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x15\n\rauthorization\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"(\n\x11StreamLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\";\n\x12StreamLoadResponse\x12%\n\x06report\x18\x01 \x01(\x0b\x32\x15.kvmesh.v1.LoadReport\"D\n\x15StreamKvEventsRequest\x12\x16\n\x0estart_sequence\x18\x01 \x01(\x04\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"g\n\x16StreamKvEventsResponse\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.kvmesh.v1.KvStreamKind\x12&\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x17.kvmesh.v1.KvEventBatch\"\x10\n\x0eGetInfoRequest\"\xf5\x03\n\x0fGetInfoResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x05 \x01(\x04\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x13\n\x0binstance_id\x18\x07 \x01(\t\x12\x0c\n\x04zone\x18\x08 \x01(\t\x12\x0f\n\x07version\x18\t \x01(\t\x12\x17\n\x0fgenerate_stream\x18\n \x01(\x08\x12\x16\n\x0ekvsync_address\x18\x0b \x01(\t\x12\x13\n\x0btier_region\x18\x0c \x01(\t\x12\x15\n\rtier_shm_name\x18\r \x01(\t\x12\x19\n\x11tier_blocks_total\x18\x0e \x01(\x04\x12,\n\x08transfer\x18\x0f \x01(\x0b\x32\x1a.kvmesh.v1.KvTransferCosts\x12\x18\n\x10tier_block_bytes\x18\x10 \x01(\x04\x12\x1f\n\x17generate_frames_address\x18\x11 \x01(\t\x12#\n\x04role\x18\x12 \x01(\x0e\x32\x15.kvmesh.v1.WorkerRole\x12\x0c\n\x04host\x18\x13 \x01(\t\x12\x0c\n\x04rack\x18\x14 \x01(\t\x12\x16\n\x0e\x65ngine_handoff\x18\x15 \x01(\x08\"n\n\x0fKvTransferCosts\x12\x1b\n\x13prefill_s_per_token\x18\x01 \x01(\x01\x12\x14\n\x0c\x62lock_load_s\x18\x02 \x01(\x01\x12\x14\n\x0c\x62lock_pull_s\x18\x03 \x01(\x01\x12\x12\n\npull_rtt_s\x18\x04 \x01(\x01*p\n\nWorkerRole\x12\x1b\n\x17WORKER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10WORKER_ROLE_BOTH\x10\x01\x12\x17\n\x13WORKER_ROLE_PREFILL\x10\x02\x12\x16\n\x12WORKER_ROLE_DECODE\x10\x03\x32\xd5\x03\n\rWorkerService\x12\x45\n\x08Generate\x12\x1a.kvmesh.v1.GenerateRequest\x1a\x1b.kvmesh.v1.GenerateResponse0\x01\x12Y\n\x0eGenerateStream\x12 .kvmesh.v1.GenerateStreamRequest\x1a!.kvmesh.v1.GenerateStreamResponse(\x01\x30\x01\x12:\n\x05\x41\x62ort\x12\x17.kvmesh.v1.AbortRequest\x1a\x18.kvmesh.v1.AbortResponse\x12K\n\nStreamLoad\x12\x1c.kvmesh.v1.StreamLoadRequest\x1a\x1d.kvmesh.v1.StreamLoadResponse0\x01\x12W\n\x0eStreamKvEvents\x12 .kvmesh.v1.StreamKvEventsRequest\x1a!.kvmesh.v1.StreamKvEventsResponse0\x01\x12@\n\x07GetInfo\x12\x19.kvmesh.v1.GetInfoRequest\x1a\x1a.kvmesh.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvmesh.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERROLE']._serialized_start=2454
-  _globals['_WORKERROLE']._serialized_end=2566
-  _globals['_GENERATEREQUEST']._serialized_start=62
-  _globals['_GENERATEREQUEST']._serialized_end=420
-  _globals['_KVHANDOFF']._serialized_start=423
-  _globals['_KVHANDOFF']._serialized_end=596
-  _globals['_KVPULLHINT']._serialized_start=599
-  _globals['_KVPULLHINT']._serialized_end=808
-  _globals['_GENERATERESPONSE']._serialized_start=811
-  _globals['_GENERATERESPONSE']._serialized_end=1117
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=1120
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=1248
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1251
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1407
-  _globals['_GENERATEFRAMESHELLO']._serialized_start=1409
-  _globals['_GENERATEFRAMESHELLO']._serialized_end=1470
-  _globals['_ABORTREQUEST']._serialized_start=1472
-  _globals['_ABORTREQUEST']._serialized_end=1506
-  _globals['_ABORTRESPONSE']._serialized_start=1508
-  _globals['_ABORTRESPONSE']._serialized_end=1540
-  _globals['_STREAMLOADREQUEST']._serialized_start=1542
-  _globals['_STREAMLOADREQUEST']._serialized_end=1582
-  _globals['_STREAMLOADRESPONSE']._serialized_start=1584
-  _globals['_STREAMLOADRESPONSE']._serialized_end=1643
-  _globals['_STREAMKVEVENTSREQUEST']._serialized_start=1645
-  _globals['_STREAMKVEVENTSREQUEST']._serialized_end=1713
-  _globals['_STREAMKVEVENTSRESPONSE']._serialized_start=1715
-  _globals['_STREAMKVEVENTSRESPONSE']._serialized_end=1818
-  _globals['_GETINFOREQUEST']._serialized_start=1820
-  _globals['_GETINFOREQUEST']._serialized_end=1836
-  _globals['_GETINFORESPONSE']._serialized_start=1839
-  _globals['_GETINFORESPONSE']._serialized_end=2340
-  _globals['_KVTRANSFERCOSTS']._serialized_start=2342
-  _globals['_KVTRANSFERCOSTS']._serialized_end=2452
-  _globals['_WORKERSERVICE']._serialized_start=2569
-  _globals['_WORKERSERVICE']._serialized_end=3038
+  _globals['_WORKERROLE']._serialized_start=2515
+  _globals['_WORKERROLE']._serialized_end=2627
+  _globals['_GENERATEREQUEST']._serialized_start=86
+  _globals['_GENERATEREQUEST']._serialized_end=444
+  _globals['_KVHANDOFF']._serialized_start=447
+  _globals['_KVHANDOFF']._serialized_end=620
+  _globals['_KVPULLHINT']._serialized_start=623
+  _globals['_KVPULLHINT']._serialized_end=869
+  _globals['_GENERATERESPONSE']._serialized_start=872
+  _globals['_GENERATERESPONSE']._serialized_end=1178
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=1181
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=1309
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1312
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1468
+  _globals['_GENERATEFRAMESHELLO']._serialized_start=1470
+  _globals['_GENERATEFRAMESHELLO']._serialized_end=1531
+  _globals['_ABORTREQUEST']._serialized_start=1533
+  _globals['_ABORTREQUEST']._serialized_end=1567
+  _globals['_ABORTRESPONSE']._serialized_start=1569
+  _globals['_ABORTRESPONSE']._serialized_end=1601
+  _globals['_STREAMLOADREQUEST']._serialized_start=1603
+  _globals['_STREAMLOADREQUEST']._serialized_end=1643
+  _globals['_STREAMLOADRESPONSE']._serialized_start=1645
+  _globals['_STREAMLOADRESPONSE']._serialized_end=1704
+  _globals['_STREAMKVEVENTSREQUEST']._serialized_start=1706
+  _globals['_STREAMKVEVENTSREQUEST']._serialized_end=1774
+  _globals['_STREAMKVEVENTSRESPONSE']._serialized_start=1776
+  _globals['_STREAMKVEVENTSRESPONSE']._serialized_end=1879
+  _globals['_GETINFOREQUEST']._serialized_start=1881
+  _globals['_GETINFOREQUEST']._serialized_end=1897
+  _globals['_GETINFORESPONSE']._serialized_start=1900
+  _globals['_GETINFORESPONSE']._serialized_end=2401
+  _globals['_KVTRANSFERCOSTS']._serialized_start=2403
+  _globals['_KVTRANSFERCOSTS']._serialized_end=2513
+  _globals['_WORKERSERVICE']._serialized_start=2630
+  _globals['_WORKERSERVICE']._serialized_end=3099
 # @@protoc_insertion_point(module_scope)

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kvmesh.v1 import common_pb2 as _common_pb2
+from kvmesh.v1 import kvsync_pb2 as _kvsync_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -195,6 +196,7 @@ class KvPullHint(_message.Message):
     LEASE_MS_FIELD_NUMBER: _builtins.int
     EXPIRES_UNIX_MS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    LEASE_FIELD_NUMBER: _builtins.int
     source_worker_id: _builtins.str
     """Worker id of the peer holding the blocks."""
     source_address: _builtins.str
@@ -217,6 +219,13 @@ class KvPullHint(_message.Message):
         them from the prompt's first num_blocks blocks (it checks given ones against its own).
         """
 
+    @_builtins.property
+    def lease(self) -> _kvsync_pb2.HeldLease:
+        """A lease already held on the blocks (a replicated prefix's, taken next to the source): the worker reads
+        under it without an AcquireLease of its own. Unset, ended, or for other blocks or another region_id
+        than the worker finds: it leases itself (a carried lease never fails a pull that would work without).
+        """
+
     def __init__(
         self,
         *,
@@ -229,10 +238,11 @@ class KvPullHint(_message.Message):
         lease_ms: _builtins.int = ...,
         expires_unix_ms: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
+        lease: _kvsync_pb2.HeldLease | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_digests", b"block_digests", "expires_unix_ms", b"expires_unix_ms", "lease_ms", b"lease_ms", "num_blocks", b"num_blocks", "region", b"region", "region_shm_name", b"region_shm_name", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_digests", b"block_digests", "expires_unix_ms", b"expires_unix_ms", "lease", b"lease", "lease_ms", b"lease_ms", "num_blocks", b"num_blocks", "region", b"region", "region_shm_name", b"region_shm_name", "source_address", b"source_address", "source_worker_id", b"source_worker_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,9 +18,9 @@ from kvmesh.core.generation import (
 )
 from kvmesh.core.handoff import KvHandoff, WorkerRole
 from kvmesh.core.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, KvEventBatch, LoadReport
-from kvmesh.core.pull import KvPull
+from kvmesh.core.pull import CarriedLease, KvPull
 from kvmesh.index.types import Cleared, IndexDelta, Media, Removed, Stored
-from kvmesh.v1 import cache_manager_pb2, common_pb2, worker_pb2
+from kvmesh.v1 import cache_manager_pb2, common_pb2, kvsync_pb2, worker_pb2
 
 FINISH = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -204,7 +204,8 @@ def handoff_from_proto(h: worker_pb2.KvHandoff) -> KvHandoff:
 
 
 def pull_to_proto(p: KvPull) -> worker_pb2.KvPullHint:
-    """A pull as the router sends it to a worker (a held lease, `lease_until_ns`, never travels)."""
+    """A pull as the router sends it to a worker (a lease held on this host, `lease_until_ns`, never travels;
+    a carried one, `lease`, does)."""
     return worker_pb2.KvPullHint(
         source_worker_id=p.source_worker_id,
         source_address=p.source_address,
@@ -215,6 +216,7 @@ def pull_to_proto(p: KvPull) -> worker_pb2.KvPullHint:
         lease_ms=p.lease_ms,
         expires_unix_ms=p.expires_unix_ms,
         timeout_ms=p.timeout_ms,
+        lease=held_lease_to_proto(p.lease) if p.lease is not None else None,
     )
 
 
@@ -230,6 +232,33 @@ def pull_from_proto(h: worker_pb2.KvPullHint) -> KvPull:
         lease_ms=h.lease_ms,
         expires_unix_ms=h.expires_unix_ms,
         timeout_ms=h.timeout_ms,
+        lease=held_lease_from_proto(h.lease) if h.HasField("lease") else None,
+    )
+
+
+def held_lease_to_proto(lease: CarriedLease) -> kvsync_pb2.HeldLease:
+    return kvsync_pb2.HeldLease(
+        digests=list(lease.digests),
+        blocks=[
+            kvsync_pb2.LeasedBlock(found=True, slot=s[0], generation=s[1])
+            if s is not None
+            else kvsync_pb2.LeasedBlock()
+            for s in lease.slots
+        ],
+        region_id=lease.region_id,
+        expires_unix_ms=lease.expires_unix_ms,
+    )
+
+
+def held_lease_from_proto(h: kvsync_pb2.HeldLease) -> CarriedLease | None:
+    """The carried lease, or None when it is malformed (not one block per digest): the worker leases itself."""
+    if len(h.blocks) != len(h.digests):
+        return None
+    return CarriedLease(
+        digests=tuple(h.digests),
+        slots=tuple((b.slot, b.generation) if b.found else None for b in h.blocks),
+        region_id=h.region_id,
+        expires_unix_ms=h.expires_unix_ms,
     )
 
 

@@ -1,11 +1,12 @@
-"""Hot-prefix replication between two zones, real processes on loopback: zone a's cache-manager replicates
-its hot prefixes into zone b through an inter-zone link (`kvmesh.bench.delay_proxy`, 1 ms each way): b's
-worker pulls the blocks over kv-sync from a's worker (CRC-checked) into its CPU tier, b's index finds them
-there, and a counts the bytes. A partition of the link fails the rounds; after the heal, only the prefix
-still missing is copied, never the one verified before (counted on b: received prefixes by outcome, and
-on b's worker: pulls that brought blocks). Zone a's cache-manager, registered in Consul (the stand-in
-agent, a real process), lists zone b in its `replication_pending` meta exactly while a hot prefix is not
-verified there or b's index is not followed live, and its health check stays passing through the
+"""Hot-prefix replication between two zones, real processes on loopback: zone a's cache-manager replicates its
+hot prefixes into zone b through an inter-zone link (`kvmesh.bench.delay_proxy`, 1 ms each way): b's worker
+pulls the blocks over kv-sync from a's worker (CRC-checked) into its CPU tier, b's index finds them there, and
+a counts the bytes. Each prefix carries the lease a's cache-manager took at a's worker, and b's worker reads
+under it, asking a's worker for no lease of its own. A partition of the link fails the rounds; after the heal,
+only the prefix still missing is copied, never the one verified before (counted on b: received prefixes by
+outcome, and on b's worker: pulls that brought blocks). Zone a's cache-manager, registered in Consul (the
+stand-in agent, a real process), lists zone b in its `replication_pending` meta exactly while a hot prefix is
+not verified there or b's index is not followed live, and its health check stays passing through the
 re-registrations that change the meta."""
 
 from __future__ import annotations
@@ -115,6 +116,12 @@ async def test_hot_prefixes_are_replicated_verified_and_resume_after_a_partition
             await until("b's index holds it on b's worker", lambda: holds(b, first, BLOCKS))
             assert pulls(worker_b) == 1
             assert metric(cm_b.http_port, "kvmesh_cache_replicas_received_total", 'outcome="pulled"') == 1
+            # the lease a's cache-manager took at a's worker came with the prefix: b's worker read under it and
+            # asked a's worker for none of its own (the one AcquireLease a's kv-sync served is the cache-manager's)
+            assert leases_taken(cm_a) == 1
+            assert metric(worker_b.http_port, "kvmesh_kvsync_carried_leases_total", 'outcome="used"') == 1
+            assert metric(worker_b.http_port, "kvmesh_kvsync_carried_leases_total") == 1
+            assert acquire_leases(worker_a) == 1
             await pending_meta(consul, "")
             assert not (await replication(a)).pending
 
@@ -136,6 +143,9 @@ async def test_hot_prefixes_are_replicated_verified_and_resume_after_a_partition
             assert metric(cm_b.http_port, "kvmesh_cache_replicas_received_total", 'outcome="pulled"') == 2
             assert pulls(worker_b) == 2
             assert metric(cm_a.http_port, "kvmesh_cache_replication_bytes_total", 'zone="b"') == t.bytes_total
+            # the round across the partition took a lease too (it expired unused on a's worker)
+            assert acquire_leases(worker_a) == leases_taken(cm_a) >= 2
+            assert metric(worker_b.http_port, "kvmesh_kvsync_carried_leases_total", 'outcome="used"') == 2
             await pending_meta(consul, "")  # both prompts verified in b, b followed live again
         finally:
             link.close()
@@ -152,6 +162,16 @@ async def replicated(stub: cm_grpc.CacheManagerServiceStub, n: int) -> bool:
 
 async def failed(stub: cm_grpc.CacheManagerServiceStub) -> bool:
     return (await replication(stub)).failures_total > 0
+
+
+def leases_taken(cm: ServiceProcess) -> float:
+    """Leases the cache-manager took at its zone's workers and sent with a replicated prefix."""
+    return metric(cm.http_port, "kvmesh_cache_replication_leases_total", 'outcome="taken"')
+
+
+def acquire_leases(worker: ServiceProcess) -> float:
+    """AcquireLease calls the worker's kv-sync server answered."""
+    return metric(worker.http_port, "kvmesh_rpc_requests_total", 'method="AcquireLease",service="kvsync"')
 
 
 def pulls(worker: ServiceProcess) -> float:

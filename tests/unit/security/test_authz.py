@@ -81,6 +81,11 @@ def test_the_issue_s_grants() -> None:
     assert g["/kvmesh.v1.CacheManagerService/ReportRoutedPrefixes"].roles == {R.ROUTER}  # feeds the statistics
     # another zone's cache-manager replicating: its names are dialled by this zone's workers
     assert g["/kvmesh.v1.CacheManagerService/ReplicatePrefixes"].roles == {R.CACHE_MANAGER}
+    # it leases a replicated prefix next to its source worker, for the other zone's worker to read under; it
+    # never reads KV bytes itself
+    assert g["/kvmesh.v1.KvSyncService/AcquireLease"].roles == {R.WORKER, R.PEER_ZONE, R.CACHE_MANAGER}
+    for m in ("Describe", "ReadBlocks", "WriteBlocks"):
+        assert g[f"/kvmesh.v1.KvSyncService/{m}"].roles == {R.WORKER, R.PEER_ZONE}
     for m in ("/kvmesh.v1.CacheManagerService/FindMatches", "/kvmesh.v1.WorkerService/StreamKvEvents"):
         assert g[m].roles == {R.ROUTER, R.CACHE_MANAGER} and not g[m].open
     for m in ("DrainWorker", "ListWorkers"):  # the planner reads the workers and drains before a scale-in

@@ -68,6 +68,22 @@ if TYPE_CHECKING:
 _MASK64 = (1 << 64) - 1
 
 
+def chain_salt(hash_salt: int, lora: str | None, tenant: str | None) -> int:
+    """The salt of a request's block chain: the engine's `hash_salt`, mixed with the LoRA adapter and tenant
+    when set (isolation: another tenant / adapter never hits these blocks)."""
+    if tenant or lora:
+        return make_salt(str(hash_salt), lora, tenant)
+    return hash_salt
+
+
+def tier_digests(
+    tokens: Sequence[int], block_size: int, layout: str, hash_salt: int, lora: str | None, tenant: str | None
+) -> list[bytes]:
+    """The host-tier identities of the full blocks of `tokens` as an engine with `hash_salt` and tier layout
+    `layout` names them: what a peer leases and pulls them by (`SimCore.prefix_blocks`)."""
+    return block_digests(tokens, block_size, salt_bytes(layout, chain_salt(hash_salt, lora, tenant)))
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Engine knobs. `num_blocks=None` sizes the pool from the perf model's KV budget."""
@@ -250,9 +266,7 @@ class SimEngineCore:
             seq.forks.append(child)
 
     def _chain_salt(self, req: EngineRequest) -> int:
-        if req.tenant or req.lora_name:  # isolation: another tenant / adapter never hits these blocks
-            return make_salt(str(self.config.hash_salt), req.lora_name, req.tenant)
-        return self.config.hash_salt
+        return chain_salt(self.config.hash_salt, req.lora_name, req.tenant)
 
     def abort(self, request_id: str, now: float) -> EngineOutput | None:
         """Remove a request, release its blocks; returns its final output (reason "abort") or None (with
@@ -604,7 +618,8 @@ class SimEngineCore:
         cap = (len(toks) - 1) // bs if toks else 0
         salt = self._chain_salt(req)
         hashes = [int(h) for h in compute_block_hashes(toks[: cap * bs], bs, salt)]
-        digests = block_digests(toks[: cap * bs], bs, salt_bytes(self.tiers.layout, salt))
+        layout, hash_salt = self.tiers.layout, self.config.hash_salt
+        digests = tier_digests(toks[: cap * bs], bs, layout, hash_salt, req.lora_name, req.tenant)
         out: list[tuple[bytes, CachedBlock]] = []
         for i, (h, d) in enumerate(zip(hashes, digests, strict=True)):
             parent = hashes[i - 1] if i else None
