@@ -12,7 +12,7 @@ JSON line:
 
     {"seed", "duration_s", "faults": {KIND: count}, "requests", "succeeded", "retried_ok", "lost",
      "wrong_tokens", "duplicates", "hung", "index_converged_s", "leaks": {"leases", "slots", "shm"},
-     "growth_per_hour": {TARGET: {"rss_mb", "fds", "threads", "tasks"}}, ...}
+     "growth_per_hour": {TARGET: {"rss_mb", "fds", "threads", "tasks"}}, "engine", "references", "tie_flips", ...}
 
 plus ``shed`` (arrivals not sent: the in-flight bound was reached), ``fills`` (pool-filling requests),
 ``failed_non_retryable``, ``drain_violations``, ``integrity_violations`` (a corrupted block delivered by a
@@ -20,13 +20,22 @@ pull, a checkpoint into a full store that did not fail cleanly), ``checkpoint_er
 of each cache-manager after the last fault), ``not_serving``, ``index_differences``, ``dump_orphans``
 (workers whose full dump holds blocks without their parent, how many). The schedule, one line per fault,
 and the history of every request that broke an invariant go to stderr (the run replays from its seed).
-`--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time).
+`--out DIR` gets ``history.jsonl`` and ``chaos.png`` (load, faults, latency over time). ``leaks.processes``
+(``orphans``, named) counts the processes a suite process started (vLLM's engine core and workers) that
+outlived it: seen every sample, checked before the teardown, killed after it.
 
 ``pd_counters`` sums the routers' prefill/decode decisions, handed-over blocks and fallbacks. ``--pd`` makes
 each zone's worker-0 a prefill worker and the others decode workers, so that long prompts are handed over
 between them while the faults land. ``--soak`` runs the same suite and traffic with no fault: the growth per
 hour of each process (RSS, its share of the process's RSS as ``rss_pct``, fds, threads) after `--growth-
-warmup-s` is the soak's figure."""
+warmup-s` is the soak's figure.
+
+``--vllm`` makes every worker a real vLLM engine serving the tiny model (`scripts/build_tiny_model.py`; eager,
+its KV pool as small as the simulated workers'), the routers tokenising with its tokenizer. Prompts then stay
+inside its vocabulary and every request is greedy (no ``n2``: `kvmesh.bench.chaos_traffic` says why), so that
+each has one right answer wherever it runs and however often it moves; those answers come from the reference
+run after the last fault (`kvmesh.bench.chaos_reference`), and ``tie_flips`` counts the requests that differ
+from it first where its two most likely tokens were a near tie (the engine's arithmetic, not kvmesh)."""
 
 from __future__ import annotations
 
@@ -41,10 +50,28 @@ from typing import Any
 
 from kvmesh.bench import chaos_report as report
 from kvmesh.bench.chaos_check import history, tally, verdict
-from kvmesh.bench.chaos_runner import Campaign, final_pass, remove_shm, shm_of
+from kvmesh.bench.chaos_reference import fill_references
+from kvmesh.bench.chaos_runner import Campaign, final_pass, kill_descendants, remove_shm, routers_ready, shm_of
 from kvmesh.bench.chaos_schedule import counts, make_schedule
 from kvmesh.bench.chaos_suite import SuiteConfig, start_suite, stop_suite
 from kvmesh.bench.chaos_traffic import Traffic, TrafficConfig
+from kvmesh.core.modelfiles import resolve_model_dir
+from kvmesh.engine.tokenizer import HfTokenizer
+
+ROUTERS_READY_S = 300.0  # until each router routes to all its workers (vLLM workers' warm-up on a busy host)
+
+
+def vllm_model() -> Path:
+    """The tiny model's folder (`scripts/build_tiny_model.py`)."""
+    found = resolve_model_dir("")
+    if found is None:
+        raise SystemExit("chaos bench --vllm: no model folder; build it with scripts/build_tiny_model.py")
+    return found
+
+
+def vocab(model: str) -> int:
+    """The model's vocabulary size (0: no model, the simulated workers)."""
+    return HfTokenizer(model).vocab_size if model else 0
 
 
 def log(msg: str) -> None:
@@ -61,12 +88,18 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     for f in schedule:
         log("  " + f.line())
     tmp = Path(tempfile.mkdtemp(prefix="kvmesh-bench-chaos-"))
-    config = SuiteConfig(workers_per_zone=a.workers_per_zone, sim_speed=a.sim_speed, pd=a.pd)
+    model = str(vllm_model()) if a.vllm else ""
+    config = SuiteConfig(workers_per_zone=a.workers_per_zone, sim_speed=a.sim_speed, pd=a.pd, model=model)
     suite = None
     traffic: Traffic | None = None
+    campaign: Campaign | None = None
+    references = 0
     try:
         suite = await start_suite(tmp, config)
-        traffic_config = TrafficConfig(a.seed, a.rps, a.max_in_flight, a.deadline_s, seeded_sessions=a.seeded_sessions)
+        await routers_ready(suite, ROUTERS_READY_S)
+        traffic_config = TrafficConfig(
+            a.seed, a.rps, a.max_in_flight, a.deadline_s, seeded_sessions=a.seeded_sessions, real_vocab=vocab(model)
+        )
         traffic = Traffic(suite, traffic_config, 0.0)
         await traffic.start()
         t0 = time.monotonic()
@@ -82,6 +115,10 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         online.cancel()
         log(f"chaos: traffic and faults over at t={campaign.now():.1f}s; final pass")
         final = await final_pass(suite)
+        final["orphans"] = campaign.orphans()
+        if model:
+            log("chaos: the reference run (each distinct request once more, greedy, on a settled worker)")
+            references = await fill_references(suite.address("a/worker-0"), traffic.records)
         await traffic.close()
         traffic = None
     finally:
@@ -89,6 +126,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             await traffic.close()
         if suite is not None:
             await asyncio.to_thread(stop_suite, suite)
+        if campaign is not None:
+            kill_descendants(campaign.descendants)  # what the suite's processes left running (counted above)
     leftover = shm_of(suite.pids)
     remove_shm(final["shm_before_teardown"] + leftover)
     t, bad = tally(campaign.traffic.records)
@@ -101,6 +140,9 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     growth_warmup_s = a.growth_warmup_s if a.growth_warmup_s is not None else 300.0 if a.soak else a.warmup_s + 30
     growth = report.growth_per_hour(campaign.samples, growth_warmup_s)
     extra = {
+        "engine": "vllm" if model else "sim",
+        "references": references,
+        "tie_flips": t.tie_flips,
         "pd": a.pd,
         "pd_counters": campaign.pd_totals(),
         "soak": a.soak,
@@ -115,6 +157,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         "index_differences": final["index_differences"][:10],
         "dump_orphans": final["dump_orphans"][:10],
         "shm_left": final["shm_before_teardown"] + leftover,
+        "orphans": final.get("orphans", [])[:10],
     }
     result = report.result_line(a.seed, a.duration_s, counts(schedule), t, final, leftover, growth, extra)
     if a.out:
@@ -133,7 +176,7 @@ async def watch_online(traffic: Traffic, every_s: float = 1.0) -> None:
         records = traffic.records
         while seen < len(records) and records[seen].ended is not None:
             r = records[seen]
-            if verdict(r):
+            if r.expected is not None and verdict(r) not in ("", "tie_flip"):
                 log(f"chaos: invariant broken at t={r.ended:.2f}s\n{history(r)}")
             seen += 1
 
@@ -174,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seeded-sessions",
         action="store_true",
         help="multi-turn sessions carry a sampling seed (default: greedy with none, as a chat client sends them)",
+    )
+    p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="every worker a real vLLM engine (the tiny model); tokens checked against a reference run after it",
     )
     p.add_argument("--out", default="", help="folder for history.jsonl and chaos.png")
     a = p.parse_args(argv)

@@ -78,6 +78,7 @@ def result_line(
             "leases": final["leases"],
             "slots": final["slots"],
             "shm": len(final["shm_before_teardown"]) + len(leftover_shm),
+            "processes": len(final.get("orphans", [])),
         },
         "growth_per_hour": growth,
         **extra,
@@ -99,7 +100,8 @@ def write_history(
         for fl in faults:
             f.write(json.dumps({"type": "fault", **fl.as_dict()}) + "\n")
         for r in records:
-            f.write(json.dumps({"type": "request", **asdict(r)}) + "\n")
+            row = {k: v for k, v in asdict(r).items() if k != "prompt"}  # prompts: replayed from the seed
+            f.write(json.dumps({"type": "request", **row}) + "\n")
         for sm in samples:
             f.write(json.dumps({"type": "sample", **asdict(sm)}) + "\n")
     return path

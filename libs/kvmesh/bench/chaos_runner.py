@@ -37,7 +37,15 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvmesh.bench.chaos_schedule import PROCESS_KINDS, Fault
-from kvmesh.bench.chaos_suite import PLANNER, REDIS_PORT, Suite, all_serving, signal_process, wait_exit
+from kvmesh.bench.chaos_suite import (
+    PLANNER,
+    PLANNER_SERVICE,
+    REDIS_PORT,
+    Suite,
+    all_serving,
+    signal_process,
+    wait_exit,
+)
 from kvmesh.bench.chaos_traffic import Traffic
 from kvmesh.bench.delay_proxy import ProxyProcess
 from kvmesh.cachemgr.core import CacheCore
@@ -108,6 +116,8 @@ class Campaign:
         self.drain_violations: list[str] = []
         self.integrity_violations: list[str] = []  # a corrupted block delivered, a full store that "succeeded"
         self.router_counters: dict[tuple[str, int], dict[str, float]] = {}  # (router, pid) -> its last counters
+        # every process a suite process started (vLLM's engine core and workers): pid -> (start time, target)
+        self.descendants: dict[int, tuple[int, str]] = {}
         self._link_lock = asyncio.Lock()
         # the overlap rule at run time: a restart can outlast the fault's scheduled time, and the next process
         # fault must not start before it (two zones' processes down at once, or two faults racing on one process)
@@ -329,7 +339,7 @@ class Campaign:
             except grpc.aio.AioRpcError as e:
                 log.notes.append(f"router unreachable ({e.code().name}): nothing drained")
                 return
-            ids = [w.endpoint.id for w in listed.workers]
+            ids = [w.endpoint.id for w in listed.workers if w.endpoint.id]  # a worker not met yet has none
             routable = sum(1 for w in listed.workers if not w.draining and w.circuit != "open")
             refused = 0
             for wid in ids:
@@ -490,6 +500,10 @@ class Campaign:
                     s = proc_sample(sp.proc.pid)
                     if s is None:
                         continue
+                    for pid in descendants(sp.proc.pid):
+                        started = start_ticks(pid)
+                        if started is not None:
+                            self.descendants.setdefault(pid, (started, target))
                     families: dict[str, float] = {}
                     if not target.endswith("/redis"):
                         with contextlib.suppress(aiohttp.ClientError, TimeoutError, KeyError, ValueError):
@@ -504,6 +518,17 @@ class Campaign:
                         Sample(round(self.now(), 2), target, sp.proc.pid, *s, None if tasks is None else int(tasks))
                     )
                 await asyncio.sleep(every_s)  # the sampling period
+
+    def orphans(self) -> list[str]:
+        """The processes a suite process started that outlived it (re-parented away from every suite process
+        and its descendants): what a killed service left running. Checked before the teardown."""
+        live = {sp.proc.pid for sp in self.suite.procs.values() if sp.proc.poll() is None}
+        mine = {pid for pid, (t, _) in self.descendants.items() if start_ticks(pid) == t}
+        return [
+            f"{target}: pid {pid} ({_comm(pid)})"
+            for pid, (_t, target) in sorted(self.descendants.items())
+            if pid in mine and _ppid(pid) not in live | mine
+        ]
 
     def pd_totals(self) -> dict[str, float]:
         """The routers' prefill/decode counters summed over every router process of the run, each at its last
@@ -651,6 +676,61 @@ def proc_sample(pid: int) -> tuple[float, int, int] | None:
     return round(rss_kb / 1024, 2), fds, int(fields.get("Threads", "0"))
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (its children, theirs, ...), from /proc."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError), open(f"/proc/{p}/task/{tid}/children") as fh:
+                kids = [int(x) for x in fh.read().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def kill_descendants(known: dict[int, tuple[int, str]]) -> None:
+    """SIGKILL each recorded descendant still running (the same process: same pid and start time)."""
+    for pid, (started, _target) in known.items():
+        if start_ticks(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first); None when gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, names one process, not a reused pid."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _ppid(pid: int) -> int:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return "?"
+
+
 # ---- the final pass --------------------------------------------------------------------------------------------
 async def worker_dump(address: str) -> tuple[str, list[KvEvent], str]:
     """(worker id, the events of its full dump, its CPU-tier region's shm name)."""
@@ -781,6 +861,30 @@ async def converge(
         if time.monotonic() - t0 > timeout_s:
             return None, last
         await asyncio.sleep(0.5)  # the poll's interval
+
+
+async def routable_workers(suite: Suite, zone: str) -> int:
+    """How many workers the zone's router knows by id and would route to (the planner's view)."""
+    md = (("authorization", f"Bearer {suite.tokens[PLANNER_SERVICE.id]}"),)
+    async with grpc.aio.insecure_channel(suite.address(f"{zone}/router")) as ch:
+        listed = await router_pb2_grpc.RouterAdminServiceStub(ch).ListWorkers(
+            router_pb2.ListWorkersRequest(), metadata=md, timeout=5
+        )
+    return sum(1 for w in listed.workers if w.endpoint.id and not w.draining and w.circuit != "open")
+
+
+async def routers_ready(suite: Suite, timeout_s: float) -> None:
+    """Waits until every zone's router routes to all its workers (a vLLM worker serves gRPC before its router
+    has met it: traffic sent before would only meet "no worker available"); raises after `timeout_s`."""
+    for z in suite.zones:
+        want = len(suite.workers(z.name))
+
+        async def seen_by_router(zone: str = z.name) -> int:
+            return await routable_workers(suite, zone)
+
+        took, seen = await converge(seen_by_router, want.__eq__, timeout_s)
+        if took is None:
+            raise RuntimeError(f"router of zone {z.name} routes to {seen} of {want} workers after {timeout_s}s")
 
 
 def shm_of(pids: set[int]) -> list[str]:

@@ -38,7 +38,7 @@ from kvmesh.bench.failover import BS, REPO, read_port, register
 from kvmesh.bench.zone_link import CM_PORT, InterZoneLinks
 from kvmesh.security.identity import CallerRole, Identity
 from kvmesh.security.tokens import accepted_file, provision
-from kvmesh.suite.launcher import ServiceProcess, wait_serving
+from kvmesh.suite.launcher import ServiceProcess, vllm_core_env, wait_serving
 from kvmesh.suite.local import redis_answers
 
 WORKER_PORT = 47200  # worker i: gRPC WORKER_PORT + i, HTTP WORKER_PORT + 50 + i
@@ -46,6 +46,14 @@ ROUTER_PORT = 47300  # HTTP ROUTER_PORT + 1
 FAILOVER_PORT = 47400
 PLANNER_PORT = 47450
 REDIS_PORT = 47500
+VLLM_START_S = 300  # a vLLM engine's start on a busy 2-core host (model load, its CPU KV cache, warm-up)
+# a vLLM worker's environment: a small CPU KV cache (GiB), no model hub
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+}
 CLIENT = Identity(CallerRole.CLIENT, "chaos-client")
 PLANNER = Identity(CallerRole.PLANNER, "chaos-rogue-planner")
 PLANNER_SERVICE = Identity(CallerRole.PLANNER, "chaos-planner")
@@ -63,6 +71,7 @@ class SuiteConfig:
     checkpoint_interval_s: float = 2.0
     checkpoint_tmpfs_mb: int = 16
     pd: bool = False  # worker-0 of each zone a prefill worker, the others decode workers (handoffs over kv-sync)
+    model: str = ""  # a model folder: every worker a real vLLM engine serving it (and the routers its tokenizer)
 
 
 @dataclass
@@ -77,6 +86,7 @@ class Suite:
     consul_port: int = 0
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     args: dict[str, tuple[netns.Zone, str, list[str]]] = field(default_factory=dict)
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)  # target -> its extra environment (vLLM's)
     pids: set[int] = field(default_factory=set)  # every process the suite ever started (shm ownership)
     tokens: dict[str, str] = field(default_factory=dict)  # identity id -> its bearer token
     token_files: dict[str, Path] = field(default_factory=dict)  # identity id -> its token file
@@ -110,7 +120,9 @@ class Suite:
         if name == "redis-server":
             sp = start_redis(zone, self.tmp / zone.name)
         else:
-            sp = netns.start_in_zone(zone, name, self.tmp / zone.name, *args, *extra, timeout=90)
+            env = self.envs.get(target)
+            timeout = VLLM_START_S if env else 90
+            sp = netns.start_in_zone(zone, name, self.tmp / zone.name, *args, *extra, timeout=timeout, env=env)
         self.procs[target] = sp
         self.pids.add(sp.proc.pid)
         return sp
@@ -164,12 +176,21 @@ def _plan(suite: Suite, z: netns.Zone) -> None:
         ["--block-size", BS, "--http-port", "47101", *cm_flags, *store],
     )
     workers = []
+    # the vLLM engines share the host's cores unpinned, an equal share each as their thread count (pinned, a
+    # restarted engine and the one beside it would spin on the same cores)
+    engine_envs = vllm_core_env(c.workers_per_zone * len(names), pinned=False)
     for i in range(c.workers_per_zone):
         port = WORKER_PORT + i
         workers.append(f"{z.ns_ip}:{port}")
-        flags = ["--port", str(port), "--http-port", str(port + 50), "--engine", "sim", "--block-size", BS]
-        flags += ["--kv-blocks", str(c.kv_blocks), "--max-model-len", str(c.max_model_len)]
-        flags += ["--sim-speed", str(c.sim_speed), "--cache-manager", cm_addr, *links.worker_flags(i)]
+        flags = ["--port", str(port), "--http-port", str(port + 50), "--block-size", BS]
+        flags += ["--max-model-len", str(c.max_model_len), "--cache-manager", cm_addr, *links.worker_flags(i)]
+        if c.model:  # the same small KV pool as the simulated workers', so that long sessions can fill it
+            flags += ["--engine", "vllm", "--model", c.model]
+            # eager: no graph compilation at start, so that a killed engine is back in seconds, not a minute
+            flags += ["--vllm-args", f"--num-gpu-blocks-override {c.kv_blocks} --enforce-eager"]
+            suite.envs[f"{z.name}/worker-{i}"] = {**VLLM_ENV, **engine_envs[i]}
+        else:
+            flags += ["--engine", "sim", "--sim-speed", str(c.sim_speed), "--kv-blocks", str(c.kv_blocks)]
         if c.pd:
             flags += ["--role", "prefill" if i == 0 else "decode"]
         suite.args[f"{z.name}/worker-{i}"] = (z, "worker", flags)
@@ -180,6 +201,7 @@ def _plan(suite: Suite, z: netns.Zone) -> None:
         [
             *("--port", str(ROUTER_PORT), "--http-port", str(ROUTER_PORT + 1)),
             *("--workers", ",".join(workers), "--cache-manager", cm_addr, "--block-size", BS, *auth),
+            *(("--model", c.model) if c.model else ()),
         ],
     )
     consul = f"http://{z.host_ip}:{suite.consul_port}"

@@ -9,7 +9,7 @@ load). Each picks a kind:
   following both zones' failover services; greedy with no sampling seed (the engine seeds it from the prompt;
   `seeded_sessions` gives them one), answers twice as long as the others;
 * ``short`` / ``long``: a fresh prompt of 16-64 / 1500-3000 tokens, greedy with a sampling seed;
-* ``n2``: two sampled sequences (temperature 0.8, a seed);
+* ``n2``: two sampled sequences (temperature 0.8, a seed; not with a real engine, see below);
 * ``http`` / ``http_stream``: the router's OpenAI API (``/v1/completions``, token-id prompt, greedy, a seed),
   whole or as server-sent events, to either zone's router; a failure there (connection, 5xx, 429) is retried
   on the other zone's router until the deadline (the HTTP API has no client library of its own).
@@ -18,7 +18,10 @@ The simulated engine cannot follow a structured output (it refuses one as INVALI
 structured-output request in the mix. Every gRPC request may be sent twice by the campaign: once more after
 its client gave up with a retryable error (a stream with n > 1 broken after tokens cannot be resumed by the
 client and ends that way). Tokens are compared with `chaos_check.reference_tokens` (HTTP: its text, decoded
-by the simulated worker's byte tokenizer).
+by the simulated worker's byte tokenizer). With a real engine (`real_vocab`: its vocabulary) prompts stay
+inside its vocabulary, every request is greedy and there is no ``n2`` (vLLM refuses n > 1 at temperature 0,
+and its CPU sampler draws seed-dependent tokens even at `top_k` 1: no one right answer), and `expected` is None
+until the campaign's reference run (`kvmesh.bench.chaos_reference`).
 
 `fill(worker, until)` is the ``pool_full`` fault: long prompts straight to one worker's Generate, at most
 `FILL_IN_FLIGHT` at once, until its KV pool is full and past.
@@ -63,6 +66,9 @@ class TrafficConfig:
     context_tokens: int = 1024
     max_tokens: int = 24
     seeded_sessions: bool = False  # True: sessions carry a sampling seed like the other requests
+    # a real engine's vocabulary (prompts' token ids stay below it); with one, every request is greedy (n2:
+    # two greedy sequences) and its reference comes from the engine after the run (`expected` None until then)
+    real_vocab: int = 0
 
 
 def _code(e: BaseException) -> str:
@@ -91,7 +97,10 @@ class Traffic:
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._counter = 0
-        self.tokenizer = ByteTokenizer()
+        # no n > 1 on a real engine: vLLM refuses it at temperature 0, and its CPU sampler draws other tokens per
+        # seed even at top_k 1, so such a request has no one right answer there (the simulated runs carry it)
+        self.mix = {k: w for k, w in MIX.items() if not (config.real_vocab and k == "n2")}
+        self.tokenizer = ByteTokenizer()  # the simulated worker's (a real engine's texts come from its reference run)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -154,7 +163,7 @@ class Traffic:
             await asyncio.sleep(min(self.rng.expovariate(self.config.base_rps * self.rate_factor), until - self.now()))
             if self.now() >= until:
                 break
-            kind = self.rng.choices(list(MIX), weights=list(MIX.values()))[0]
+            kind = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
             if self.in_flight >= self.config.max_in_flight:
                 self.shed += 1
                 continue
@@ -167,7 +176,17 @@ class Traffic:
         return f"chaos-{self.config.seed}-{self._counter}-{kind}"
 
     def _prompt(self, low: int, high: int) -> list[int]:
-        return [self.rng.randrange(5, 30000) for _ in range(self.rng.randint(low, high))]
+        top = min(30000, self.config.real_vocab or 30000)
+        return [self.rng.randrange(5, top) for _ in range(self.rng.randint(low, high))]
+
+    def _in_vocab(self, ids: list[int]) -> list[int]:
+        """`ids` folded into the real engine's vocabulary (ids 0-4: its special tokens, left out)."""
+        v = self.config.real_vocab
+        return ids if not v else [(t - 5) % (v - 5) + 5 for t in ids]
+
+    def _reference(self, prompt: list[int], max_tokens: int, **sampling: Any) -> list[list[int]] | None:
+        """The simulated engine's tokens, or None: a real engine's come from its reference run."""
+        return None if self.config.real_vocab else reference_tokens(prompt, max_tokens, **sampling)
 
     async def one(self, kind: str) -> None:
         self.in_flight += 1
@@ -180,18 +199,18 @@ class Traffic:
             self.in_flight -= 1
 
     # ---- gRPC through kvmesh.client -------------------------------------------------------------------------
-    def _grpc_body(self, kind: str) -> tuple[list[int], common_pb2.SamplingParams, str, list[list[int]]]:
+    def _grpc_body(self, kind: str) -> tuple[list[int], common_pb2.SamplingParams, str, list[list[int]] | None]:
         c = self.config
         seed = self.rng.randrange(1 << 31)
         if kind == "session":
             s = self.rng.randrange(c.sessions)
             self._turns[s] += 1
-            prompt = session_prompt(s, self._turns[s], c.context_tokens)
+            prompt = self._in_vocab(session_prompt(s, self._turns[s], c.context_tokens))
             answer = 2 * c.max_tokens  # longer answers: more of them are mid-stream when a worker fails
             sampling = common_pb2.SamplingParams(max_tokens=answer, temperature=0.0, ignore_eos=True)
             if c.seeded_sessions:
                 sampling.seed = seed
-            expected = reference_tokens(prompt, answer, seed=seed if c.seeded_sessions else None)
+            expected = self._reference(prompt, answer, seed=seed if c.seeded_sessions else None)
             return prompt, sampling, f"chaos-s{s}", expected
         prompt = self._prompt(16, 64) if kind == "short" else self._prompt(1500, 3000) if kind == "long" else []
         if kind == "n2":
@@ -199,12 +218,13 @@ class Traffic:
             sampling = common_pb2.SamplingParams(max_tokens=12, temperature=0.8, seed=seed, n=2, ignore_eos=True)
             return prompt, sampling, "", reference_tokens(prompt, 12, n=2, temperature=0.8, seed=seed)
         sampling = common_pb2.SamplingParams(max_tokens=c.max_tokens, temperature=0.0, seed=seed, ignore_eos=True)
-        return prompt, sampling, "", reference_tokens(prompt, c.max_tokens, seed=seed)
+        return prompt, sampling, "", self._reference(prompt, c.max_tokens, seed=seed)
 
     async def _grpc_request(self, kind: str) -> None:
         prompt, sampling, session, expected = self._grpc_body(kind)
         r = RequestRecord(self._rid(kind), "grpc", kind, self.now(), self.config.deadline_s, n=sampling.n or 1)
         r.prompt_tokens, r.expected = len(prompt), expected
+        r.prompt, r.max_tokens = prompt, sampling.max_tokens
         self.records.append(r)
         k = await self._idle.get()
         self._current[k] = r
@@ -265,8 +285,9 @@ class Traffic:
         body = {"prompt": prompt, "max_tokens": c.max_tokens, "temperature": 0, "seed": seed, "ignore_eos": True}
         body["stream"] = stream
         r = RequestRecord(self._rid(kind), "http", kind, self.now(), c.deadline_s)
-        r.prompt_tokens = len(prompt)
-        r.expected = [self.tokenizer.decode(t) for t in reference_tokens(prompt, c.max_tokens, seed=seed)]
+        r.prompt_tokens, r.prompt, r.max_tokens = len(prompt), prompt, c.max_tokens
+        ref = self._reference(prompt, c.max_tokens, seed=seed)
+        r.expected = None if ref is None else [self.tokenizer.decode(t) for t in ref]
         self.records.append(r)
         zone = self.rng.choice("ab")
         try:
@@ -344,7 +365,8 @@ class Traffic:
                 seed = self.rng.randrange(1 << 31)
                 prompt = self._prompt(FILL_PROMPT_TOKENS, FILL_PROMPT_TOKENS)
                 r = RequestRecord(self._rid("fill"), "grpc", "fill", self.now(), self.config.deadline_s)
-                r.prompt_tokens, r.expected = len(prompt), reference_tokens(prompt, 48, seed=seed)
+                r.prompt_tokens, r.expected = len(prompt), self._reference(prompt, 48, seed=seed)
+                r.prompt, r.max_tokens = prompt, 48
                 self.records.append(r)
                 req = worker_pb2.GenerateRequest(
                     request_id=r.rid,

@@ -54,6 +54,7 @@ from kvmesh.core.tasks import stop_task
 from kvmesh.engine.cut_prompt_text import CutPromptText
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
+from kvmesh.engine.orphans import exit_with_parent
 from kvmesh.engine.vllm_config import VllmEngineConfig, build_engine_args
 from kvmesh.engine.vllm_pulls import VllmPulls
 from kvmesh.engine.vllm_sampling import GREEDY_BELOW, to_logprobs, to_vllm_sampling
@@ -352,6 +353,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         factory = _stat_logger_factory(self._stats)
+        exit_with_parent()  # the engine core and its workers, forked next, die with this process
         try:
             self._llm = await asyncio.to_thread(_start_llm, AsyncLLM, args, factory, spawn_env)
         except Exception as e:  # vLLM raises plain exceptions for bad configs

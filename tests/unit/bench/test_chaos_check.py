@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvmesh.bench.chaos_check import RequestRecord, history, reference_tokens, tally, verdict
 
 
@@ -67,3 +69,25 @@ def test_history_tells_the_whole_story_of_a_failed_invariant() -> None:
     text = history(r)
     assert "wrong_tokens" in text and "attempt 1 via router-a" in text
     assert "expected [1, 2, 3]" in text and "received [1, 2, 7]" in text
+
+
+def test_a_first_difference_at_a_near_tie_is_a_tie_flip_and_anything_else_stays_wrong() -> None:
+    exp = [[1, 2, 3, 4]]
+    ties = [{2: 7}]  # at position 2 the reference's runner-up, 7, was within TIE_NATS of 3
+    assert verdict(record(exp, [[1, 2, 7, 8]], ties=ties)) == "tie_flip"  # took the runner-up, then went on
+    assert verdict(record(exp, [[1, 2, 9, 4]], ties=ties)) == "wrong_tokens"  # not the runner-up
+    assert verdict(record(exp, [[1, 5, 7, 8]], ties=ties)) == "wrong_tokens"  # first difference elsewhere
+    assert verdict(record(exp, [[1, 2, 7]], ties=ties)) == "tie_flip"  # the flip decides, not the length
+    assert verdict(record(exp, [[1, 2]], ties=ties)) == "lost"  # ended short: still a gap
+    two = record([[1, 2], [1, 2]], [[1, 7], [1, 9]], ties=[{1: 7}, {1: 7}])
+    assert verdict(two) == "wrong_tokens"  # one sequence's tie does not excuse the other's difference
+    t, bad = tally([record(exp, [[1, 2, 7, 8]], ties=ties), record(exp, [[1, 2, 9, 4]], ties=ties)])
+    assert (t.succeeded, t.tie_flips, t.wrong_tokens, len(bad)) == (1, 1, 1, 1)
+
+
+def test_a_record_waiting_for_its_reference_has_no_verdict_yet() -> None:
+    r = record([[1]], [[1]])
+    r.expected = None
+    with pytest.raises(ValueError, match="no reference yet"):
+        verdict(r)
+    assert "no reference yet" in history(r)
