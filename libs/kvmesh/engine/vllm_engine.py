@@ -48,13 +48,13 @@ from kvmesh.core.generation import (
 )
 from kvmesh.core.handoff import KvHandoff
 from kvmesh.core.kvevents import AllBlocksCleared, BlockStored, KvEvent, KvEventBatch, LoadReport
+from kvmesh.core.orphans import exit_with_parent
 from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.core.tasks import stop_task
 from kvmesh.engine.cut_prompt_text import CutPromptText
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
-from kvmesh.engine.orphans import exit_with_parent
 from kvmesh.engine.vllm_config import VllmEngineConfig, build_engine_args
 from kvmesh.engine.vllm_pulls import VllmPulls
 from kvmesh.engine.vllm_sampling import GREEDY_BELOW, to_logprobs, to_vllm_sampling

