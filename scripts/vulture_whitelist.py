@@ -6,6 +6,9 @@ Each group starts with a one-word reason. Add a name only when it is used by som
 
 # ruff: noqa: B018, F821
 
+# vllm: general plugins vLLM loads by entry point (pyproject.toml, vllm.general_plugins)
+_.die_with_worker
+
 # grpc: servicer methods and interceptor hooks that grpc calls by name
 _.Rebalance
 _.ListWorkers

@@ -25,6 +25,6 @@ def test_on_a_real_engine_every_request_is_greedy_inside_its_vocabulary_and_has_
 def test_on_the_simulated_engine_the_reference_is_known_at_once_and_n2_is_in_the_mix() -> None:
     t = traffic(real_vocab=0)
     assert t.mix == MIX
-    prompt, sampling, _session, expected = t._grpc_body("n2")
+    _prompt, sampling, _session, expected = t._grpc_body("n2")
     assert sampling.n == 2 and expected is not None and len(expected) == 2
     assert max(t._grpc_body("session")[0]) >= 1024  # the session prompts are not folded

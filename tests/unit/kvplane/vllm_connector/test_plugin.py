@@ -1,4 +1,5 @@
-"""kvmesh's vLLM general plugin: registered for vLLM's plugin loader, and it grants AMX where the CPU has it."""
+"""kvmesh's vLLM general plugins: registered for vLLM's plugin loader; AMX granted where the CPU has it; the
+engine processes (not the worker) watch their parent."""
 
 from __future__ import annotations
 
@@ -6,12 +7,19 @@ from importlib.metadata import entry_points
 
 import torch
 
-from kvmesh.kvplane.vllm_connector.plugin import request_amx_permission
+from kvmesh.kvplane.vllm_connector.plugin import die_with_worker, request_amx_permission
 
 
-def test_the_plugin_is_registered_for_vllms_loader() -> None:
+def test_the_plugins_are_registered_for_vllms_loader() -> None:
     eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert eps.get("kvmesh_amx") == "kvmesh.kvplane.vllm_connector.plugin:request_amx_permission"
+    assert eps.get("kvmesh_orphans") == "kvmesh.kvplane.vllm_connector.plugin:die_with_worker"
+
+
+def test_the_worker_itself_does_not_watch_its_parent() -> None:
+    # vLLM loads its plugins in the worker's own process too: that one must outlive whatever launched it
+    # (tests/unit/core/test_orphans.py: the engine processes it starts do watch)
+    assert die_with_worker() is False
 
 
 def test_amx_is_granted_exactly_where_the_cpu_has_it() -> None:
