@@ -51,6 +51,6 @@ def test_a_short_chaos_campaign_keeps_every_invariant() -> None:
     assert (r["lost"], r["wrong_tokens"], r["duplicates"], r["hung"]) == (0, 0, 0, 0), story
     assert r["failed_non_retryable"] == 0 and r["drain_violations"] == 0, story
     assert r["integrity_violations"] == 0 and r["checkpoint_errors"] == [], story
-    assert r["leaks"] == {"leases": 0, "slots": 0, "shm": 0}, r["shm_left"]
+    assert r["leaks"] == {"leases": 0, "slots": 0, "shm": 0, "processes": 0}, (r["shm_left"], r["orphans"])
     assert r["not_serving"] == {}, r["not_serving"]
     assert r["index_converged_s"] is not None, r["index_differences"]
