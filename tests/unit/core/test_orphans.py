@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kvmesh.bench.chaos_runner import start_ticks
+
 # a parent that starts a child and a grandchild through multiprocessing (as vLLM starts its engine core and
 # that its model workers), each watching its parent or not, prints their pids and waits to be killed
 PARENT = """
@@ -42,11 +44,7 @@ if __name__ == "__main__":
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
+    return start_ticks(pid) is not None  # None once gone, or a zombie (it has exited)
 
 
 def kill_parent_and_watch(mode: str, bound_s: float, tmp: Path) -> list[int]:
