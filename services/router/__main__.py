@@ -172,7 +172,7 @@ async def build(runner: ServiceRunner, settings: RouterSettings) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(follower.first.wait(), 5.0)
         # the ready file is written after this hook: wait (bounded) for the first load reports and index sync
-        await front.core.pool.wait_ready(5.0)
+        await front.core.pool.settle()
         if front.core.index.address:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(front.core.index.synced.wait(), 5.0)

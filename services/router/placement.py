@@ -123,6 +123,7 @@ class Placement:
         with `make_salt(salt_model, lora, tenant)`: one tenant never matches another's blocks. With `pd` and a
         fleet with prefill workers, the request may be disaggregated (`kvmesh.routing.disagg`); otherwise
         it goes to a worker that decodes (a prefill worker runs prefill halves only)."""
+        await self.pool.settle()
         hashes = hashing.compute_block_hashes(prompt, self.block_size, self.salt_of(lora, tenant))
         found = await self.index.lookup(hashes, tenant=tenant, lora=lora, token_ids=prompt)
         t0 = time.perf_counter()

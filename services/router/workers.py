@@ -106,6 +106,7 @@ def transfer_from_proto(t: worker_pb2.KvTransferCosts) -> TransferCosts:
 
 
 FRAMES_RETRY_S = 30.0
+STARTUP_SETTLE_S = 5.0  # a request this soon after the pool starts waits for every worker's first report
 TRANSPORTS = ("stream", "frames")  # the default first: every request on a gRPC call a service mesh sees
 
 
@@ -143,6 +144,7 @@ class WorkerPool:
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[str, WorkerHandle] = {}
         self.ready = asyncio.Event()
+        self._settled_by = float("inf")  # until `start`: a request before it waits for no one
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._closing: set[asyncio.Future[None]] = set()
@@ -197,10 +199,22 @@ class WorkerPool:
     def addresses(self) -> set[str]:
         return {h.address for h in self.handles}
 
-    async def start(self) -> None:
+    async def start(self, settle_s: float = STARTUP_SETTLE_S) -> None:
         self._started = True
+        self._settled_by = time.monotonic() + settle_s
         m.WORKERS_ROUTABLE.set_function(lambda: self.routable_count(time.monotonic()))  # read at scrape time
         self._tasks = {h.address: asyncio.create_task(self._follow(h)) for h in self.handles}
+
+    async def settle(self) -> None:
+        """In the first `settle_s` after `start`, waits until every worker has reported (or that window
+        ends). A process of `--processes N` listens before it knows its workers, and the kernel hands it
+        connections beside serving siblings: without this wait it answered "no worker available", or routed
+        on the workers that happened to report first. Once settled (or past the window) it returns at once."""
+        if self.ready.is_set():
+            return
+        left = self._settled_by - time.monotonic()
+        if left > 0 and self._started:
+            await self.wait_ready(left)
 
     async def wait_ready(self, timeout_s: float) -> bool:
         """Waits until every worker has sent a load report (or `timeout_s`); True if all did."""

@@ -302,11 +302,11 @@ def test_drain_and_rebalance_admin(engine: str, services: Callable[..., ServiceP
 
 
 def _wait_for_holder(
-    cache_manager: str, tokens: list[int], worker_id: str, blocks: int, timeout_s: float = 60.0
+    cache_manager: str, tokens: list[int], worker_id: str, blocks: int, timeout_s: float = 60.0, model: str = "tiny"
 ) -> None:
     """Polls FindMatches until `worker_id` holds `blocks` leading blocks of `tokens` (bounded by `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
-    request = cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=tokens), model="tiny")
+    request = cache_manager_pb2.FindMatchesRequest(token_ids=common_pb2.TokenIds(ids=tokens), model=model)
     with grpc.insecure_channel(cache_manager) as ch:
         stub = cache_manager_pb2_grpc.CacheManagerServiceStub(ch)
         while True:

@@ -25,6 +25,7 @@ from kvmesh.core.ports import free_port
 from kvmesh.suite.launcher import SERVICES, ServiceProcess
 from kvmesh.suite.observe import gone
 from kvmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from tests.integration.router.test_e2e import _wait_for_holder
 from tests.support.procs import start_together
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,9 @@ def generate(
         token_ids=common_pb2.TokenIds(ids=prompt),
         sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
     )
-    with grpc.insecure_channel(router.address) as ch:
+    # its own subchannel pool: a fresh connection per call (the global pool may hand back a closing channel's
+    # connection, and with it the same process every time)
+    with grpc.insecure_channel(router.address, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
         return list(router_pb2_grpc.RouterServiceStub(ch).Generate(req, timeout=60))[-1]
 
 
@@ -196,13 +199,20 @@ def test_processes_share_one_index_replica_that_one_of_them_follows(services: Ca
     cm_metrics = httpx.get(f"http://127.0.0.1:{cm.http_port}/metrics", timeout=10).text.splitlines()
     assert "kvmesh_cache_watchers 1.0" in cm_metrics  # one WatchIndex stream for both processes
     assert f"kvmesh-router-{router.proc.pid}-index" in shared_files(router)
-    prompt = [(i % 500) + 3 for i in range(8 * BS)]
-    first = generate(router, prompt)
-    deadline, cached = time.monotonic() + 60, 0
-    while cached < 20:  # bounded: fresh connections, so both processes route; all to the holder once indexed
-        assert time.monotonic() < deadline, cached
+    # 20 requests in a row, each on a fresh connection (so both processes route), all to the worker holding
+    # their prompt once the cache-manager has indexed it. A request routed before the routers' copies had the
+    # blocks puts the prompt on the other worker too (a tie from then on): the streak restarts on a new prompt.
+    deadline, streak, rounds, seen = time.monotonic() + 120, 0, 0, collections.Counter[tuple[bool, bool]]()
+    while streak < 20:
+        assert time.monotonic() < deadline, (rounds, seen, lookups_by_process(router))
+        if streak == 0:
+            prompt = [(i % 500) + 3 + rounds for i in range(8 * BS)]
+            rounds += 1
+            holder = generate(router, prompt).worker_id
+            _wait_for_holder(cm.address, prompt, holder, blocks=8, model="")
         resp = generate(router, prompt)
-        cached = cached + 1 if resp.worker_id == first.worker_id and resp.usage.cached_tokens > 0 else 0
+        seen[resp.worker_id == holder, resp.usage.cached_tokens > 0] += 1
+        streak = streak + 1 if resp.worker_id == holder and resp.usage.cached_tokens > 0 else 0
     writer, reader = lookups_by_process(router)
     assert writer.get("replica", 0) > 0 and writer.get("shared", 0) == 0, writer
     assert reader.get("shared", 0) > 0 and reader.get("replica", 0) == 0, reader

@@ -108,6 +108,9 @@ class FakePool:
         self.by_id = {w: FakeHandle(w, scripts, self.sent) for w in ("w0", "w1")}
         self.failed: list[str] = []
 
+    async def settle(self) -> None:  # every worker known from the start
+        return None
+
     def views(self, now: float) -> list[WorkerView]:
         for h in self.by_id.values():
             h.view.circuit = h.breaker.view_state(now)

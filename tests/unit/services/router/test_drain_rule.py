@@ -65,6 +65,9 @@ class _Pool:
     def __init__(self, views: list[WorkerView]) -> None:
         self.by_id = {v.id: _Handle(v) for v in views}
 
+    async def settle(self) -> None:  # every worker known from the start
+        return None
+
     def views(self, now: float) -> list[WorkerView]:
         return [h.view for h in self.by_id.values()]
 

@@ -28,6 +28,9 @@ class Pool:
     def __init__(self, views: list[WorkerView]) -> None:
         self._views = views
 
+    async def settle(self) -> None:  # every worker known from the start
+        return None
+
     def views(self, now: float) -> list[WorkerView]:
         return self._views
 

@@ -4,6 +4,7 @@ clock is injected through `views(now)` / `routable_count(now)`."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -46,3 +47,32 @@ async def test_the_report_age_bound_follows_the_interval_within_its_ceiling() ->
     finally:
         await pool.stop()
         await slow.stop()
+
+
+async def test_a_request_in_the_startup_window_waits_for_every_worker_first_report() -> None:
+    """A new process of `--processes N` takes connections before it knows its workers: `settle` holds a request
+    until every worker has reported once (it routed on a partial view, or answered "no worker available")."""
+    pool = WorkerPool(["127.0.0.1:1", "127.0.0.1:2"], ServerSettings(), InflightTracker())
+    await pool.start(settle_s=60.0)
+    try:
+        settling = asyncio.create_task(pool.settle())
+        a, b = pool.handles
+        for h, wid in ((a, "w0"), (b, "w1")):
+            for _ in range(5):  # the loop runs: settle still waits on the worker not yet heard from
+                await asyncio.sleep(0)
+            assert not settling.done()
+            pool._on_info(h, worker_pb2.GetInfoResponse(worker_id=wid, kv_blocks_total=100))
+            pool._on_report(h, common_pb2.LoadReport())
+        await asyncio.wait_for(settling, 5.0)  # both reported: it returns
+    finally:
+        await pool.stop()
+
+
+async def test_past_the_startup_window_a_request_waits_for_no_one() -> None:
+    pool = WorkerPool(["127.0.0.1:1"], ServerSettings(), InflightTracker())
+    await pool.start(settle_s=0.0)
+    try:
+        await asyncio.wait_for(pool.settle(), 5.0)  # a worker that never reports does not hold requests
+        assert not pool.ready.is_set()
+    finally:
+        await pool.stop()
