@@ -60,17 +60,20 @@ class RequestRecord:
     migrations: int = 0  # the router moved it to another worker mid-stream this often (its own retries)
     prompt: list[int] = field(default_factory=list)  # what the reference run sends again (real engines)
     max_tokens: int = 0
-    # per sequence, the reference's near ties: position -> its runner-up token, where the two most likely
-    # tokens' log-probabilities are within `TIE_NATS` (a real engine's greedy choice there may go either way)
-    ties: list[dict[int, int]] = field(default_factory=list)
+    # per sequence, the reference's near ties: position -> the tokens whose log-probabilities are within
+    # `TIE_NATS` of the most likely one's (two or more; a real engine's greedy choice among them may go any way)
+    ties: list[dict[int, list[int]]] = field(default_factory=list)
 
     def note(self, t: float, what: str) -> None:
         self.events.append((round(t, 3), what))
 
 
-def _compare(expected: Any, got: Any, ties: dict[int, int] | None = None) -> str:
+def _compare(expected: Any, got: Any, ties: dict[int, list[int]] | None = None) -> str:
     """ "" when equal, else which invariant the difference breaks (token lists or texts alike); with `ties`
-    (token lists), a first difference at a near tie where `got` took the runner-up is ``tie_flip``."""
+    (token lists), a first difference at a near tie where `expected` and `got` each took one of the tied
+    tokens is ``tie_flip``. Both are checked: the reference's pick is not always the first of the tokens its
+    log-probabilities rank (vLLM ranks a sampled token by the count of tokens at least as likely, so of two
+    equal ones the pick may come second)."""
     if got == expected:
         return ""
     if len(got) > len(expected) and got[: len(expected)] == expected:
@@ -79,7 +82,8 @@ def _compare(expected: Any, got: Any, ties: dict[int, int] | None = None) -> str
         return "lost"
     if ties:
         at = next(i for i, (e, g) in enumerate(zip(expected, got, strict=False)) if e != g)
-        if ties.get(at) == got[at]:
+        tied = ties.get(at, ())
+        if expected[at] in tied and got[at] in tied:
             return "tie_flip"
     return "wrong_tokens"
 

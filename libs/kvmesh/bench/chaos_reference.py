@@ -10,9 +10,10 @@ succeed must equal it.
 
 Greedy is exact only up to the engine's arithmetic: the same prompt computed in another batch (or from KV
 pulled from another worker's tier) sums its floats in another order, and where the two most likely tokens lie
-within `chaos_check.TIE_NATS` the pick may go either way. The reference asks for the two most likely tokens
-at each position; `RequestRecord.ties` keeps those near ties, and a succeeded request whose first difference
-is the runner-up at one of them counts as a ``tie_flip``, reported apart from ``wrong_tokens``.
+within `chaos_check.TIE_NATS` the pick may go either way. The reference asks for the `TOP_LOGPROBS` most
+likely tokens at each position; `RequestRecord.ties` keeps, per near tie, the tokens within the bound of the
+most likely, and a succeeded request whose first difference is between two of them counts as a
+``tie_flip``, reported apart from ``wrong_tokens``.
 """
 
 from __future__ import annotations
@@ -27,31 +28,40 @@ from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 REFERENCE_IN_FLIGHT = 8
 REFERENCE_TIMEOUT_S = 120.0
+TOP_LOGPROBS = 4  # the most likely tokens the reference asks for at each position: a tie of up to this many
 
 
-def near_ties(steps: Sequence[common_pb2.PositionLogprobs], offset: int = 0) -> dict[int, int]:
-    """Position -> runner-up token where the two most likely tokens are within `TIE_NATS` (pure)."""
-    ties: dict[int, int] = {}
+def near_ties(steps: Sequence[common_pb2.PositionLogprobs], offset: int = 0) -> dict[int, list[int]]:
+    """Position -> the tokens within `TIE_NATS` of the most likely, where there are two or more (pure). The
+    best is taken by log-probability, not by the order or rank the engine lists them in."""
+    ties: dict[int, list[int]] = {}
     for i, step in enumerate(steps):
-        if len(step.top) >= 2 and step.top[0].logprob - step.top[1].logprob <= TIE_NATS:
-            ties[offset + i] = step.top[1].token_id
+        if len(step.top) < 2:
+            continue
+        listed = {t.token_id: t.logprob for t in (*step.top, step.token)}  # the pick, were it not among the top
+        best = max(listed.values())
+        tied = [tid for tid, lp in listed.items() if best - lp <= TIE_NATS]
+        if len(tied) >= 2:
+            ties[offset + i] = tied
     return ties
 
 
 async def reference(
     stub: worker_pb2_grpc.WorkerServiceStub, rid: str, prompt: Sequence[int], max_tokens: int
-) -> tuple[list[int], str, dict[int, int]]:
+) -> tuple[list[int], str, dict[int, list[int]]]:
     """The worker's greedy tokens for `prompt`, their text (the worker's own detokenisation, with the prompt
     as context, as the router's HTTP answers carry it) and their near ties."""
     req = worker_pb2.GenerateRequest(
         request_id=rid,
         token_ids=common_pb2.TokenIds(ids=list(prompt)),
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2),
+        sampling=common_pb2.SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=TOP_LOGPROBS
+        ),
         detokenize=True,
     )
     tokens: list[int] = []
     text: list[str] = []
-    ties: dict[int, int] = {}
+    ties: dict[int, list[int]] = {}
     async for m in stub.Generate(req, timeout=REFERENCE_TIMEOUT_S):
         if m.index != 0:
             continue

@@ -72,6 +72,7 @@ OOM_WAIT_S = 10.0  # how long the kernel may take to OOM-kill a worker held belo
 PULL_BLOCKS = 256  # blocks a fault's own pull asks for
 PULL_PROXY_BYTES_PER_S = 256e3  # the slow link of pull_peer_kill: a 256-block pull takes seconds on it
 PULL_KILL_AFTER_S = 0.2
+LEASE_OVERSHOOT_MIN_S = 0.1  # a lease_expire read at least this long after the lease ended
 MEMORY_CGROUP = "/sys/fs/cgroup/memory"  # cgroup v1's memory controller (cgroup v2: /sys/fs/cgroup)
 SHM_DIR = "/dev/shm"
 _OWNED = re.compile(r"kvmesh-(\d+)-.+")
@@ -452,20 +453,26 @@ class Campaign:
         log.notes.append(f"pull delivered {stats.blocks} blocks ({'slot rewritten' if rewritten else 'not found'})")
 
     async def lease_expire(self, f: Fault, log: FaultLog) -> None:
-        """A lease of `params["ttl_ms"]` on the worker's blocks, its puller stalled for the fault's time (past
-        the lease) while the worker serves on, then the read: it must be refused as expired, never copy
-        blocks the worker was free to evict or rewrite (`integrity_violations` otherwise)."""
+        """A lease of `params["ttl_ms"]` on the worker's blocks, its puller stalled past the lease's end (by the
+        fault's time less the ttl) while the worker serves on, then the read: it must be refused as expired,
+        never copy blocks the worker was free to evict or rewrite (`integrity_violations` otherwise). The stall
+        counts from the lease's end on the worker's clock (`lease_until_ns`, CLOCK_MONOTONIC: every process of
+        the suite shares the host), not from the fault's start: a slow Describe or AcquireLease on a loaded
+        worker would otherwise eat the overshoot and a read inside the lease pass for one past it."""
         info = await _tier_of(self.suite.address(f.target))
         blocks = await asyncio.to_thread(_published, info.tier_shm_name, PULL_BLOCKS) if info.tier_shm_name else []
         if not blocks:
             log.notes.append("no published block in the tier: nothing leased")
             return
+        ttl_ms = int(f.params["ttl_ms"])
         async with grpc.aio.insecure_channel(info.kvsync_address) as ch:
             client = KvSyncClient(ch)
             region = await client.describe(info.tier_region)
             outs = [memoryview(bytearray(region.block_bytes)) for _ in blocks]
-            lease = await client.acquire_lease(info.tier_region, blocks, ttl_ms=int(f.params["ttl_ms"]))
-            await self._sleep_until(log.started + f.duration_s)  # the puller's stall
+            lease = await client.acquire_lease(info.tier_region, blocks, ttl_ms=ttl_ms)
+            overshoot_s = max(f.duration_s - ttl_ms / 1000, LEASE_OVERSHOOT_MIN_S)
+            await asyncio.sleep((lease.lease_until_ns - time.monotonic_ns()) / 1e9 + overshoot_s)  # the stall
+            read_at_ns = time.monotonic_ns()
             try:
                 stats = await client.pull(info.tier_region, blocks, outs, region.layout, lease=lease, timeout_s=5)
             except PullFailed as e:
@@ -475,8 +482,9 @@ class Campaign:
                         f"t={self.now():.2f} {f.target}: {e.blocks} blocks copied after their lease ended"
                     )
                 return
+        late_s = (read_at_ns - lease.lease_until_ns) / 1e9
         self.integrity_violations.append(
-            f"t={self.now():.2f} {f.target}: a read {f.duration_s}s into a {f.params['ttl_ms']} ms lease delivered "
+            f"t={self.now():.2f} {f.target}: a read {late_s:.2f} s past the end of a {ttl_ms} ms lease delivered "
             f"{stats.blocks} blocks over {stats.transport}"
         )
 

@@ -30,8 +30,9 @@ Kinds and what they do (the runner's `kvmesh.bench.chaos_runner` carries them ou
 * ``pull_peer_kill``: a kv-sync pull of a worker's tier over a slow link (gRPC through a bandwidth-capped
   proxy), the worker SIGKILLed while the bytes are on their way, restarted after `duration_s`: the pull must
   fail closed, with only verified blocks delivered.
-* ``lease_expire``: a lease on a worker's blocks outlived by its puller (stalled for `duration_s`, past the
-  lease's `params["ttl_ms"]`, while the worker keeps serving): the read must then be refused as expired.
+* ``lease_expire``: a lease on a worker's blocks outlived by its puller (stalled until `duration_s` less the
+  lease's `params["ttl_ms"]` past the lease's end, while the worker keeps serving): the read must then be
+  refused as expired.
 * ``burst``: the campaign's arrival rate x `params["factor"]` for `duration_s`.
 
 Process targets are ``<zone>/<service>``: ``a/router``, ``a/cache-manager``, ``a/failover``, ``a/planner``,
