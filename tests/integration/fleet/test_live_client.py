@@ -1,8 +1,9 @@
 """The live-replay client (``kvmesh.fleet.live``) against a scripted in-process router on loopback.
 
 The fake router streams with known wall delays, so the client's conversions can be checked: at speed S,
-simulated time = S × wall time. Timing assertions are lower bounds (sleeps guarantee them) with a generous
-upper bound; nothing sleeps to synchronise.
+simulated time = S × wall time. Timing assertions are lower bounds (sleeps guarantee them) with an upper
+bound loose enough for a loaded machine yet below what a conversion off by the factor S would give; nothing
+sleeps to synchronise.
 """
 
 from __future__ import annotations
@@ -83,12 +84,12 @@ async def test_replay_converts_time_counts_errors_and_honours_bounds() -> None:
         assert req.sampling.max_tokens == r.output_len and req.sampling.ignore_eos
     # arrivals 1 s of trace apart are sent 1/S s of wall apart; records carry the scheduled (simulated) time
     gaps = [fake.seen[i + 1][0] - fake.seen[i][0] for i in range(3)]
-    assert all(1 / SPEED - 0.02 <= g <= 1 / SPEED + 0.2 for g in gaps), gaps
+    assert all(1 / SPEED - 0.02 <= g <= 6 / SPEED for g in gaps), gaps  # unscaled: 1 s apart
     assert [rec.arrival for rec in res.records] == pytest.approx([0.0, 1.0, 2.0, 3.0])
     ok = [res.records[0], res.records[1]]
     for rec in ok:
-        assert SPEED * FIRST_S <= rec.ttft < 3 * SPEED * FIRST_S
-        assert SPEED * GAP_S <= rec.itl < 5 * SPEED * GAP_S
+        assert SPEED * FIRST_S <= rec.ttft < 8 * SPEED * FIRST_S  # scaled twice: 10 x
+        assert SPEED * GAP_S <= rec.itl < 8 * SPEED * GAP_S
         assert rec.cached_tokens == CACHED and rec.worker in ("w0", "w1")
     assert dict(res.errors) == {"RESOURCE_EXHAUSTED": 1}
     assert res.truncated  # request 3 hung until the wall deadline
