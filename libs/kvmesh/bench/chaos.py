@@ -35,7 +35,8 @@ its KV pool as small as the simulated workers'), the routers tokenising with its
 inside its vocabulary and every request is greedy (no ``n2``: `kvmesh.bench.chaos_traffic` says why), so that
 each has one right answer wherever it runs and however often it moves; those answers come from the reference
 run after the last fault (`kvmesh.bench.chaos_reference`), and ``tie_flips`` counts the requests that differ
-from it first where its two most likely tokens were a near tie (the engine's arithmetic, not kvmesh)."""
+from it only by taking another token of a near tie, the rest recomputed from there (the engine's arithmetic,
+not kvmesh)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from typing import Any
 
 from kvmesh.bench import chaos_report as report
 from kvmesh.bench.chaos_check import history, tally, verdict
-from kvmesh.bench.chaos_reference import fill_references
+from kvmesh.bench.chaos_reference import WorkerText, confirm_flips, fill_references
 from kvmesh.bench.chaos_runner import Campaign, final_pass, kill_descendants, remove_shm, routers_ready, shm_of
 from kvmesh.bench.chaos_schedule import counts, make_schedule
 from kvmesh.bench.chaos_suite import SuiteConfig, start_suite, stop_suite
@@ -119,6 +120,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         if model:
             log("chaos: the reference run (each distinct request once more, greedy, on a settled worker)")
             references = await fill_references(suite.address("a/worker-0"), traffic.records)
+            flips = await confirm_flips(suite.address("a/worker-0"), traffic.records, WorkerText(model))
+            log(f"chaos: {references} references; {flips} differences confirmed as near-tie turns")
         await traffic.close()
         traffic = None
     finally:

@@ -85,6 +85,11 @@ def result_line(
     }
 
 
+def _failed(r: RequestRecord) -> bool:
+    """Whether `r` breaks an invariant (False while it has no reference yet)."""
+    return r.expected is not None and verdict(r) not in ("", "tie_flip")
+
+
 def write_history(
     out: Path,
     schedule: Sequence[Any],
@@ -100,7 +105,11 @@ def write_history(
         for fl in faults:
             f.write(json.dumps({"type": "fault", **fl.as_dict()}) + "\n")
         for r in records:
-            row = {k: v for k, v in asdict(r).items() if k != "prompt"}  # prompts: replayed from the seed
+            row = asdict(r)
+            # prompts replay from the seed; a failed request's is kept, to judge it again (a real engine's
+            # timing-dependent traffic may not draw it again)
+            if not _failed(r):
+                del row["prompt"]
             f.write(json.dumps({"type": "request", **row}) + "\n")
         for sm in samples:
             f.write(json.dumps({"type": "sample", **asdict(sm)}) + "\n")

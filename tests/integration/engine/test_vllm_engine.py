@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
+from kvmesh.bench.chaos_reference import WorkerText
 from kvmesh.core.errors import InvalidArgument
 from kvmesh.core.generation import EngineOutput, EngineRequest, SamplingParams, StructuredOutput
 from kvmesh.core.kvevents import BlockRemoved, BlockStored, KvEvent, is_tier
+from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.engine.vllm_engine import VllmEngine
-from tests.support.models import ENGINE_BLOCK_SIZE, ENGINE_MAX_MODEL_LEN, SharedVllmEngine
+from tests.support.models import ENGINE_BLOCK_SIZE, ENGINE_MAX_MODEL_LEN, SharedVllmEngine, tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
 BS = ENGINE_BLOCK_SIZE
@@ -239,3 +242,22 @@ async def test_events_carry_the_tenant_into_a_tenant_isolated_index(engine: Vllm
     assert core.index.find_matches(core.hashes_of(q2, tenant="TA")) == {"w": 4}
     assert core.index.find_matches(core.hashes_of(q2, tenant="TB")) == {}
     assert core.index.find_matches(core.hashes_of(q2)) == {}
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_chaos_reference_rebuilds_the_engine_text_from_its_tokens(engine: VllmEngine) -> None:
+    """`chaos_reference.WorkerText` (how a chaos campaign checks an HTTP text that took the other side of a
+    near tie) gives exactly the text the engine sends for the tokens it generated: prompts over the whole
+    vocabulary, byte tokens and unfinished characters included, one prompt ending inside a character."""
+    model = tiny_model()
+    text_of, vocab = WorkerText(model), HfTokenizer(model).vocab_size
+    rng = random.Random(5)
+    prompts = [tuple(range(3, 123))] + [tuple(rng.randrange(3, vocab) for _ in range(40)) for _ in range(8)]
+    replacement = 0
+    for k, prompt in enumerate(prompts):
+        sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+        outs = await collect(engine, EngineRequest(f"text-{k}", prompt, sampling=sampling))
+        tokens, text = [t for o in outs for t in o.token_ids], "".join(o.text for o in outs)
+        assert text_of(prompt, tokens) == text, (prompt, tokens)
+        replacement += text.count("\ufffd")
+    assert replacement > 0  # the texts had unfinished characters to get right

@@ -1,11 +1,15 @@
-"""The chaos campaign's soak figures and its command line."""
+"""The chaos campaign's soak figures, its history file and its command line."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from kvmesh.bench.chaos import main
-from kvmesh.bench.chaos_report import growth_per_hour
+from kvmesh.bench.chaos_check import RequestRecord
+from kvmesh.bench.chaos_report import growth_per_hour, write_history
 from kvmesh.bench.chaos_runner import Sample, pd_counters, scalar_metrics
 
 
@@ -80,3 +84,13 @@ def test_asyncio_tasks_are_read_from_metrics_and_fitted_like_the_rest() -> None:
     assert g["tasks"] == pytest.approx(60.0, rel=0.05)
     unread = [Sample(t, "a/redis", 8, 10.0, 10, 4) for t in range(0, 1200, 30)]
     assert growth_per_hour(unread, warmup_s=60)["a/redis"]["tasks"] is None
+
+
+def test_the_history_keeps_the_prompt_of_a_failed_request_only(tmp_path: Path) -> None:
+    """A failed request's prompt is in the history, to judge it again (a real engine's traffic may not draw it
+    again from the seed); the others' are left out (they replay from it)."""
+    fine, wrong = (RequestRecord(rid, "grpc", "short", 0.0, 30.0, outcome="ok", ended=1.0) for rid in "ab")
+    for r, got in ((fine, [1, 2]), (wrong, [1, 3])):
+        r.prompt, r.expected, r.received = [7, 8, 9], [[1, 2]], [got]
+    rows = [json.loads(line) for line in write_history(tmp_path, [], [], [fine, wrong], []).read_text().splitlines()]
+    assert [(row["rid"], row.get("prompt")) for row in rows] == [("a", None), ("b", [7, 8, 9])]
