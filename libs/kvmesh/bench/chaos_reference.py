@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc.aio
 
 from kvmesh.bench.chaos_check import TIE_NATS, RequestRecord, verdict
-from kvmesh.engine.cut_prompt_text import CutPromptText
+from kvmesh.engine.cut_prompt_text import CutPromptText, StreamText
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,6 @@ REFERENCE_IN_FLIGHT = 8
 REFERENCE_TIMEOUT_S = 120.0
 TOP_LOGPROBS = 4  # the most likely tokens the reference asks for at each position: a tie of up to this many
 MAX_FLIPS = 3  # near-tie turns one token sequence may take and still count as a tie flip
-INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream, which vLLM recovers from by a reset
 TextOf = Callable[[Sequence[int], Sequence[int]], str]  # (prompt, tokens) -> the worker's text of the tokens
 
 
@@ -108,10 +107,9 @@ async def fill_references(address: str, records: Sequence[RequestRecord]) -> int
 
 
 class WorkerText:
-    """The text a vLLM worker sends for `tokens` generated after `prompt`, rebuilt here: vLLM's incremental
-    detokenizer (tokenizers' `DecodeStream` primed with the prompt, special tokens skipped, reset where vLLM
-    resets it) with the worker's `CutPromptText` correction. `confirm_flips` checks it against the reference's
-    own text before trusting it."""
+    """The text a vLLM worker sends for `tokens` generated after `prompt` (not resumed), rebuilt here: vLLM's
+    incremental detokenizer (`StreamText`, primed with the prompt) with the worker's `CutPromptText`
+    correction. `confirm_flips` checks it against the reference's own text before trusting it."""
 
     def __init__(self, model: str | Path) -> None:
         from tokenizers import Tokenizer
@@ -123,21 +121,8 @@ class WorkerText:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
     def __call__(self, prompt: Sequence[int], tokens: Sequence[int]) -> str:
-        from tokenizers.decoders import DecodeStream
-
-        stream = DecodeStream(ids=list(prompt), skip_special_tokens=True)
-        cut = CutPromptText(self._decode, prompt)
-        out: list[str] = []
-        for t in tokens:
-            try:
-                piece = stream.step(self._tok, t)
-            except Exception as e:  # tokenizers raises a bare Exception; vLLM recovers from this one so
-                if not str(e).startswith(INVALID_PREFIX):
-                    raise
-                stream = DecodeStream(skip_special_tokens=True)
-                piece = stream.step(self._tok, t)
-            out.append(cut.text(0, [t], piece or ""))
-        return "".join(out)
+        stream, cut = StreamText(self._tok, prompt), CutPromptText(self._decode, prompt)
+        return "".join(cut.text(0, [t], stream.step(t)) for t in tokens)
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -9,11 +9,16 @@ tokens and the sequence's first ones decoded together, from where that text stop
 own (an unfinished character decodes as U+FFFD until its last byte comes; a lone byte stays U+FFFD, the
 prompt's, not the output's). vLLM's later deltas are right again, as its detokenizer is past the cut by then.
 Pure: `decode` is the model's tokenizer.
+
+A resumed request's prompt ends with output of its own (`ResumedText`): there the text is rebuilt from the
+prompt before it with tokenizers' `DecodeStream` as vLLM drives it (`StreamText`), so the client's text is
+the uninterrupted run's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 REPLACEMENT = "\ufffd"  # what a decoder makes of an incomplete character
 TAIL = 4  # a UTF-8 character is at most 4 bytes, so the tokens of an unfinished one are among the last 4
@@ -51,3 +56,60 @@ def _common_prefix(a: str, b: str) -> int:
     """The length of the longest common prefix of `a` and `b`."""
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+INVALID_PREFIX = "Invalid prefix encountered"  # tokenizers' DecodeStream error that vLLM recovers from by a reset
+
+
+class StreamText:
+    """tokenizers' `DecodeStream` as vLLM's incremental detokenizer drives it: primed with `context`, special
+    tokens skipped or not, started afresh where tokenizers reports an invalid prefix (vLLM's recovery).
+    `tokenizer` is a `tokenizers.Tokenizer`."""
+
+    __slots__ = ("_skip", "_stream", "_tok")
+
+    def __init__(self, tokenizer: Any, context: Sequence[int], skip_special_tokens: bool = True) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tok, self._skip = tokenizer, skip_special_tokens
+        self._stream = DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+
+    def step(self, token_id: int) -> str:
+        """The text `token_id` adds ("" while a character is unfinished)."""
+        try:
+            piece = self._stream.step(self._tok, token_id)
+        except Exception as e:  # tokenizers raises a bare Exception; vLLM recovers from this one so
+            if not str(e).startswith(INVALID_PREFIX):
+                raise
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(skip_special_tokens=self._skip)
+            piece = self._stream.step(self._tok, token_id)
+        return piece or ""
+
+
+class ResumedText:
+    """The texts of a resumed request, whose prompt ends with `resumed` tokens of its own output (sent before a
+    migration). vLLM's detokenizer, primed with the whole prompt, takes those for prompt: a character split
+    across the migration, held back by the first attempt while unfinished (U+FFFD if it never finishes), was
+    lost from the client's text or came twice. Here each sequence's text comes from a `StreamText` primed with
+    the prompt before those tokens and stepped through them unsent, so it continues exactly the text an
+    uninterrupted run sends; vLLM's own text is not used."""
+
+    __slots__ = ("_context", "_resumed", "_skip", "_streams", "_tok", "cut")
+
+    def __init__(self, tokenizer: Any, prompt: Sequence[int], resumed: int, skip_special_tokens: bool = True) -> None:
+        if not 0 < resumed < len(prompt):
+            raise ValueError(f"resumed: 1..{len(prompt) - 1} of the prompt's tokens, got {resumed}")
+        self._tok, self._skip, self.cut = tokenizer, skip_special_tokens, True
+        self._context, self._resumed = list(prompt[:-resumed]), list(prompt[-resumed:])
+        self._streams: dict[int, StreamText] = {}
+
+    def text(self, index: int, token_ids: Sequence[int], vllm_text: str) -> str:
+        """The text to send for sequence `index`'s new `token_ids` (`vllm_text` unused: see the class)."""
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = StreamText(self._tok, self._context, self._skip)
+            for t in self._resumed:
+                stream.step(t)  # the first attempt sent these tokens' text, as far as it was finished
+        return "".join(stream.step(t) for t in token_ids)

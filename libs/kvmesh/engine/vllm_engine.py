@@ -52,7 +52,7 @@ from kvmesh.core.orphans import exit_with_parent
 from kvmesh.core.pull import KvPull, PullOutcome
 from kvmesh.core.sampling import resolve_max_tokens, validate_sampling
 from kvmesh.core.tasks import stop_task
-from kvmesh.engine.cut_prompt_text import CutPromptText
+from kvmesh.engine.cut_prompt_text import CutPromptText, ResumedText
 from kvmesh.engine.fanout import EventFanout
 from kvmesh.engine.mirror import CacheMirror
 from kvmesh.engine.vllm_config import VllmEngineConfig, build_engine_args
@@ -229,7 +229,8 @@ class _InFlight:
     first_token: bool = False
     aborted: bool = False
     extra: dict[str, float] = field(default_factory=dict)
-    cut: CutPromptText | None = None  # the prompt ends inside a character: its sequences' first texts
+    # the prompt ends inside a character (its sequences' first texts), or with output of its own (a resume)
+    cut: CutPromptText | ResumedText | None = None
 
 
 def live_counts(inflight: Sequence[_InFlight], stats_waiting: int) -> tuple[int, int]:
@@ -522,8 +523,12 @@ class VllmEngine:
             params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": dict(kv_transfer_params)}
         st = _InFlight(prompt_len=len(ids))
         tokenizer, skip = self._tokenizer, sampling.skip_special_tokens
-        cut = CutPromptText(lambda t: str(tokenizer.decode(t, skip_special_tokens=skip)), ids)
-        st.cut = cut if cut.cut else None
+        backend = getattr(tokenizer, "_tokenizer", None)  # a fast tokenizer's `tokenizers.Tokenizer`
+        if req.resumed_output_tokens and backend is not None:
+            st.cut = ResumedText(backend, ids, req.resumed_output_tokens, skip)
+        else:
+            cut = CutPromptText(lambda t: str(tokenizer.decode(t, skip_special_tokens=skip)), ids)
+            st.cut = cut if cut.cut else None
         self._inflight[req.request_id] = st
         prompt: dict[str, Any] = {"prompt_token_ids": ids}
         if req.tenant:
