@@ -144,7 +144,7 @@ class WorkerPool:
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[str, WorkerHandle] = {}
         self.ready = asyncio.Event()
-        self._settled_by = float("inf")  # until `start`: a request before it waits for no one
+        self._settled_by = float("-inf")  # until `start`: a request before it waits for no one
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
         self._closing: set[asyncio.Future[None]] = set()
@@ -213,7 +213,7 @@ class WorkerPool:
         if self.ready.is_set():
             return
         left = self._settled_by - time.monotonic()
-        if left > 0 and self._started:
+        if left > 0:
             await self.wait_ready(left)
 
     async def wait_ready(self, timeout_s: float) -> bool:

@@ -29,6 +29,7 @@ import grpc.aio
 
 from kvmesh.bench.chaos_check import TIE_NATS, RequestRecord, verdict
 from kvmesh.engine.cut_prompt_text import CutPromptText, StreamText
+from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -112,16 +113,10 @@ class WorkerText:
     correction. `confirm_flips` checks it against the reference's own text before trusting it."""
 
     def __init__(self, model: str | Path) -> None:
-        from tokenizers import Tokenizer
-
-        path = Path(model)
-        self._tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+        self._tok = HfTokenizer(model)
 
     def __call__(self, prompt: Sequence[int], tokens: Sequence[int]) -> str:
-        stream, cut = StreamText(self._tok, prompt), CutPromptText(self._decode, prompt)
+        stream, cut = StreamText(self._tok.backend, prompt), CutPromptText(self._tok.decode, prompt)
         return "".join(cut.text(0, [t], stream.step(t)) for t in tokens)
 
 

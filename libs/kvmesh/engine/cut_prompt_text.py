@@ -69,10 +69,14 @@ class StreamText:
     __slots__ = ("_skip", "_stream", "_tok")
 
     def __init__(self, tokenizer: Any, context: Sequence[int], skip_special_tokens: bool = True) -> None:
-        from tokenizers.decoders import DecodeStream
-
         self._tok, self._skip = tokenizer, skip_special_tokens
-        self._stream = DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
+        self._stream = self._new(context)
+
+    def _new(self, context: Sequence[int] | None) -> Any:
+        from tokenizers.decoders import DecodeStream  # tokenizers only where a real tokenizer is used
+
+        ids = list(context) if context is not None else None
+        return DecodeStream(ids=ids, skip_special_tokens=self._skip)
 
     def step(self, token_id: int) -> str:
         """The text `token_id` adds ("" while a character is unfinished)."""
@@ -81,9 +85,7 @@ class StreamText:
         except Exception as e:  # tokenizers raises a bare Exception; vLLM recovers from this one so
             if not str(e).startswith(INVALID_PREFIX):
                 raise
-            from tokenizers.decoders import DecodeStream
-
-            self._stream = DecodeStream(skip_special_tokens=self._skip)
+            self._stream = self._new(None)  # no context, as vLLM restarts it
             piece = self._stream.step(self._tok, token_id)
         return piece or ""
 

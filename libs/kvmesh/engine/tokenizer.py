@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +47,7 @@ class HfTokenizer:
 
         p = Path(path)
         self._tok = _Tok.from_file(str(p / "tokenizer.json" if p.is_dir() else p))
+        self.backend = self._tok  # the `tokenizers.Tokenizer` itself (e.g. for its DecodeStream)
         self.vocab_size = int(self._tok.get_vocab_size())
         # characters one token can stand for, at most (byte-level and sentencepiece entries have at least
         # one character per character of text they match; byte-fallback entries like <0x0A> more)
@@ -58,5 +60,5 @@ class HfTokenizer:
         works (`encode` holds it), so concurrent long prompts tokenise in parallel on several cores."""
         return list(self._encode_batch([text], add_special_tokens=False)[0].ids)
 
-    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
