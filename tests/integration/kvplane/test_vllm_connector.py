@@ -52,7 +52,10 @@ class Run:
 
 
 def prompt(seed: int) -> list[int]:
-    rng = random.Random(seed)
+    """The module's prompts share no block with those of the shared engine's other users: with a bare integer
+    seed, prompt(5) began with another module's prompt, and B already held the first block of a prompt it
+    must compute from scratch."""
+    rng = random.Random(f"kv-connector-{seed}")
     return [rng.randrange(3, VOCAB) for _ in range(PROMPT_LEN)]
 
 
