@@ -7,7 +7,9 @@ the prompt, then cannot tell where the prompt's text ends: the step that complet
 whole prompt's text with it. `CutPromptText` recomputes that one text from token ids: the prompt's last
 tokens and the sequence's first ones decoded together, from where that text stops agreeing with the tail's
 own (an unfinished character decodes as U+FFFD until its last byte comes; a lone byte stays U+FFFD, the
-prompt's, not the output's). vLLM's later deltas are right again, as its detokenizer is past the cut by then.
+prompt's, not the output's), and up to where vLLM's own text stops: a first delta of several tokens whose
+last ones begin an unfinished character leaves that character to vLLM's next delta. vLLM's later deltas are
+right again, as its detokenizer is past the cut by then.
 Pure: `decode` is the model's tokenizer.
 
 A resumed request's prompt ends with output of its own (`ResumedText`): there the text is rebuilt from the
@@ -48,7 +50,15 @@ class CutPromptText:
         if not vllm_text:  # the character is still unfinished: vLLM holds it back, as it should
             return vllm_text
         self._done.add(index)
-        after = self._decode(self._tail + self._pending.pop(index))
+        tokens = self._tail + self._pending.pop(index)
+        # vLLM's text covers the tokens up to the last one after which the text ends on a whole character: an
+        # unfinished character at the end (one token of a multi-token delta) is held back and comes with its
+        # next delta, so it must not be sent here too
+        end = next(
+            (n for n in range(len(tokens), len(self._tail), -1) if not self._decode(tokens[:n]).endswith(REPLACEMENT)),
+            len(tokens),
+        )
+        after = self._decode(tokens[:end])
         return after[_common_prefix(self._tail_text, after) :]
 
 
