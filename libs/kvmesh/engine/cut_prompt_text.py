@@ -105,10 +105,11 @@ class ResumedText:
     migration). vLLM's detokenizer, primed with the whole prompt, takes those for prompt: a character split
     across the migration, held back by the first attempt while unfinished (U+FFFD if it never finishes), was
     lost from the client's text or came twice. Here each sequence's text comes from a `StreamText` primed with
-    the prompt before those tokens and stepped through them unsent, so it continues exactly the text an
+    the prompt before those tokens and stepped through them unsent (with `CutPromptText`'s correction where
+    that prompt ends inside a character, as the first attempt had it), so it continues exactly the text an
     uninterrupted run sends; vLLM's own text is not used."""
 
-    __slots__ = ("_context", "_resumed", "_skip", "_streams", "_tok", "cut")
+    __slots__ = ("_context", "_context_cut", "_resumed", "_skip", "_streams", "_tok", "cut")
 
     def __init__(self, tokenizer: Any, prompt: Sequence[int], resumed: int, skip_special_tokens: bool = True) -> None:
         if not 0 < resumed < len(prompt):
@@ -116,6 +117,8 @@ class ResumedText:
         self._tok, self._skip, self.cut = tokenizer, skip_special_tokens, True
         self._context, self._resumed = list(prompt[:-resumed]), list(prompt[-resumed:])
         self._streams: dict[int, StreamText] = {}
+        # the first attempt's own prompt may have ended inside a character too: its first text was corrected so
+        self._context_cut = CutPromptText(lambda ids: str(tokenizer.decode(ids, skip_special_tokens)), self._context)
 
     def text(self, index: int, token_ids: Sequence[int], vllm_text: str) -> str:
         """The text to send for sequence `index`'s new `token_ids` (`vllm_text` unused: see the class)."""
@@ -123,5 +126,8 @@ class ResumedText:
         if stream is None:
             stream = self._streams[index] = StreamText(self._tok, self._context, self._skip)
             for t in self._resumed:
-                stream.step(t)  # the first attempt sent these tokens' text, as far as it was finished
-        return "".join(stream.step(t) for t in token_ids)
+                self._step(index, stream, t)  # the first attempt sent these tokens' text, as far as it was finished
+        return "".join(self._step(index, stream, t) for t in token_ids)
+
+    def _step(self, index: int, stream: StreamText, token_id: int) -> str:
+        return self._context_cut.text(index, [token_id], stream.step(token_id))

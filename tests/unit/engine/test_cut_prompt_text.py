@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from kvmesh.core.modelfiles import resolve_model_dir
-from kvmesh.engine.cut_prompt_text import CutPromptText, StreamText
+from kvmesh.engine.cut_prompt_text import CutPromptText, ResumedText, StreamText
 from kvmesh.engine.tokenizer import HfTokenizer
 
 pytestmark = pytest.mark.unit
@@ -75,15 +75,21 @@ FOUND_TOKENS = (
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("first", range(1, 9))
-def test_the_campaign_s_request_gets_one_text_however_vllm_groups_its_first_tokens(first: int) -> None:
-    """The request the chaos campaign found, on the tiny model's tokenizer: its prompt ends with two lone byte
-    tokens, its second output token is a lone byte. vLLM's text is `StreamText` (its detokenizer), its first
-    delta `first` tokens, then one token each: the client's text is the same for every grouping."""
+@pytest.fixture(scope="module")
+def tok() -> HfTokenizer:
     model = resolve_model_dir("")
     if model is None:
         pytest.fail("the tiny model is missing: scripts/bootstrap.sh builds it")
-    tok = HfTokenizer(model)
+    return HfTokenizer(model)
+
+
+@pytest.mark.parametrize("first", range(1, 9))
+def test_the_campaign_s_request_gets_one_text_however_vllm_groups_its_first_tokens(
+    tok: HfTokenizer, first: int
+) -> None:
+    """The request the chaos campaign found, on the tiny model's tokenizer: its prompt ends with two lone byte
+    tokens, its second output token is a lone byte. vLLM's text is `StreamText` (its detokenizer), its first
+    delta `first` tokens, then one token each: the client's text is the same for every grouping."""
 
     def client_text(first: int) -> str:
         stream, fix = StreamText(tok.backend, FOUND_PROMPT), CutPromptText(tok.decode, FOUND_PROMPT)
@@ -94,3 +100,23 @@ def test_the_campaign_s_request_gets_one_text_however_vllm_groups_its_first_toke
     whole = client_text(1)
     assert whole.startswith("sour\ufffd assistant")
     assert client_text(first) == whole
+
+
+def test_a_request_resumed_at_any_token_continues_the_text_when_its_first_prompt_ended_inside_a_character(
+    tok: HfTokenizer,
+) -> None:
+    """A migration of a request whose own prompt ended inside a character: the first attempt's text came
+    corrected by `CutPromptText`; the resumed attempt's must continue it, for a cut at every token, the cut
+    character's own bytes included (the tiny model's byte-level tokens: "€" is 161 227 108, "é" 130 105)."""
+    prompt = (*tok.encode("price: "), 161)  # ends with the first byte of "€"
+    out = (227, 108, *tok.encode(" or "), 130, 105, *tok.encode(" and"), 161, 227)
+
+    def sent(prompt: tuple[int, ...], tokens: tuple[int, ...]) -> str:  # a first attempt, one token a delta
+        stream, fix = StreamText(tok.backend, prompt), CutPromptText(tok.decode, prompt)
+        return "".join(fix.text(0, [t], stream.step(t)) for t in tokens)
+
+    whole = sent(prompt, out)
+    assert whole == "€ or é and"  # the last "€" never finished: held back
+    for k in range(1, len(out)):
+        resumed = ResumedText(tok.backend, (*prompt, *out[:k]), k)
+        assert sent(prompt, out[:k]) + resumed.text(0, out[k:], "vLLM's text, unused") == whole, k
