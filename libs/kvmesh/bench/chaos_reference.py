@@ -28,7 +28,7 @@ from pathlib import Path
 import grpc.aio
 
 from kvmesh.bench.chaos_check import TIE_NATS, RequestRecord, verdict
-from kvmesh.engine.cut_prompt_text import CutPromptText, StreamText
+from kvmesh.engine.cut_prompt_text import SentText
 from kvmesh.engine.tokenizer import HfTokenizer
 from kvmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
@@ -108,16 +108,15 @@ async def fill_references(address: str, records: Sequence[RequestRecord]) -> int
 
 
 class WorkerText:
-    """The text a vLLM worker sends for `tokens` generated after `prompt` (not resumed), rebuilt here: vLLM's
-    incremental detokenizer (`StreamText`, primed with the prompt) with the worker's `CutPromptText`
-    correction. `confirm_flips` checks it against the reference's own text before trusting it."""
+    """The text a vLLM worker sends for `tokens` generated after `prompt` (not resumed), rebuilt here with the
+    worker's own `SentText`. `confirm_flips` checks it against the reference's own text before trusting it."""
 
     def __init__(self, model: str | Path) -> None:
         self._tok = HfTokenizer(model)
 
     def __call__(self, prompt: Sequence[int], tokens: Sequence[int]) -> str:
-        stream, cut = StreamText(self._tok.backend, prompt), CutPromptText(self._tok.decode, prompt)
-        return "".join(cut.text(0, [t], stream.step(t)) for t in tokens)
+        sent = SentText(self._tok.backend, prompt)
+        return "".join(sent.step(t) for t in tokens)
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

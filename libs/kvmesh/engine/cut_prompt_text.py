@@ -13,8 +13,8 @@ right again, as its detokenizer is past the cut by then.
 Pure: `decode` is the model's tokenizer.
 
 A resumed request's prompt ends with output of its own (`ResumedText`): there the text is rebuilt from the
-prompt before it with tokenizers' `DecodeStream` as vLLM drives it (`StreamText`), so the client's text is
-the uninterrupted run's.
+prompt before it (`SentText`: tokenizers' `DecodeStream` as vLLM drives it, `StreamText`, with the correction
+above), so the client's text is the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -100,34 +100,45 @@ class StreamText:
         return piece or ""
 
 
+class SentText:
+    """The text a vLLM worker sends for the tokens generated after `context`, one token at a time: vLLM's
+    detokenizer (`StreamText`, primed with `context`) with the worker's `CutPromptText` correction where
+    `context` ends inside a character. `tokenizer` is a `tokenizers.Tokenizer`."""
+
+    __slots__ = ("_cut", "_stream")
+
+    def __init__(self, tokenizer: Any, context: Sequence[int], skip_special_tokens: bool = True) -> None:
+        self._stream = StreamText(tokenizer, context, skip_special_tokens)
+        self._cut = CutPromptText(lambda ids: str(tokenizer.decode(ids, skip_special_tokens)), context)
+
+    def step(self, token_id: int) -> str:
+        """The text `token_id` adds ("" while a character is unfinished)."""
+        return self._cut.text(0, [token_id], self._stream.step(token_id))
+
+
 class ResumedText:
     """The texts of a resumed request, whose prompt ends with `resumed` tokens of its own output (sent before a
     migration). vLLM's detokenizer, primed with the whole prompt, takes those for prompt: a character split
     across the migration, held back by the first attempt while unfinished (U+FFFD if it never finishes), was
-    lost from the client's text or came twice. Here each sequence's text comes from a `StreamText` primed with
-    the prompt before those tokens and stepped through them unsent (with `CutPromptText`'s correction where
-    that prompt ends inside a character, as the first attempt had it), so it continues exactly the text an
-    uninterrupted run sends; vLLM's own text is not used."""
+    lost from the client's text or came twice. Here each sequence's text comes from a `SentText` of the prompt
+    before those tokens (so corrected as the first attempt's was, where that prompt ends inside a character),
+    stepped through them unsent, so it continues exactly the text an uninterrupted run sends; vLLM's own
+    text is not used."""
 
-    __slots__ = ("_context", "_context_cut", "_resumed", "_skip", "_streams", "_tok", "cut")
+    __slots__ = ("_context", "_resumed", "_skip", "_streams", "_tok", "cut")
 
     def __init__(self, tokenizer: Any, prompt: Sequence[int], resumed: int, skip_special_tokens: bool = True) -> None:
         if not 0 < resumed < len(prompt):
             raise ValueError(f"resumed: 1..{len(prompt) - 1} of the prompt's tokens, got {resumed}")
         self._tok, self._skip, self.cut = tokenizer, skip_special_tokens, True
         self._context, self._resumed = list(prompt[:-resumed]), list(prompt[-resumed:])
-        self._streams: dict[int, StreamText] = {}
-        # the first attempt's own prompt may have ended inside a character too: its first text was corrected so
-        self._context_cut = CutPromptText(lambda ids: str(tokenizer.decode(ids, skip_special_tokens)), self._context)
+        self._streams: dict[int, SentText] = {}
 
     def text(self, index: int, token_ids: Sequence[int], vllm_text: str) -> str:
         """The text to send for sequence `index`'s new `token_ids` (`vllm_text` unused: see the class)."""
-        stream = self._streams.get(index)
-        if stream is None:
-            stream = self._streams[index] = StreamText(self._tok, self._context, self._skip)
+        sent = self._streams.get(index)
+        if sent is None:
+            sent = self._streams[index] = SentText(self._tok, self._context, self._skip)
             for t in self._resumed:
-                self._step(index, stream, t)  # the first attempt sent these tokens' text, as far as it was finished
-        return "".join(self._step(index, stream, t) for t in token_ids)
-
-    def _step(self, index: int, stream: StreamText, token_id: int) -> str:
-        return self._context_cut.text(index, [token_id], stream.step(token_id))
+                sent.step(t)  # the first attempt sent these tokens' text, as far as it was finished
+        return "".join(sent.step(t) for t in token_ids)
