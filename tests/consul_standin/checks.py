@@ -55,7 +55,9 @@ class CheckRunner:
     def __init__(self, state: AgentState, reap_interval_s: float = 30.0) -> None:
         self.state = state
         self.reap_interval_s = reap_interval_s
-        self._probes: dict[str, tuple[dict[str, object], asyncio.Task[None]]] = {}
+        # check id -> (the registration it probes, its task): a check deregistered and registered again under the
+        # same id, even with the same definition, is a new `Check` and gets a new probe, as a real agent's AddCheck
+        self._probes: dict[str, tuple[Check, asyncio.Task[None]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -69,31 +71,37 @@ class CheckRunner:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _probe_loop(self, check_id: str) -> None:
-        c = self.state.checks[check_id]
-        await asyncio.sleep(random.uniform(0, c.interval_s))
-        while check_id in self.state.checks:
-            c = self.state.checks[check_id]
-            status, output = await (probe_grpc(c) if c.type == "grpc" else probe_tcp(c))
-            if check_id in self.state.checks:
-                self.state.set_check(check_id, status, output)
-                await self.state.changed()
-            await asyncio.sleep(c.interval_s)
+    def probe_of(self, check_id: str) -> asyncio.Task[None] | None:
+        """The task probing check `check_id`, if one was started."""
+        entry = self._probes.get(check_id)
+        return entry[1] if entry else None
 
-    def _sync_probes(self) -> None:
+    async def _probe_loop(self, check: Check) -> None:
+        """Probes `check` every interval while it is still the registered check of its id."""
+        await asyncio.sleep(random.uniform(0, check.interval_s))
+        while self.state.checks.get(check.check_id) is check:
+            status, output = await (probe_grpc(check) if check.type == "grpc" else probe_tcp(check))
+            if self.state.checks.get(check.check_id) is check:
+                self.state.set_check(check.check_id, status, output)
+                await self.state.changed()
+            await asyncio.sleep(check.interval_s)
+
+    def sync_probes(self) -> None:
+        """One probe per registered gRPC / TCP check: probes of checks gone or replaced stop; a check without a
+        running probe of its own (new, re-registered, or whose probe ended) gets one."""
         live = {cid: c for cid, c in self.state.checks.items() if c.type in ("grpc", "tcp")}
-        for cid, (defn, task) in list(self._probes.items()):
-            if cid not in live or live[cid].definition() != defn:
+        for cid, (check, task) in list(self._probes.items()):
+            if live.get(cid) is not check or task.done():
                 task.cancel()
                 del self._probes[cid]
         for cid, c in live.items():
             if cid not in self._probes:
-                self._probes[cid] = (c.definition(), asyncio.create_task(self._probe_loop(cid)))
+                self._probes[cid] = (c, asyncio.create_task(self._probe_loop(c)))
 
     async def _loop(self) -> None:
         next_reap = time.monotonic() + self.reap_interval_s
         while True:
-            self._sync_probes()
+            self.sync_probes()
             now = time.monotonic()
             changed = False
             for c in list(self.state.checks.values()):

@@ -45,6 +45,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import statistics
 import subprocess
@@ -299,6 +300,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     links: InterZoneLinks | None = None
     zps: list[ZoneProcs] = []
     clients: list[AsyncClient] = []
+    keep_logs = True  # until the run has its result: a run that fails leaves its services' logs behind
     try:
         links = InterZoneLinks(zones, a.workers_per_zone, a.link_delay_ms, a.link_rate)
         sync, sync_unleased = await figures.sync_probe(
@@ -363,6 +365,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         t_kill = t0 + 0.25 * d
         t_restore_start = t0 + 0.5 * d
         t_restored = None
+        holds_before = {o: (0.0, 0.0) for o in figures.REWARM_OUTCOMES}
         watch_moved: list[float] = []
         before_kill: dict[str, Any] = {}
         partition: dict[str, Any] = {}
@@ -401,6 +404,9 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 
         # restore zone 0
         if a.scenario in ("zone", "consul"):
+            survivor = zps[1]
+            assert survivor.failover is not None
+            holds_before = await asyncio.to_thread(figures.rewarm_holds, survivor.failover, survivor.zone.ns_ip)
             old_ids = [sp.info["id"] for sp in victim.procs]
             victim.zone.heal()
             new = await asyncio.to_thread(zone_up, victim.zone, tmp / f"{victim.zone.name}-2")
@@ -426,8 +432,12 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         if a.scenario in ("zone", "consul"):  # the surviving zone's failover service saw the whole restore
             survivor = zps[1]
             assert survivor.failover is not None
-            extra["rewarm"] = await asyncio.to_thread(figures.rewarm_hold, survivor.failover, survivor.zone.ns_ip)
-        return result_line(a, stats, clients, names, (t_kill, t_restore_start, t_restored), extra)
+            extra["rewarm"] = await asyncio.to_thread(
+                figures.rewarm_hold, survivor.failover, survivor.zone.ns_ip, holds_before
+            )
+        line = result_line(a, stats, clients, names, (t_kill, t_restore_start, t_restored), extra)
+        keep_logs = False
+        return line
     finally:
         for c in clients:
             await c.close()
@@ -441,6 +451,10 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             consul_proc.wait(5)
         for z in zones:
             z.destroy()
+        if keep_logs:
+            print(f"failover bench: the services' logs are in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def moved(stats: Stats, names: list[str], start: float, stop: float) -> int:

@@ -181,16 +181,29 @@ def lag_ms(cm: ServiceProcess, host: str, followed: str) -> dict[str, float]:
     }
 
 
-def rewarm_hold(failover: ServiceProcess, host: str) -> dict[str, Any]:
-    """How the failover service held the restored zone's ramp for its re-warm: seconds from the restore to the
-    ramp's start and why it ended (`warm`: nothing pending any more; `timeout`), from
-    `kvmesh_failover_rewarm_hold_seconds`; None when it saw no hold end."""
+REWARM_HOLD = "kvmesh_failover_rewarm_hold_seconds"
+REWARM_OUTCOMES = ("warm", "timeout")
+
+
+def rewarm_holds(failover: ServiceProcess, host: str) -> dict[str, tuple[float, float]]:
+    """{outcome: (count, sum of seconds)} of the re-warm holds the failover service has timed so far (each
+    zone's first start is timed too: take one reading before the restore and pass it to `rewarm_hold`)."""
     samples = scrape(failover.http_port, host)
-    name = "kvmesh_failover_rewarm_hold_seconds"
-    for outcome in ("warm", "timeout"):
-        n = total(samples, f"{name}_count", outcome=outcome)
+    return {
+        o: (total(samples, f"{REWARM_HOLD}_count", outcome=o), total(samples, f"{REWARM_HOLD}_sum", outcome=o))
+        for o in REWARM_OUTCOMES
+    }
+
+
+def rewarm_hold(failover: ServiceProcess, host: str, before: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """How the failover service held the restored zone's ramp for its re-warm: seconds from the restore to the
+    ramp's start and why it ended (`warm`: nothing pending any more; `timeout`), from the holds of
+    `kvmesh_failover_rewarm_hold_seconds` timed since the reading `before`; None when no hold ended since."""
+    after = rewarm_holds(failover, host)
+    for o in REWARM_OUTCOMES:
+        n = after[o][0] - before[o][0]
         if n:
-            return {"outcome": outcome, "seconds": round(total(samples, f"{name}_sum", outcome=outcome) / n, 3)}
+            return {"outcome": o, "seconds": round((after[o][1] - before[o][1]) / n, 3)}
     return {"outcome": None, "seconds": None}
 
 
