@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvmesh.bench.process_cpu import cpu_seconds
 from kvmesh.engine.sim.perf import H200_LLAMA70B_FP8
 from kvmesh.fleet.live import LiveConfig, agreement, replay
 from kvmesh.fleet.policies import make_policy
@@ -53,17 +54,6 @@ class Suite:
     @property
     def procs(self) -> list[ServiceProcess]:
         return [self.cache_manager, *self.workers, self.router]
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU seconds of the given processes so far (``/proc/PID/stat`` fields 14–15)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
 
 
 @contextlib.contextmanager

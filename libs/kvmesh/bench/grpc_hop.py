@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from kvmesh.bench.router_compare import tree_cpu_s
+from kvmesh.bench.process_cpu import tree_cpu_s
 
 METHOD = "/kvmesh.bench.Hop/Call"
 OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]

@@ -8,7 +8,7 @@ time) and a real router process in front of them, all on 127.0.0.1, then for eac
 workers round-robin (``direct.<P>.*``), plus ``overhead_p50_ms.<P>`` = router − direct at concurrency 1, and
 ``router.<P>.cpu_us_per_request``: the router process's CPU time (user + system, /proc) over the concurrency
 run per request, and ``<path>.<P>.host_cpu_us_per_request``: the whole machine's busy CPU per request over the
-path's concurrency run (`kvmesh.bench.router_compare.host_busy_s`). On shared cores router ÷ direct requests/s
+path's concurrency run (`kvmesh.bench.process_cpu.host_busy_s`). On shared cores router ÷ direct requests/s
 is about the inverse ratio of the two paths' host CPU per request.
 ``--router-processes N`` starts the router as ``kvmesh-router --processes N``; ``--router-cpu-cap C`` puts each
 of its serving processes in a cgroup of its own capped at C cores (`kvmesh.bench.cpu_cap`: the routers are the

@@ -27,9 +27,9 @@ at 8K over gRPC the router served 1.42× direct when it ran first and 0.75× whe
 
 ``cpu_us_per_request`` (under each router and size): the CPU time, user + system, that the router's
 processes (for kvmesh: the router and its cache-manager) and their descendants spent during the concurrency
-run, divided by its requests, in µs (`tree_cpu_s`, from the kernel's counters in /proc). Unlike requests/s
-it does not depend on how many cores the router had or on what else ran on the machine, so it carries from
-one machine to the next.
+run, divided by its requests, in µs (`kvmesh.bench.process_cpu.tree_cpu_s`: each process's CPU-time clock, to
+the nanosecond). Unlike requests/s it does not depend on how many cores the router had or on what else ran on
+the machine, so it carries from one machine to the next.
 
 ``host_cpu_us_per_request`` (under every path and size, `direct` included): the busy CPU time of the whole
 machine (every core, from /proc/stat: all but idle and I/O wait) during the path's concurrency run, per
@@ -55,6 +55,7 @@ from typing import Any
 import aiohttp
 
 from kvmesh.bench.load_client import ProcessClients, completion_sender
+from kvmesh.bench.process_cpu import host_busy_s, tree_cpu_s
 from kvmesh.bench.router_features import Feature, c1_rounds, path, split_features
 from kvmesh.core.ports import free_port
 from kvmesh.engine.tokenizer import Tokenizer
@@ -65,34 +66,6 @@ DISTINCT = 64  # prompts per size, sent in turn (--distinct-prompts)
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(int(q * len(s)), len(s) - 1)]
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its live descendants, from /proc (Linux)."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        # after "(comm)": state, ppid, ..., utime (field 14 of proc(5)) and stime (15) at offsets 11 and 12
-        parent[int(d.name)], ticks[int(d.name)] = int(fields[1]), int(fields[11]) + int(fields[12])
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
-
-
-def host_busy_s() -> float:
-    """Busy CPU seconds of the whole machine since boot, all cores (Linux /proc/stat: every state but idle and
-    iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # guest time is in user already
 
 
 CC_ROUNDS = 8  # rounds of each path's concurrency run, at most (module docstring)

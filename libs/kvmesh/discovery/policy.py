@@ -100,9 +100,6 @@ class FailoverPolicy:
                 transitions.append(tr)
         return self._decide(views, now, tuple(transitions))
 
-    def tick(self, now: float) -> Decision:
-        return self.observe(self.snapshot, now)
-
     def set_zone_weights(self, weights: Mapping[str, float]) -> None:
         self.zone_plan = self.zone_plan.set("zone_weights", weights)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvmesh.bench.cpu_cap import CpuCaps, cgroup_of
-from kvmesh.bench.router_compare import tree_cpu_s
+from kvmesh.bench.process_cpu import tree_cpu_s
 
 pytestmark = pytest.mark.integration
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmesh.bench.fleet_live import cpu_seconds, local_suite, simulate
+from kvmesh.bench.fleet_live import local_suite, simulate
+from kvmesh.bench.process_cpu import cpu_seconds
 from kvmesh.fleet.live import LiveConfig, agreement, replay
 from kvmesh.fleet.readers import read_trace
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from kvmesh.bench.router_compare import host_busy_s, measure
+from kvmesh.bench.process_cpu import host_busy_s
+from kvmesh.bench.router_compare import measure
 
 
 async def test_concurrency_runs_alternate_and_send_every_request_once() -> None:

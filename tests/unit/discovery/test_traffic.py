@@ -101,11 +101,11 @@ def test_version_weight_change_moves_that_share_and_rollback_restores() -> None:
     d0 = fp.observe(_routers(), 0.0)
     assert _version_share(dict(d0.router_weights), "v2") == 0.0
     fp.set_version_weights({"v1": 90, "v2": 10})
-    d1 = fp.tick(1.0)
+    d1 = fp.observe(fp.snapshot, 1.0)
     assert _version_share(dict(d1.router_weights), "v2") == pytest.approx(0.10)
     assert d1.version_generation == 1
     fp.rollback_versions()
-    d2 = fp.tick(2.0)
+    d2 = fp.observe(fp.snapshot, 2.0)
     assert dict(d2.router_weights) == pytest.approx(dict(d0.router_weights))
     with pytest.raises(InvalidArgument):
         fp.set_zone_weights({"a": -1, "b": 2})

@@ -151,9 +151,9 @@ def test_gradual_come_back_ramps_linearly() -> None:
     d = fp.observe(snap(fleet("a"), fleet("b")), 2.0)  # restored at t=2
     assert fp.states["a"].restored_at == 2.0
     assert d.zone_weights["a"] == pytest.approx(0.0)
-    d = fp.tick(7.0)  # r = 0.5 -> a: 0.5/(0.5+1)
+    d = fp.observe(fp.snapshot, 7.0)  # r = 0.5 -> a: 0.5/(0.5+1)
     assert d.zone_weights["a"] == pytest.approx(1 / 3)
-    d = fp.tick(12.0)
+    d = fp.observe(fp.snapshot, 12.0)
     assert d.zone_weights == pytest.approx({"a": 0.5, "b": 0.5})
     assert ramp_factor(fp.states["a"], pol, 100.0) == 1.0
 
@@ -190,11 +190,11 @@ def test_restored_zone_is_held_at_the_floor_until_the_other_zones_rewarmed_it() 
     d = fp.observe(snap(fleet("a"), fleet("b")), 31.0)  # re-warmed: the ramp starts now, from the floor
     assert fp.states["a"].ramp_from == 31.0 and not fp.states["a"].rewarm_hold
     assert d.zone_weights["a"] == pytest.approx(0.1 / 1.1)
-    d = fp.tick(36.0)  # r = 0.1 + 0.9 * 0.5
+    d = fp.observe(fp.snapshot, 36.0)  # r = 0.1 + 0.9 * 0.5
     assert d.zone_weights["a"] == pytest.approx(0.55 / 1.55)
     d = fp.observe(snap(fleet("a"), replicating("b", "a")), 37.0)  # pending again later: no new hold
     assert d.zone_weights["a"] == pytest.approx(0.64 / 1.64)
-    assert fp.tick(41.0).zone_weights == pytest.approx({"a": 0.5, "b": 0.5})
+    assert fp.observe(fp.snapshot, 41.0).zone_weights == pytest.approx({"a": 0.5, "b": 0.5})
 
 
 def test_rewarm_hold_ends_at_its_timeout_and_a_zero_timeout_never_holds() -> None:
@@ -207,7 +207,7 @@ def test_rewarm_hold_ends_at_its_timeout_and_a_zero_timeout_never_holds() -> Non
     assert fp.states["a"].rewarm_hold
     fp.observe(snap(fleet("a"), replicating("b", "a")), 22.0)  # 20 s after the restore
     assert fp.states["a"].ramp_from == 22.0
-    assert fp.tick(27.0).zone_weights["a"] == pytest.approx(0.5 / 1.5)
+    assert fp.observe(fp.snapshot, 27.0).zone_weights["a"] == pytest.approx(0.5 / 1.5)
     never = replace(pol, rewarm_timeout_s=0)
     fp = FailoverPolicy.create(never, {"a": 1, "b": 1}, {"v1": 1})
     fp.observe(snap(fleet("a"), fleet("b")), 0.0)
