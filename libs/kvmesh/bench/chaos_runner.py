@@ -48,6 +48,7 @@ from kvmesh.bench.chaos_suite import (
 )
 from kvmesh.bench.chaos_traffic import Traffic
 from kvmesh.bench.delay_proxy import ProxyProcess
+from kvmesh.bench.process_cpu import stat_fields
 from kvmesh.cachemgr.core import CacheCore
 from kvmesh.cachemgr.ingest import MASK64
 from kvmesh.core.kvevents import BlockStored, KvEvent
@@ -712,12 +713,8 @@ def kill_descendants(known: dict[int, tuple[int, str]]) -> None:
 
 def _stat(pid: int) -> list[str] | None:
     """/proc/<pid>/stat's fields after the command name (state first); None when gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else fields
+    fields = stat_fields(pid)
+    return None if fields is None or fields[0] == "Z" else fields
 
 
 def start_ticks(pid: int) -> int | None:

@@ -8,7 +8,6 @@ that spent 9 ms on a short run read as 0 or 10 ms; /proc stays the fallback wher
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -17,18 +16,23 @@ from pathlib import Path
 _CPUCLOCK_SCHED = 2  # the kernel's process clock that sums the scheduler's runtime of every thread
 
 
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name: state, ppid, ..., utime (field 14 of proc(5)) and stime
+    (15) at offsets 11 and 12, starttime (22) at 19; None when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far; 0.0 when it is gone."""
     try:
         return time.clock_gettime((~pid << 3) | _CPUCLOCK_SCHED)
     except OSError:
         pass
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0  # exited meanwhile
-    # after "(comm)": state, ppid, ..., utime (field 14 of proc(5)) and stime (15) at offsets 11 and 12
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -40,9 +44,9 @@ def tree_cpu_s(pid: int) -> float:
     """CPU seconds of process `pid` and its live descendants so far."""
     parent: dict[int, int] = {}
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        fields = stat_fields(int(d.name)) if d.name.isdigit() else None
+        if fields:
+            parent[int(d.name)] = int(fields[1])
     tree, grew = {pid}, True
     while grew:
         more = {p for p, pp in parent.items() if pp in tree} - tree

@@ -39,37 +39,41 @@ async def status_becomes(state: AgentState, status: str, timeout_s: float = 10.0
         await asyncio.wait_for(state.cond.wait_for(lambda: state.checks[CHECK_ID].status == status), timeout_s)
 
 
-async def test_a_check_registered_again_under_its_id_after_its_probe_ended_is_probed_again(listener: int) -> None:
+@pytest.fixture
+async def probed(listener: int) -> AsyncIterator[tuple[AgentState, CheckRunner]]:
+    """The check registered and its probe started, once it has passed."""
     state = AgentState()
     runner = CheckRunner(state)
     try:
         register(state, listener)
         runner.sync_probes()
         await status_becomes(state, "passing")
-        first = runner.probe_of(CHECK_ID)
-        assert first is not None
-        state.remove_service("cache-manager-a-47100")
-        await asyncio.wait_for(first, 10.0)  # the old probe sees its check gone and ends, before the runner looks
-        register(state, listener)  # the restarted instance: same id, same definition, a new registration
-        assert state.checks[CHECK_ID].status == "critical"  # as Consul registers a check without a status
-        runner.sync_probes()
-        await status_becomes(state, "passing")
-        assert runner.probe_of(CHECK_ID) is not first
+        yield state, runner
     finally:
         await runner.stop()
 
 
-async def test_an_unchanged_re_registration_keeps_its_probe_and_status(listener: int) -> None:
-    state = AgentState()
-    runner = CheckRunner(state)
-    try:
-        register(state, listener)
-        runner.sync_probes()
-        await status_becomes(state, "passing")
-        first = runner.probe_of(CHECK_ID)
-        register(state, listener)  # an identical re-registration changes nothing, as in Consul
-        runner.sync_probes()
-        assert state.checks[CHECK_ID].status == "passing"
-        assert runner.probe_of(CHECK_ID) is first
-    finally:
-        await runner.stop()
+async def test_a_check_registered_again_under_its_id_after_its_probe_ended_is_probed_again(
+    probed: tuple[AgentState, CheckRunner], listener: int
+) -> None:
+    state, runner = probed
+    first = runner.probe_of(CHECK_ID)
+    assert first is not None
+    state.remove_service("cache-manager-a-47100")
+    await asyncio.wait_for(first, 10.0)  # the old probe sees its check gone and ends, before the runner looks
+    register(state, listener)  # the restarted instance: same id, same definition, a new registration
+    assert state.checks[CHECK_ID].status == "critical"  # as Consul registers a check without a status
+    runner.sync_probes()
+    await status_becomes(state, "passing")
+    assert runner.probe_of(CHECK_ID) is not first
+
+
+async def test_an_unchanged_re_registration_keeps_its_probe_and_status(
+    probed: tuple[AgentState, CheckRunner], listener: int
+) -> None:
+    state, runner = probed
+    first = runner.probe_of(CHECK_ID)
+    register(state, listener)  # an identical re-registration changes nothing, as in Consul
+    runner.sync_probes()
+    assert state.checks[CHECK_ID].status == "passing"
+    assert runner.probe_of(CHECK_ID) is first
